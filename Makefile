@@ -1,0 +1,37 @@
+# forensicslab: `make demo` reproduces the studies offline, `make test` runs the test suite.
+# Both create .venv and install what is missing; a second run reuses everything.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: install demo test test-slow export clean-nbs
+.DEFAULT_GOAL := demo
+
+$(STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# PyTorch first, as the CPU build (a local wheel where the machine has one, else PyTorch's CPU index).
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q "torch==2.13.0" --index-url $(CPU_TORCH_INDEX)
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "forensicslab" >/dev/null
+	@rm -f $(VENV)/.installed-*; touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/forensicslab reproduce
+	@echo "Tables, figures and executed notebooks are in $(CURDIR)/outputs/"
+
+test: install
+	@bash scripts/ensure-chromium.sh || true
+	$(BIN)/python -m pytest -q
+	$(BIN)/nbdev-test --n-workers 2 --timing
+
+test-slow: install
+	$(BIN)/python -m pytest -q --runslow
+	$(BIN)/nbdev-test --n-workers 2 --flags slow
+
+export: install
+	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
