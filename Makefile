@@ -34,4 +34,4 @@ test-slow: install
 	$(BIN)/nbdev-test --n-workers 2 --flags slow
 
 export: install
-	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
+	$(BIN)/nbdev-export && $(BIN)/nbdev-clean && $(BIN)/python scripts/make_readme.py

@@ -1,0 +1,42 @@
+"Shared pytest options: slow checks are opt-in and every skip prints its reason (-ra)."
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow (make test-slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+    gpu = pytest.mark.skip(reason="needs a CUDA device")
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if not has_cuda:
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(gpu)
+
+
+@pytest.fixture
+def shared_data():
+    "The real forensic test data beside the checkout (`../shared/data`), or skip with the reason."
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real test data not present at {SHARED_DATA} (only in the developers' workspace)")
+    return SHARED_DATA
