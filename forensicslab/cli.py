@@ -38,7 +38,7 @@ def run_study(name: str, params: dict | None = None, out_root: str | Path | None
     out_dir = out_root / name; out_dir.mkdir(parents=True, exist_ok=True)
     p = {"quick": False, "out_dir": str(out_dir.resolve()), **(params or {})}
     executed = out_dir / f"{name}.ipynb"
-    pm.execute_notebook(str(studies[name]), str(executed), parameters=p, kernel_name=kernel,
+    pm.execute_notebook(str(studies[name]), str(executed), parameters=p, kernel_name=kernel, language="python",
                         cwd=str(studies[name].parent), progress_bar=progress, log_output=False)
     return executed
 
@@ -80,6 +80,9 @@ _GROUPS: list[tuple[str, str, str]] = [
     ("forensicslab.detectors", "serve_detector", "serve-detector"),
     ("forensicslab.detectors", "detect_cmd", "detect"),
     ("forensicslab.triage", "analyze_cmd", "analyze"),
+    ("forensicslab.models", "models_app", "models"),
+    ("forensicslab.debate", "debate_app", "debate"),
+    ("forensicslab.zoom_eval", "zoom_cmd", "zoom"),
 ]
 
 def _register():

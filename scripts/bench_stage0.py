@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Stage 0 wall time of the detector pool on a 1024x768 and a 2048x1536 JPEG.
+
+The test images are made from a photograph shipped with scikit-learn (china.jpg), cropped to 4:3 and
+resized with Lanczos, saved as JPEG quality 90. For each size the script times every detector alone
+(`run_pool` with that one detector, no cache) and the whole pool dispatched concurrently (no cache),
+each `--repeat` times, and reports the median wall time, plus the CPU seconds of each detector's thread
+(alone and in the pool: equal CPU with a longer wall means the detector waited for a core). The load
+average is printed because the machine may be shared. It prints the ratio concurrent wall / slowest single
+detector (target <= 1.3) and checks the whole pool on 1024x768 against the 3 s target.
+
+Usage: python scripts/bench_stage0.py [--repeat 3] [--detector ID ...] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def make_jpeg(width: int, height: int, folder: Path) -> Path:
+    "A width x height JPEG (q90) from sklearn's china.jpg, centre-cropped to the aspect and Lanczos-resized."
+    from sklearn.datasets import load_sample_image
+    src = Image.fromarray(load_sample_image("china.jpg"))
+    w, h = src.size
+    target = width / height
+    if w / h > target: cw, ch = round(h * target), h
+    else: cw, ch = w, round(w / target)
+    box = ((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)
+    img = src.crop(box).resize((width, height), Image.Resampling.LANCZOS)
+    p = folder / f"china_{width}x{height}.jpg"
+    img.save(p, quality=90)
+    return p
+
+
+CPU: dict[str, float] = {}
+
+
+def instrument(names: list[str]) -> None:
+    "Wrap each detector's detect() to record the CPU seconds of its thread (shows contention vs. work)."
+    from forensicslab.detectors import get_detector
+    for n in names:
+        det = get_detector(n)
+        if getattr(det, "_bench_wrapped", False): continue
+        inner = det.detect
+        def detect(image, _inner=inner, _n=n):
+            t = time.thread_time()
+            try: return _inner(image)
+            finally: CPU[_n] = time.thread_time() - t
+        det.detect, det._bench_wrapped = detect, True
+
+
+def timed_pool(path: Path, names: list[str], timeout: float) -> tuple[float, dict]:
+    from forensicslab.detectors import run_pool
+    t0 = time.perf_counter()
+    res = run_pool(path, names, timeout=timeout, cache=None)
+    return time.perf_counter() - t0, res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (median reported)")
+    ap.add_argument("--detector", action="append", help="limit to these detectors (repeatable)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="per-detector timeout in seconds")
+    ap.add_argument("--json", type=Path, help="also write the measurements as JSON here")
+    a = ap.parse_args(argv)
+
+    from forensicslab.detectors import discovery_errors, list_detectors
+    names = a.detector or list_detectors()
+    if not names:
+        print("no detectors registered; nothing to time", file=sys.stderr); return 1
+    if discovery_errors(): print(f"warning: detector modules that failed to load: {discovery_errors()}", file=sys.stderr)
+    print(f"pool: {', '.join(names)}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
+          f"Python {platform.python_version()}; median of {a.repeat} runs, no cache\n")
+
+    instrument(names)
+    out = {"detectors": names, "repeat": a.repeat, "cpu_count": os.cpu_count(), "sizes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        # warm-up: first calls load weights, build caches, import lazily
+        warm = make_jpeg(320, 240, Path(tmp))
+        timed_pool(warm, names, a.timeout)
+        ok = True
+        for (w, h) in [(1024, 768), (2048, 1536)]:
+            p = make_jpeg(w, h, Path(tmp))
+            single, single_cpu = {}, {}
+            status = {}
+            for n in names:
+                ts = []
+                for _ in range(a.repeat):
+                    dt, res = timed_pool(p, [n], a.timeout); ts.append(dt); status[n] = res[n].status
+                single[n] = statistics.median(ts); single_cpu[n] = CPU.get(n, float("nan"))
+            pool_ts = []
+            for _ in range(a.repeat):
+                dt, res = timed_pool(p, names, a.timeout); pool_ts.append(dt)
+            pool = statistics.median(pool_ts)
+            slowest = max(single, key=single.get)
+            ratio = pool / single[slowest]
+            print(f"== {w}x{h} JPEG   (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+            print(f"{'detector':<14}{'alone (s)':>10}  {'cpu alone':>9}  {'in pool (s)':>11}  {'cpu in pool':>11}  status")
+            for n in names:
+                print(f"{n:<14}{single[n]:>10.3f}  {single_cpu[n]:>9.3f}  {res[n].runtime_s:>11.3f}  {CPU.get(n, float('nan')):>11.3f}  {res[n].status if res[n].status == 'ok' else res[n].status + ': ' + (res[n].error or '')[:60]}")
+            print(f"{'sum of singles':<14}{sum(single.values()):>10.3f}")
+            print(f"whole pool, concurrent: {pool:.3f} s wall (runs: {', '.join(f'{t:.3f}' for t in pool_ts)})")
+            print(f"ratio concurrent / slowest single ({slowest}, {single[slowest]:.3f} s): {ratio:.2f} (target <= 1.3)"
+                  f" -> {'OK' if ratio <= 1.3 else 'MISSED'}")
+            if (w, h) == (1024, 768):
+                print(f"whole pool on 1024x768: {pool:.3f} s (target <= 3 s) -> {'OK' if pool <= 3.0 else 'MISSED'}")
+                ok &= pool <= 3.0
+            ok &= ratio <= 1.3
+            print()
+            out["sizes"][f"{w}x{h}"] = {"single_s": single, "single_cpu_s": single_cpu, "loadavg": os.getloadavg()[0], "pool_s": pool, "pool_runs_s": pool_ts,
+                                        "in_pool_runtime_s": {n: res[n].runtime_s for n in names},
+                                        "status": {n: res[n].status for n in names},
+                                        "slowest": slowest, "ratio": ratio}
+    if a.json: a.json.write_text(json.dumps(out, indent=1)); print(f"wrote {a.json}")
+    return 0 if ok else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

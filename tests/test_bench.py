@@ -1,0 +1,123 @@
+"End-to-end checks of the offline benchmark: counts, masks against edits, hash stability, CLI."
+import csv
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from forensicslab import bench
+from forensicslab.bench import COLLECTIONS, GROUPS, BenchSizes, ensure_bench, load_bench, mask_leak
+from forensicslab.core import FAMILIES
+from forensicslab.imageio import load_image
+
+SIZES = BenchSizes.tiny(per_group=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return ensure_bench(tmp_path_factory.mktemp("bench") / "b", seed=0, sizes=SIZES, references=True, log=lambda m: None)
+
+
+def test_counts_and_labels(tiny):
+    s = {c: load_bench(c, tiny) for c in COLLECTIONS}
+    assert len(s["id"]) == SIZES.id_manipulated + SIZES.id_authentic
+    assert sum(x.label for x in s["id"]) == SIZES.id_manipulated
+    assert {x.provenance["group"] for x in s["id"]} == set(GROUPS)
+    for x in s["id"] + s["train"]:
+        assert x.label == 0 or x.family == GROUPS[x.provenance["group"]]
+    ood_fams = [x.family for x in s["ood"] if x.label]
+    assert {f: ood_fams.count(f) for f in set(ood_fams)} == {f: SIZES.ood_per_family for f in FAMILIES}
+    assert sum(1 - x.label for x in s["ood"]) == SIZES.ood_authentic
+    for c in COLLECTIONS:
+        for x in s[c]:
+            assert (x.mask is not None) == (x.label == 1 and x.family != "synthesis"), x.id
+            assert x.split == c and x.provenance["recipe"] and x.provenance["sources"]
+
+
+def test_masks_cover_edits(tiny):
+    "The pixels that differ from the same pipeline without the edit lie inside the (slightly dilated) mask."
+    n = 0
+    for c in COLLECTIONS:
+        for x in load_bench(c, tiny):
+            if x.mask:
+                outside, changed = mask_leak(x, tiny)
+                assert changed > 0, f"{x.id}: the edit changed nothing"
+                assert outside == 0, f"{x.id}: {outside} changed pixels outside the dilated mask"
+                mk = np.asarray(Image.open(x.mask)) > 127
+                assert mk.shape == load_image(x.image).rgb.shape[:2]
+                n += 1
+    assert n >= 30
+
+
+def test_formats_match_between_labels(tiny):
+    "Within an id group authentic and manipulated images share format and size (no shortcut)."
+    s = load_bench("id", tiny)
+    for g in GROUPS:
+        kinds = {(load_image(x.image).format, load_image(x.image).size) for x in s if x.provenance["group"] == g}
+        assert len(kinds) == 1, (g, kinds)
+
+
+def test_collections_disjoint_and_hashes_recorded(tiny):
+    hs = {c: [x.provenance["hash"] for x in load_bench(c, tiny)] for c in COLLECTIONS}
+    for c in COLLECTIONS:
+        assert len(set(hs[c])) == len(hs[c])
+    assert not set(hs["train"]) & set(hs["id"]) and not set(hs["train"]) & set(hs["ood"]) and not set(hs["id"]) & set(hs["ood"])
+    x = load_bench("id", tiny)[0]
+    assert load_image(x.image).hash == x.provenance["hash"]
+
+
+def test_same_seed_same_hashes(tiny, tmp_path):
+    again = ensure_bench(tmp_path / "again", seed=0, sizes=SIZES, log=lambda m: None)
+    for c in COLLECTIONS:
+        a, b = load_bench(c, tiny), load_bench(c, again)
+        assert [load_image(x.image).hash for x in b] == [x.provenance["hash"] for x in a]
+    other = ensure_bench(tmp_path / "other", seed=1, sizes=BenchSizes.tiny(), log=lambda m: None)
+    assert load_bench("id", other)[0].provenance["hash"] != load_bench("id", tiny)[0].provenance["hash"]
+
+
+def test_files_card_manifest(tiny):
+    card = (tiny / "README.md").read_text()
+    assert "not** a substitute" in card and "teaching and CI benchmark" in card
+    for c in COLLECTIONS:
+        assert (tiny / f"contact_{c}.png").exists()
+        rows = list(csv.DictReader(open(tiny / c / "manifest.csv")))
+        assert len(rows) == len(load_bench(c, tiny)) and all(r["hash"] and r["recipe"] for r in rows)
+    info = json.loads((tiny / "bench.json").read_text())
+    assert info["counts"]["id"] == {"manipulated": SIZES.id_manipulated, "authentic": SIZES.id_authentic}
+
+
+def test_cache_and_errors(tiny, tmp_path):
+    t0 = time.time(); assert ensure_bench(tiny, seed=0, sizes=SIZES) == tiny; assert time.time() - t0 < 1
+    with pytest.raises(ValueError, match="force=True"): ensure_bench(tiny, seed=3, sizes=SIZES)
+    with pytest.raises(ValueError, match="unknown collection"): load_bench("val", tiny)
+    with pytest.raises(FileNotFoundError, match="bench build"): load_bench("id", tmp_path / "none", build=False)
+    with pytest.raises(ValueError, match="seed"): load_bench("id", tiny, seed=7)
+    with pytest.raises(ValueError, match="multiple of 8"): BenchSizes(image=65).validate()
+
+
+def test_cli_build_tiny(tmp_path):
+    from forensicslab.cli import app
+    r = CliRunner().invoke(app, ["bench", "build", "--tiny", "--root", str(tmp_path / "cli")])
+    assert r.exit_code == 0, r.output
+    assert "done in" in r.output and "id   :   16 images, 8 manipulated" in r.output
+    r = CliRunner().invoke(app, ["bench", "info", "--root", str(tmp_path / "missing")])
+    assert r.exit_code == 1
+
+
+@pytest.mark.slow
+def test_full_build_time_and_counts(tmp_path):
+    "The default build from nothing: at most 10 minutes, counts as in the paper (240 = 135 + 105, 200 = 5 x 20 + 100)."
+    t0 = time.time()
+    root = ensure_bench(tmp_path / "full", seed=0)
+    dt = time.time() - t0
+    assert dt < 600, f"build took {dt:.0f} s"
+    idc, ood = load_bench("id", root), load_bench("ood", root)
+    assert (len(idc), sum(s.label for s in idc)) == (240, 135)
+    assert (len(ood), sum(s.label for s in ood)) == (200, 100)
+    tr = load_bench("train", root)
+    assert sum(s.family == "synthesis" for s in tr) >= 60 and sum(s.family == "gen_inpaint" for s in tr) >= 60

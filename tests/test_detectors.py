@@ -1,0 +1,284 @@
+"""Detector pool infrastructure: cards, registry, entry-point plug-ins, Stage 0 dispatch, cache, panels, CLI.
+
+The detectors defined here are test doubles (registered for the test, removed after); the built-in pool
+is checked only for what the registry promises (every `forensicslab.det_*` module found, cards valid).
+"""
+import importlib
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+import forensicslab
+from forensicslab import detectors as D
+from forensicslab.core import Detection, ToolCard
+
+
+CARD = """\
+id: {id}
+name: {name}
+version: "{version}"
+scope: [{scope}]
+native_metric: {metric}
+normalisation: "{norm}"
+score_reading: test double
+{extra}"""
+
+
+def write_card(d: Path, id, scope="splice", metric="p", norm="identity", map_reading=None, version="1", name=None):
+    extra = f"map_reading: {map_reading}\n" if map_reading else ""
+    (d / f"{id}.yaml").write_text(CARD.format(id=id, name=name or f"{id} (test double)", version=version, scope=scope,
+                                              metric=metric, norm=norm, extra=extra))
+    return D.load_card(id, d)
+
+
+@pytest.fixture
+def doubles(tmp_path):
+    "Register test-double detectors: a map detector, a scalar LLR one, one that raises, one that sleeps, one full-res."
+    seen = {}
+
+    class MapDet:
+        card = write_card(tmp_path, "t_map", map_reading="bright = suspicious")
+        calls = 0
+        def detect(self, image):
+            type(self).calls += 1
+            seen["t_map"] = image.size
+            g = image.grey / 255.0
+            return D.make_detection(self.card, float(g.max()), heatmap=g)
+
+    class LLRDet:
+        card = write_card(tmp_path, "t_llr", scope="synthesis", metric="llr", norm="logistic(center=0, scale=2)")
+        def detect(self, image):
+            return D.make_detection(self.card, float(image.grey.mean() - 128) / 16)
+
+    class RaiseDet:
+        card = write_card(tmp_path, "t_raise", scope="face")
+        def detect(self, image): raise RuntimeError("weights missing")
+
+    class SleepDet:
+        card = write_card(tmp_path, "t_sleep", scope="face")
+        def detect(self, image):
+            time.sleep(3.0); return D.make_detection(self.card, 0.9)
+
+    class FullResDet:
+        card = write_card(tmp_path, "t_full", map_reading="uniform")
+        max_side = None
+        def detect(self, image):
+            seen["t_full"] = image.size
+            return D.make_detection(self.card, 0.2, heatmap=np.full(image.rgb.shape[:2], 0.2, np.float32))
+
+    classes = dict(t_map=MapDet, t_llr=LLRDet, t_raise=RaiseDet, t_sleep=SleepDet, t_full=FullResDet)
+    for k, c in classes.items(): D.register(k)(c)
+    yield seen
+    for k in classes: D.unregister(k)
+
+
+def photo(w=320, h=240, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.linspace(0, 200, w)[None, :, None] + np.linspace(0, 40, h)[:, None, None]
+    return np.clip(x + rng.normal(0, 6, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+# --- cards --------------------------------------------------------------------------------------------
+
+def test_card_errors_name_the_file(tmp_path):
+    with pytest.raises(D.CardError, match=r"missing\.yaml"): D.load_card("missing", tmp_path)
+    (tmp_path / "bad.yaml").write_text("id: bad\nname: [unclosed\n")
+    with pytest.raises(D.CardError, match=r"bad\.yaml: not valid YAML"): D.load_card("bad", tmp_path)
+    write_card(tmp_path, "ok")
+    (tmp_path / "other.yaml").write_text((tmp_path / "ok.yaml").read_text())
+    with pytest.raises(D.CardError, match="named for 'other'"): D.load_card("other", tmp_path)
+    (tmp_path / "norm.yaml").write_text((tmp_path / "ok.yaml").read_text().replace("id: ok", "id: norm")
+                                        .replace('"identity"', '"sigmoid(2)"'))
+    with pytest.raises(D.CardError, match=r"norm\.yaml: normalisation 'sigmoid\(2\)'"): D.load_card("norm", tmp_path)
+    (tmp_path / "fam.yaml").write_text((tmp_path / "ok.yaml").read_text().replace("id: ok", "id: fam")
+                                       .replace("[splice]", "[weather]"))
+    with pytest.raises(D.CardError, match=r"fam\.yaml: invalid tool card \(scope"): D.load_card("fam", tmp_path)
+
+
+def test_normalisation_rules():
+    assert D.logistic(0) == 0.5 and D.logistic(3, center=1, scale=1) == pytest.approx(0.8808, abs=1e-4)
+    assert D.two_sided(-3, critical=2) == D.two_sided(3, critical=2) > 0.85
+    assert D.two_sided(0.5, critical=2) < 0.1
+    assert D.linear(7, 5, 9) == 0.5 and D.linear(100, 5, 9) == 1.0
+    with pytest.raises(ValueError, match="probability"): D.identity(1.5)
+    f = D.parse_normalisation("two_sided(mean=10, std=2, critical=1.5, scale=0.25): prose after the rule is allowed")
+    assert f(13) == pytest.approx(0.5) and f(7) == pytest.approx(0.5)
+
+
+def test_builtin_cards_and_modules_are_consistent():
+    "Every shipped card is valid, and every forensicslab.det_* module imports and registers its detector(s)."
+    for cid in D.available_cards():
+        card = D.load_card(cid)
+        assert isinstance(card, ToolCard) and card.id == cid
+    det_modules = [m.name for m in __import__("pkgutil").iter_modules(forensicslab.__path__) if m.name.startswith("det_")]
+    D.list_detectors()
+    assert D.discovery_errors() == {}, D.discovery_errors()
+    registered = D.list_detectors()
+    for m in det_modules:
+        mod = sys.modules[f"forensicslab.{m}"]
+        assert any(getattr(D._FACTORIES.get(r), "__module__", None) == mod.__name__ for r in registered), \
+            f"forensicslab.{m} registers no detector"
+
+
+# --- registry -----------------------------------------------------------------------------------------
+
+def test_registry(doubles, tmp_path):
+    names = D.list_detectors()
+    assert {"t_map", "t_llr", "t_raise"} <= set(names) and names == sorted(names)
+    assert D.get_detector("t_map") is D.get_detector("t_map")
+    assert D.get_card("t_llr").scope == ["synthesis"]
+    with pytest.raises(KeyError, match="no detector named 'nope'"): D.get_detector("nope")
+
+    class Other:
+        card = D.load_card("t_map", tmp_path)
+        def detect(self, image): ...
+    with pytest.raises(ValueError, match="already registered"): D.register("t_map")(Other)
+    with pytest.raises(ValueError, match="carries the card"): D.register("t_zzz")(Other)
+
+    class NoDetect:
+        card = D.load_card("t_llr", tmp_path)
+    with pytest.raises(TypeError, match="no detect"): D.register("t_llr", replace=True)(NoDetect)
+
+
+def test_entry_point_plugin(tmp_path, monkeypatch):
+    "A third-party package that declares an entry point in group forensicslab.detectors joins the pool."
+    pkg = tmp_path / "fl_thirdparty"; pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        from forensicslab.detectors import card_from_dict, make_detection
+        class PlugDet:
+            card = card_from_dict(dict(id="plug", name="Plug-in (test double)", scope=["face"], native_metric="prob",
+                                       normalisation="identity", score_reading="probability of a face swap"))
+            def detect(self, image):
+                return make_detection(self.card, 0.75)
+    """))
+    dist = tmp_path / "fl_thirdparty-0.1.dist-info"; dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fl-thirdparty\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[forensicslab.detectors]\nplug = fl_thirdparty:PlugDet\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    try:
+        D.discover(force=True)
+        assert "plug" in D.list_detectors()
+        d = D.run_pool(photo(), ["plug"])["plug"]
+        assert (d.status, d.score, d.fired, d.raw) == ("ok", 0.75, True, {"prob": 0.75})
+    finally:
+        D.unregister("plug")
+
+
+# --- dispatch -----------------------------------------------------------------------------------------
+
+def test_dispatch_survives_raise_and_timeout(doubles):
+    t0 = time.perf_counter()
+    res = D.run_pool(photo(), ["t_map", "t_llr", "t_raise", "t_sleep"], timeout=0.5)
+    wall = time.perf_counter() - t0
+    assert wall < 2.0, f"dispatch waited {wall:.1f} s for a detector past its 0.5 s timeout"
+    assert list(res) == ["t_map", "t_llr", "t_raise", "t_sleep"]
+    assert {k: v.status for k, v in res.items()} == dict(t_map="ok", t_llr="ok", t_raise="error", t_sleep="timeout")
+    assert "RuntimeError: weights missing" in res["t_raise"].error
+    assert res["t_sleep"].score is None and not res["t_sleep"].fired
+    assert res["t_map"].heatmap.dtype == np.float32 and res["t_map"].heatmap.shape == (240, 320)
+    assert res["t_llr"].raw["llr"] == pytest.approx((photo().astype(np.float32) @ [0.299, 0.587, 0.114]).mean() / 16 - 8, abs=1e-3)
+
+
+def test_per_detector_timeout_and_unknown_detector(doubles):
+    res = D.run_pool(photo(), ["t_map", "t_sleep", "ghost"], timeout={"t_sleep": 0.2, "t_map": 5})
+    assert res["t_sleep"].status == "timeout" and res["t_map"].status == "ok"
+    assert res["ghost"].status == "error" and "no detector named 'ghost'" in res["ghost"].error
+
+
+def test_cache_hit(doubles, tmp_path):
+    img = photo()
+    a = D.run_pool(img, ["t_map", "t_raise"], cache=tmp_path / "c")
+    calls = type(D.get_detector("t_map")).calls
+    b = D.run_pool(img, ["t_map", "t_raise"], cache=tmp_path / "c")
+    assert type(D.get_detector("t_map")).calls == calls, "cache hit must not run the detector again"
+    assert b["t_map"].score == a["t_map"].score and np.array_equal(b["t_map"].heatmap, a["t_map"].heatmap)
+    assert b["t_raise"].status == "error"
+    files = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert files == ["t_map@v1@s2048.json", "t_map@v1@s2048.npz", "t_map@v1@s2048.png"], files
+    # different compression history, same pixels -> different key
+    Image.fromarray(img).save(tmp_path / "x.png")
+    c = D.run_pool(tmp_path / "x.png", ["t_map"], cache=tmp_path / "c")
+    assert type(D.get_detector("t_map")).calls == calls + 1 and c["t_map"].score == a["t_map"].score
+
+
+def test_tiny_grey_and_huge_images(doubles, tmp_path):
+    tiny = D.run_pool(photo(16, 16), ["t_map", "t_llr"])
+    assert all(d.status == "ok" for d in tiny.values()) and tiny["t_map"].heatmap.shape == (16, 16)
+    grey = photo(100, 80)[..., 0]
+    Image.fromarray(grey, mode="L").save(tmp_path / "grey.png")
+    for src in (grey, tmp_path / "grey.png"):
+        r = D.run_pool(src, ["t_map", "t_llr"])
+        assert all(d.status == "ok" for d in r.values()) and r["t_map"].heatmap.shape == (80, 100)
+    big = np.zeros((4000, 6000, 3), np.uint8); big[1000:2000, 2000:3000] = 255
+    r = D.run_pool(big, ["t_map", "t_full", "t_raise"])
+    assert doubles["t_map"] == (2048, 1365), "detectors get the long side fitted to DEFAULT_MAX_SIDE"
+    assert doubles["t_full"] == (6000, 4000), "max_side=None detectors get full resolution"
+    assert r["t_map"].heatmap.shape == (4000, 6000) and r["t_full"].heatmap.shape == (4000, 6000)
+    hm = r["t_map"].heatmap
+    assert hm[1500, 2500] > 0.99 and hm[100, 100] < 0.01, "the map is mapped back onto the original geometry"
+    assert r["t_raise"].status == "error"
+
+
+def test_make_detection_validates_maps(tmp_path):
+    card = write_card(tmp_path, "v")
+    with pytest.raises(ValueError, match="NaN"): D.make_detection(card, 0.5, heatmap=np.full((3, 3), np.nan))
+    with pytest.raises(ValueError, match="HxW"): D.make_detection(card, 0.5, heatmap=np.zeros((3, 3, 3)))
+    with pytest.raises(ValueError, match="not a finite"): D.make_detection(card, float("nan"))
+
+
+# --- panels -------------------------------------------------------------------------------------------
+
+def test_panels_written_and_sized(doubles, tmp_path):
+    img = photo(640, 480)
+    res = D.run_pool(img, ["t_map", "t_full", "t_llr", "t_raise"])
+    paths = D.write_panels(img, res, tmp_path, side=400, tile=200)
+    assert sorted(paths) == ["composite_overlay", "composite_raw", "t_full", "t_map"]
+    pan = Image.open(paths["t_map"])
+    assert pan.size[0] == 2 * 400 + 3 * 10 and pan.size[1] > 300
+    arr = np.asarray(pan)
+    assert arr[60:300, 10:410].std() > 5 and arr[60:300, 420:820].std() > 5, "both panels hold image content"
+    ov, raw = Image.open(paths["composite_overlay"]), Image.open(paths["composite_raw"])
+    assert ov.size == raw.size
+    # 3 tiles (original + 2 map detectors) -> 2x2 grid of 200-px tiles with label bars
+    assert ov.size[0] == 2 * 200 + 3 * 6 and ov.size[1] > 2 * 200
+    with pytest.raises(ValueError, match="no heatmap"): D.heatmap_panel(img, res["t_llr"])
+
+
+def test_failed_map_detector_keeps_its_tile(doubles, tmp_path):
+    img = photo()
+    res = D.run_pool(img, ["t_map", "t_full"])
+    res["t_full"] = Detection(detector="t_full", status="timeout", error="slow")
+    ov, _ = D.composite_panels(img, res, tile=100)
+    assert ov.size[0] == 2 * 100 + 3 * 6 and ov.size[1] > 200  # still original + 2 tiles
+
+
+def test_tiny_image_panel(doubles):
+    res = D.run_pool(photo(16, 16), ["t_map"])
+    pan = D.heatmap_panel(photo(16, 16), res["t_map"], side=256)
+    assert pan.size[0] >= 2 * 256
+
+
+# --- CLI ----------------------------------------------------------------------------------------------
+
+def test_detect_cli(doubles, tmp_path):
+    from forensicslab.cli import app
+    p = tmp_path / "a.jpg"; Image.fromarray(photo()).save(p, quality=90)
+    r = CliRunner().invoke(app, ["detect", str(p), "-d", "t_map", "-d", "t_llr", "-d", "t_raise",
+                                 "--panels", str(tmp_path / "pan")])
+    assert r.exit_code == 0, r.output
+    assert "t_llr" in r.output and "llr = " in r.output and "error: RuntimeError" in r.output
+    assert (tmp_path / "pan" / "t_map_panel.png").is_file() and (tmp_path / "pan" / "composite_raw.png").is_file()
+    r = CliRunner().invoke(app, ["detect", str(p), "-d", "t_map", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["t_map"]["status"] == "ok"
+    r = CliRunner().invoke(app, ["detect", str(tmp_path / "none.jpg")])
+    assert r.exit_code == 2 and "no such file" in r.output
+    r = CliRunner().invoke(app, ["detect", str(p), "-d", "ghost"])
+    assert r.exit_code == 2 and "unknown detectors" in r.output

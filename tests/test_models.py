@@ -1,0 +1,466 @@
+"""Wire-protocol tests of forensicslab.models: real `openai` and `google-genai` clients against the
+local servers of forensicslab.testing, with injected faults, schema repair, cache modes, concurrency,
+budgets and key redaction."""
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from forensicslab.cache import CacheMiss, ChatCache
+from forensicslab.core import ChatFailure, ChatMessage, Reply
+from forensicslab.models import PromptTemplate, get_model
+from forensicslab.reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, RetryPolicy, read_trace)
+from forensicslab.runs import Case, Run
+from forensicslab.testing import Delayed, Fault, gemini_server, openai_server
+
+GOOD = '{"verdict": "manipulated", "confidence": 0.8}'
+FAST = RetryPolicy(max_attempts=4, base_delay=0.02, jitter=0.0)
+
+
+class Verdict(BaseModel):
+    verdict: Literal["authentic", "manipulated"]
+    confidence: float
+
+
+def scripted(*steps):
+    "A responder playing `steps` in order, then repeating the last one."
+    steps, lock = list(steps), threading.Lock()
+    def responder(req):
+        with lock: return steps.pop(0) if len(steps) > 1 else steps[0]
+    return responder
+
+
+def oai(url, **kw):
+    kw.setdefault("retry", FAST)
+    return get_model(f"openai-compatible:{url}#local-vlm", **kw)
+
+
+def gem(url, **kw):
+    kw.setdefault("retry", FAST)
+    return get_model("gemini:gemini-2.5-pro", base_url=url, api_key="test-gemini-key", **kw)
+
+
+IMAGE = np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+MSGS = [ChatMessage.of("system", "You inspect images for manipulation."),
+        ChatMessage.of("user", "Is this image manipulated?", IMAGE)]
+
+
+# ---------------------------------------------------------------- OpenAI protocol
+def test_openai_roundtrip_with_image_and_schema():
+    with openai_server(lambda req: GOOD) as url:
+        r = oai(url).chat(MSGS, schema=Verdict, temperature=0, max_tokens=50)
+        req = url.calls[0].json
+    assert isinstance(r, Reply) and r.parsed == Verdict(verdict="manipulated", confidence=0.8)
+    assert r.model_id == "openai-compatible:local-vlm" and r.input_tokens > 0 and r.output_tokens > 0
+    assert r.attempts == 1 and not r.cached and r.latency_s > 0
+    assert req["response_format"]["type"] == "json_schema" and req["max_tokens"] == 50
+    img = req["messages"][1]["content"][1]["image_url"]["url"]
+    assert img.startswith("data:image/png;base64,")
+
+
+def test_openai_official_spec_uses_env_key_and_base_url_override(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-official-123456")
+    with openai_server(lambda req: "hello") as url:
+        m = get_model("openai:gpt-4o", base_url=url, retry=FAST)
+        r = m.chat("hi", temperature=0, max_tokens=5)
+        req, headers = url.calls[0].json, url.calls[0].headers
+    assert r.text == "hello" and m.model_id == "openai:gpt-4o"
+    assert headers["authorization"] == "Bearer sk-test-official-123456"
+    assert req["max_completion_tokens"] == 5 and "max_tokens" not in req
+    assert r.cost_usd > 0          # gpt-4o is priced in prices.yaml
+
+
+def test_reasoning_models_get_their_default_sampling(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-reasoning-123456")
+    with openai_server(lambda req: "a") as url:
+        m = get_model("openai:gpt-5", base_url=url, cache="rw", cache_path=tmp_path / "c.sqlite")
+        m.chat("hi", temperature=0, max_tokens=9); m.chat("hi", temperature=0, max_tokens=9)
+        req = url.calls[0].json
+        assert "temperature" not in req and req["max_completion_tokens"] == 9
+        assert url.hits == 2      # always sampled: a repeat is a new sample, not a cache hit
+
+
+@pytest.mark.parametrize("fault", [Fault(500), Fault(503), Fault.malformed(), Fault.truncated()],
+                         ids=["500", "503", "malformed-json", "truncated-body"])
+def test_openai_transient_faults_are_retried(fault):
+    with openai_server(scripted(fault, GOOD)) as url:
+        r = oai(url).chat(MSGS, schema=Verdict)
+        assert url.hits == 2
+    assert r.attempts == 2 and r.parsed.verdict == "manipulated"
+
+
+def test_openai_429_honours_retry_after():
+    with openai_server(scripted(Fault.rate_limit(0.6), GOOD)) as url:
+        t0 = time.perf_counter()
+        r = oai(url).chat("hi", schema=Verdict)
+        dt = time.perf_counter() - t0
+    assert r.attempts == 2 and dt >= 0.6    # the backoff alone would have waited 0.02 s
+
+
+def test_openai_timeout_is_retried_then_succeeds():
+    with openai_server(scripted(Delayed(1.5, GOOD), GOOD)) as url:
+        t0 = time.perf_counter()
+        r = oai(url, timeout=0.3).chat("hi", schema=Verdict)
+        dt = time.perf_counter() - t0
+    assert r.attempts == 2 and dt < 1.4
+
+
+def test_attempts_are_bounded():
+    with openai_server(lambda req: Fault(500)) as url:
+        with pytest.raises(BackendError, match="after 3 attempts") as ei:
+            oai(url, retry=RetryPolicy(max_attempts=3, base_delay=0.01)).chat("hi")
+        assert url.hits == 3
+    assert isinstance(ei.value, ChatFailure) and ei.value.attempts == 3
+
+
+def test_permanent_error_is_not_retried():
+    with openai_server(lambda req: Fault(400)) as url:
+        with pytest.raises(BackendError, match="HTTP 400"):
+            oai(url).chat("hi")
+        assert url.hits == 1
+
+
+def test_unknown_parameter_is_refused():
+    with openai_server() as url:
+        with pytest.raises(ValueError, match="temprature"):
+            oai(url).chat("hi", temprature=0)
+
+
+# ---------------------------------------------------------------- Gemini protocol
+def test_gemini_roundtrip_with_image_and_schema():
+    with gemini_server(lambda req: GOOD) as url:
+        r = gem(url).chat(MSGS, schema=Verdict, temperature=0, max_tokens=64)
+        call = url.calls[0]
+    assert r.parsed.verdict == "manipulated" and r.model_id == "gemini:gemini-2.5-pro" and r.cost_usd > 0
+    assert "gemini-2.5-pro:generateContent" in call.path and call.headers["x-goog-api-key"] == "test-gemini-key"
+    cfg = call.json["generationConfig"]
+    assert cfg["responseMimeType"] == "application/json" and cfg["maxOutputTokens"] == 64 and cfg["temperature"] == 0
+    assert call.json["contents"][0]["parts"][1]["inlineData"]["mime_type"] == "image/png"
+    assert call.json["systemInstruction"]["parts"][0]["text"] == "You inspect images for manipulation."
+
+
+@pytest.mark.parametrize("fault", [Fault.rate_limit(0.3), Fault(500), Fault.malformed(), Fault.truncated(),
+                                   Delayed(1.5, GOOD)], ids=["429", "500", "malformed-json", "truncated-body", "timeout"])
+def test_gemini_transient_faults_are_retried(fault):
+    with gemini_server(scripted(fault, GOOD)) as url:
+        r = gem(url, timeout=0.5).chat("hi", schema=Verdict)
+        assert url.hits == 2
+    assert r.attempts == 2 and r.parsed.confidence == 0.8
+
+
+def test_gemini_key_from_env(monkeypatch):
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.setenv("GOOGLE_API_KEY", "google-key-abcdef")
+    with gemini_server(lambda req: "ok") as url:
+        get_model("gemini:gemini-2.5-flash", base_url=url).chat("hi")
+        assert url.calls[0].headers["x-goog-api-key"] == "google-key-abcdef"
+
+
+@pytest.mark.parametrize("spec,var", [("openai:gpt-4o", "OPENAI_API_KEY"), ("gemini:gemini-2.5-pro", "GEMINI_API_KEY")])
+def test_missing_key_names_the_variable(monkeypatch, spec, var):
+    for v in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"): monkeypatch.delenv(v, raising=False)
+    with pytest.raises(MissingKeyError, match=var):
+        get_model(spec)
+
+
+@pytest.mark.parametrize("mode", ["json_object", "prompt"])
+def test_structured_modes_for_servers_without_json_schema(mode):
+    with openai_server(lambda req: GOOD) as url:
+        m = get_model({"backend": "openai-compatible", "base_url": str(url), "model": "old-server", "structured": mode})
+        assert m.chat(MSGS, schema=Verdict).parsed.verdict == "manipulated"
+        req = url.calls[0].json
+    assert req["messages"][0]["role"] == "system" and "JSON schema" in req["messages"][0]["content"]
+    assert req.get("response_format") == ({"type": "json_object"} if mode == "json_object" else None)
+    with gemini_server(lambda req: GOOD) as gurl:
+        g = get_model({"backend": "gemini", "model": "gemini-2.5-flash", "structured": mode}, base_url=gurl, api_key="k-123456")
+        assert g.chat(MSGS, schema=Verdict).parsed.confidence == 0.8
+        greq = gurl.calls[0].json
+    assert "JSON schema" in greq["systemInstruction"]["parts"][-1]["text"]
+    assert ("responseMimeType" in greq.get("generationConfig", {})) == (mode == "json_object")
+
+
+def test_max_image_side_downscales_before_sending():
+    big = np.zeros((600, 900, 3), np.uint8)
+    with openai_server(lambda req: "x") as url:
+        oai(url, max_image_side=300, trace_path=None).chat([ChatMessage.of("user", "look", big)])
+        data_url = url.calls[0].json["messages"][0]["content"][1]["image_url"]["url"]
+    import base64, io
+    from PIL import Image
+    assert Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1]))).size == (300, 200)
+
+
+# ---------------------------------------------------------------- structured output
+def test_schema_repair_needs_no_reask():
+    damaged = "Here you go:\n```json\n{'verdict': 'authentic', 'confidence': 0.6,}\n```"
+    with openai_server(lambda req: damaged) as url:
+        r = oai(url).chat("hi", schema=Verdict)
+        assert url.hits == 1
+    assert r.parsed == Verdict(verdict="authentic", confidence=0.6)
+
+
+def test_truncated_json_is_repaired():
+    with openai_server(lambda req: '{"verdict": "authentic", "confidence": 0.6, "reason": "smooth noi') as url:
+        assert oai(url).chat("hi", schema=Verdict).parsed.verdict == "authentic"
+
+
+def test_schema_reask_with_validation_error():
+    with openai_server(scripted('{"verdict": "looks fake", "confidence": 0.9}', GOOD)) as url:
+        r = oai(url).chat(MSGS, schema=Verdict)
+        reask = url.calls[1].json["messages"]
+    assert url.hits == 2 and r.parsed.verdict == "manipulated"
+    assert reask[-2] == {"role": "assistant", "content": '{"verdict": "looks fake", "confidence": 0.9}'}
+    assert "verdict" in reask[-1]["content"] and "schema" in reask[-1]["content"]
+    assert r.input_tokens > 0 and r.attempts == 2   # usage covers both exchanges
+
+
+def test_schema_failure_raises_after_one_reask_and_never_substring_matches():
+    # the text contains the word 'manipulated' but is not a valid object: no verdict may be read out of it
+    with openai_server(lambda req: "It is clearly manipulated, confidence high.") as url:
+        with pytest.raises(ChatFailure) as ei:
+            oai(url).chat("hi", schema=Verdict, case="c7")
+        assert url.hits == 2
+    assert ei.value.raw_text == "It is clearly manipulated, confidence high." and "c7" in str(ei.value)
+
+
+# ---------------------------------------------------------------- cache
+def test_cache_rw_then_replay_makes_no_network_call(tmp_path):
+    db = tmp_path / "chat.sqlite"
+    with openai_server(scripted(Fault(500), '{"verdict": "authentic", "confidence": 0.1}')) as url:
+        spec = f"openai-compatible:{url}#local-vlm"
+        m = get_model(spec, cache="rw", cache_path=db, retry=FAST)
+        first = [m.chat(MSGS, schema=Verdict, temperature=0, case=f"c{i}", max_tokens=10 + i) for i in range(3)]
+        hits_after_record = url.hits
+        warm = get_model(spec, cache="rw", cache_path=db, retry=FAST)
+        again = [warm.chat(MSGS, schema=Verdict, temperature=0, case=f"c{i}", max_tokens=10 + i) for i in range(3)]
+        assert url.hits == hits_after_record == 4           # 3 calls + 1 retried fault; warm re-run: none
+    # replay-only with the server gone: identical outputs
+    rep = get_model(spec, cache="replay", cache_path=db)
+    replayed = [rep.chat(MSGS, schema=Verdict, temperature=0, case=f"c{i}", max_tokens=10 + i) for i in range(3)]
+    for a, b, c in zip(first, again, replayed):
+        assert a.text == b.text == c.text and a.parsed == b.parsed == c.parsed
+        assert (a.input_tokens, a.output_tokens, a.cost_usd) == (c.input_tokens, c.output_tokens, c.cost_usd)
+        assert not a.cached and b.cached and c.cached
+    assert rep.stats["network"] == 0
+
+
+def test_replay_miss_names_the_case(tmp_path):
+    with openai_server() as url:
+        m = get_model(f"openai-compatible:{url}#local-vlm", cache="replay", cache_path=tmp_path / "c.sqlite")
+        with pytest.raises(CacheMiss, match="img-042") as ei:
+            m.chat("never recorded", case="img-042", role="judge")
+        assert url.hits == 0
+    assert "judge" in str(ei.value) and "cache='rw'" in str(ei.value)
+
+
+def test_cache_off_always_calls(tmp_path):
+    with openai_server() as url:
+        m = oai(url)
+        m.chat("same", temperature=0); m.chat("same", temperature=0)
+        assert url.hits == 2
+
+
+def test_cache_key_covers_images_params_and_template(tmp_path):
+    with openai_server(lambda req: "x") as url:
+        m = oai(url, cache="rw", cache_path=tmp_path / "c.sqlite")
+        tmpl = PromptTemplate("t", "Look for {what}.")
+        m.chat(MSGS, temperature=0, template=tmpl)
+        m.chat(MSGS, temperature=0, template=tmpl)                                    # hit
+        m.chat([MSGS[0], ChatMessage.of("user", "Is this image manipulated?", IMAGE.copy())], temperature=0,
+               template=tmpl.hash)                                                     # same pixels: hit
+        m.chat([MSGS[0], ChatMessage.of("user", "Is this image manipulated?", 255 - IMAGE)], temperature=0,
+               template=tmpl)                                                          # other pixels: miss
+        m.chat(MSGS, temperature=0, max_tokens=7, template=tmpl)                       # other params: miss
+        m.chat(MSGS, temperature=0, template=PromptTemplate("t", "Look for {what} now."))  # edited template: miss
+        assert url.hits == 4
+
+
+def test_same_pixels_from_other_files_hit_the_cache(tmp_path):
+    from PIL import Image
+    for name in ("a.png", "b.png"):
+        Image.fromarray(IMAGE).save(tmp_path / name)
+    Image.fromarray(IMAGE).save(tmp_path / "c.jpg", quality=95)
+    with openai_server(lambda req: "x") as url:
+        m = oai(url, cache="rw", cache_path=tmp_path / "c.sqlite")
+        replies = [m.chat([ChatMessage.of("user", "Edited?", tmp_path / n)], temperature=0) for n in ("a.png", "b.png", "c.jpg")]
+        assert [r.cached for r in replies] == [False, True, False] and url.hits == 2   # the JPEG's pixels differ
+        m.chat([ChatMessage.of("user", "Edited?", IMAGE)], temperature=0)
+        assert url.hits == 2
+
+
+def test_sampled_calls_stay_distinct_and_replay_in_order(tmp_path):
+    counter = iter(range(100))
+    with openai_server(lambda req: f"sample {next(counter)}") as url:
+        spec = f"openai-compatible:{url}#local-vlm"
+        m = get_model(spec, cache="rw", cache_path=tmp_path / "c.sqlite")
+        texts = [m.chat("Argue your side.", temperature=0.8).text for _ in range(3)]
+        assert texts == ["sample 0", "sample 1", "sample 2"] and url.hits == 3
+        greedy = [m.chat("Argue your side.", temperature=0).text for _ in range(2)]
+        assert greedy[0] == greedy[1] and url.hits == 4
+    rep = get_model(spec, cache="replay", cache_path=tmp_path / "c.sqlite")
+    assert [rep.chat("Argue your side.", temperature=0.8).text for _ in range(3)] == texts
+    assert rep.chat("Argue your side.", temperature=0.8, sample=1).text == "sample 1"
+    with pytest.raises(CacheMiss):
+        rep.chat("Argue your side.", temperature=0.8)      # a 4th sample was never recorded
+
+
+_WRITER = """
+import sys
+from forensicslab.cache import ChatCache
+c = ChatCache(sys.argv[1]); start = int(sys.argv[2])
+for i in range(start, start + 40):
+    c.put(f"k{i}", "m", {"i": i}, {"text": str(i)})
+    assert c.get(f"k{i}")["text"] == str(i)
+"""
+
+
+def test_cache_is_safe_with_concurrent_processes(tmp_path):
+    import subprocess, sys
+    db = tmp_path / "shared.sqlite"
+    ChatCache(db)
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(db), str(s)]) for s in (0, 40, 80, 120)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    c = ChatCache(db)
+    assert len(c) == 160 and c.get("k137")["text"] == "137"
+    assert c._conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# ---------------------------------------------------------------- concurrency and budget
+def test_concurrency_limit_bounds_in_flight_calls():
+    state = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+    def responder(req):
+        with lock:
+            state["now"] += 1; state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.1)
+        with lock: state["now"] -= 1
+        return "ok"
+    with openai_server(responder) as url:
+        m = oai(url, concurrency=3)
+        t0 = time.perf_counter()
+        out = m.chat_many([{"messages": f"q{i}", "temperature": 0} for i in range(12)], workers=12)
+        dt = time.perf_counter() - t0
+    assert all(r.text == "ok" for r in out) and state["peak"] == 3
+    assert 0.38 <= dt < 1.0     # 12 calls / 3 at a time x 0.1 s = 0.4 s
+
+
+def test_models_of_the_same_endpoint_share_the_limit():
+    state = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+    def responder(req):
+        with lock:
+            state["now"] += 1; state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.05)
+        with lock: state["now"] -= 1
+        return "ok"
+    with openai_server(responder) as url:
+        agents = [oai(url, concurrency=2) for _ in range(3)]      # three agents, one server, limit 2
+        threads = [threading.Thread(target=a.chat_many, args=([{"messages": f"q{i}"} for i in range(6)],),
+                                    kwargs={"workers": 6}) for a in agents]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        assert url.hits == 18
+    assert state["peak"] == 2
+
+
+def test_budget_stops_a_run_cleanly_and_keeps_rows(tmp_path):
+    budget = Budget(max_tokens=60)
+    with openai_server(lambda req: "a short answer of some twenty tokens or so, to spend the budget") as url:
+        m = oai(url, budget=budget)
+        run = Run(tmp_path / "run", config={"t": 1})
+        cases = [Case(f"c{i}", f"question number {i}") for i in range(10)]
+        with pytest.raises(BudgetExceeded, match="token budget"):
+            run.execute(cases, lambda q: {"answer": m.chat(q, temperature=0).text}, workers=1, progress=False)
+        hits = url.hits
+    rows = run.rows()
+    assert 1 <= len(rows) < 10 and all(r["status"] == "ok" for r in rows) and hits == len(rows)
+    assert budget.spent_tokens >= 60
+    # cache hits are free: a warm replay of the finished rows spends nothing
+
+
+def test_budget_in_usd_uses_the_price_table(tmp_path):
+    budget = Budget(max_usd=1e-5)
+    prices = {"openai-compatible": {"local-vlm": {"input": 1.0, "output": 100.0}}}
+    with openai_server(lambda req: "x" * 400) as url:   # ~100 output tokens = $1e-5
+        m = oai(url, budget=budget, prices=prices)
+        r = m.chat("hi")
+        assert r.cost_usd == pytest.approx((r.input_tokens * 1.0 + r.output_tokens * 100.0) / 1e6)
+        with pytest.raises(BudgetExceeded, match="cost budget"):
+            m.chat("again")
+        assert url.hits == 1
+
+
+# ---------------------------------------------------------------- traces and secrets
+def test_trace_records_each_exchange_without_image_bytes(tmp_path):
+    with openai_server(scripted('{"verdict": 3}', GOOD)) as url:
+        m = oai(url, trace_path=tmp_path / "t.jsonl", run="r1")
+        m.chat(MSGS, schema=Verdict, case="c1", role="auditor:noise", template="abc123")
+    recs = read_trace(tmp_path / "t.jsonl")
+    assert [r["step"] for r in recs] == ["answer", "reask"] and [r["status"] for r in recs] == ["invalid", "ok"]
+    r = recs[1]
+    assert (r["run"], r["case"], r["role"], r["template"], r["backend"]) == ("r1", "c1", "auditor:noise", "abc123",
+                                                                           "openai-compatible:local-vlm")
+    assert r["usage"]["input_tokens"] > 0 and r["attempts"] == 1 and r["latency_s"] > 0 and r["reply"] == GOOD
+    assert r["messages"][1]["content"][1]["size"] == [64, 48]
+    text = (tmp_path / "t.jsonl").read_text()
+    assert "base64" not in text and len(text) < 20000
+
+
+def test_planted_key_never_appears_in_traces_logs_or_errors(tmp_path, monkeypatch, caplog):
+    key = "sk-planted-SECRET-0123456789abcdef"
+    gkey = "AIzaPlantedGeminiSecret0123456789"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    monkeypatch.setenv("GEMINI_API_KEY", gkey)
+    caplog.set_level(logging.DEBUG)
+    leak = Fault(401, body={"error": {"message": f"Incorrect API key provided: {key} / {gkey}",
+                                            "type": "invalid_request_error"}})
+    errors = []
+    with openai_server(scripted(Fault.rate_limit(0.01), GOOD, leak)) as url:
+        m = get_model("openai:gpt-4o", base_url=url, trace_path=tmp_path / "t.jsonl", retry=FAST)
+        m.chat(MSGS, schema=Verdict, case="ok")
+        with pytest.raises(BackendError) as ei: m.chat(MSGS, case="leaky")
+        errors.append(ei.value)
+        assert url.calls[0].headers["authorization"] == f"Bearer {key}"      # the key did reach the server
+    with gemini_server(scripted(Fault(500), GOOD, leak)) as gurl:
+        g = get_model("gemini:gemini-2.5-pro", base_url=gurl, trace_path=tmp_path / "t.jsonl", retry=FAST)
+        g.chat(MSGS, schema=Verdict)
+        with pytest.raises(BackendError) as ei: g.chat("x", case="leaky")
+        errors.append(ei.value)
+    assert len(errors) == 2
+    blob = "\n".join([(tmp_path / "t.jsonl").read_text(), caplog.text, *map(str, errors), *map(repr, errors)])
+    assert "Incorrect API key provided" in blob or "[REDACTED]" in blob
+    assert key not in blob and gkey not in blob and "SECRET" not in blob
+
+
+# ---------------------------------------------------------------- local transformers
+@pytest.fixture(scope="module")
+def tiny_vlm_dir(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    tv = pytest.importorskip("forensicslab.tinyvlm")
+    torch.set_num_threads(1)
+    net, proc = tv.build_tiny_vlm()
+    return tv.save_vlm(net, proc, tmp_path_factory.mktemp("tiny") / "tiny-qwen3-vl")
+
+
+def test_hf_backend_generates_with_image_and_caches(tiny_vlm_dir, tmp_path):
+    m = get_model(f"hf:{tiny_vlm_dir}", device="cpu", cache="rw", cache_path=tmp_path / "c.sqlite",
+                  trace_path=tmp_path / "t.jsonl")
+    assert m.concurrency == 1 and m.model_id == "hf:tiny-qwen3-vl"
+    r1 = m.chat([ChatMessage.of("user", "Is it fake?", IMAGE)], temperature=0, max_tokens=6)
+    r2 = m.chat([ChatMessage.of("user", "Is it fake?", IMAGE)], temperature=0, max_tokens=6)
+    assert r1.input_tokens > 5 and 0 < r1.output_tokens <= 6 and r1.cost_usd == 0
+    assert r2.cached and r2.text == r1.text and m.stats["network"] == 1
+    s1 = m.chat("Tell me.", temperature=1.0, max_tokens=6, seed=1)
+    s2 = m.chat("Tell me.", temperature=1.0, max_tokens=6, seed=1)
+    assert not s2.cached and m.stats["network"] == 3     # sample 1 is a new call even with the same seed
+
+
+def test_hf_backend_schema_failure_is_typed(tiny_vlm_dir):
+    m = get_model(f"hf:{tiny_vlm_dir}", device="cpu")
+    with pytest.raises(ChatFailure):       # random weights never write a valid Verdict
+        m.chat("Verdict?", schema=Verdict, temperature=0, max_tokens=4)

@@ -1,0 +1,209 @@
+"""Remote detectors over real loopback HTTP: a TruFor-style detector served by a separate process.
+
+The served detector is a test double with TruFor's interface (integrity score + anomaly map, scope: local
+edits); it computes a real, cheap map (local high-frequency energy) so maps survive the round trip intact.
+"""
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from forensicslab import detectors as D
+from forensicslab.remote import PROTOCOL, RemoteDetector, RemoteError, decode_map, make_server
+
+TRUFOR_SIM = '''
+import time
+import numpy as np
+from scipy import ndimage
+from forensicslab.detectors import card_from_dict, make_detection, register
+
+@register("trufor")
+class TruForSim:
+    "Test double with TruFor's interface: integrity score in [0, 1] and an anomaly map."
+    card = card_from_dict(dict(
+        id="trufor", name="TruFor (simulated)", version="sim-1",
+        scope=["gen_inpaint", "classic_inpaint", "splice"],
+        attack_classes=["inpaint_diffusion", "inpaint_gan_traditional", "splice_copymove"],
+        native_metric="integrity_score", normalisation="identity",
+        score_reading="Higher means more likely tampered; threshold 0.5.",
+        map_reading="Red = likely manipulated, blue = pristine."))
+
+    def detect(self, image):
+        if image.width == 17: time.sleep(5)          # lets the tests exercise client timeouts
+        g = image.grey / 255.0
+        hp = g - ndimage.uniform_filter(g, 5)
+        e = ndimage.uniform_filter(hp * hp, 15)
+        m = e / (e.max() + 1e-9)
+        return make_detection(self.card, float(np.quantile(m, 0.99)), raw={"detection": float(m.mean())}, heatmap=m)
+'''
+
+
+def _start(cmd, env=None):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = p.stdout.readline()
+    if not line.startswith("serving"):
+        p.kill(); raise RuntimeError(f"server did not start: {line!r} {p.stderr.read()[-2000:]}")
+    return p, line.split(" on ")[1].split()[0]
+
+
+@pytest.fixture(scope="module")
+def trufor_server(tmp_path_factory):
+    "The simulated TruFor served by `python -m forensicslab.remote` in its own process."
+    d = tmp_path_factory.mktemp("plug")
+    (d / "trufor_sim.py").write_text(TRUFOR_SIM)
+    p, url = _start([sys.executable, "-m", "forensicslab.remote", "trufor", "--plugin", str(d / "trufor_sim.py"),
+                     "--port", "0", "--max-request-mb", "2"])
+    yield url
+    p.terminate()
+    try: p.wait(5)
+    except subprocess.TimeoutExpired: p.kill()
+
+
+def photo_jpeg(path, w=256, h=192):
+    rng = np.random.default_rng(1)
+    a = np.clip(np.linspace(30, 220, w)[None, :, None] + rng.normal(0, 3, (h, w, 3)), 0, 255).astype(np.uint8)
+    a[60:120, 80:160] = np.clip(a[60:120, 80:160] + rng.normal(0, 25, (60, 80, 3)), 0, 255).astype(np.uint8)
+    Image.fromarray(a).save(path, quality=92)
+    return path
+
+
+def test_card_health_and_detect(trufor_server, tmp_path):
+    rd = RemoteDetector(trufor_server)
+    assert rd.card.id == "trufor" and rd.card.has_map and rd.card.version == "sim-1"
+    assert rd.health().protocol == PROTOCOL
+    p = photo_jpeg(tmp_path / "x.jpg")
+    d = rd.detect(p)
+    assert d.status == "ok" and 0 <= d.score <= 1 and d.fired == (d.score > 0.5)
+    assert set(d.raw) == {"integrity_score", "detection"}
+    assert d.heatmap.shape == (192, 256) and d.heatmap.dtype == np.float32
+    # the noisy rectangle is where the map is hot
+    assert d.heatmap[70:110, 90:150].mean() > 3 * d.heatmap[:, :50].mean()
+
+
+def test_remote_in_the_pool(trufor_server, tmp_path):
+    D.register_remote("trufor", trufor_server)
+    try:
+        assert "trufor" in D.list_detectors()
+        p = photo_jpeg(tmp_path / "y.jpg")
+        res = D.run_pool(p, ["trufor"])
+        assert res["trufor"].status == "ok" and res["trufor"].heatmap.shape == (192, 256)
+        paths = D.write_panels(p, res, tmp_path / "panels")
+        assert paths["trufor"].is_file()
+        # the pool's timeout still applies to a remote detector
+        tiny = np.full((17, 17, 3), 128, np.uint8)
+        r = D.run_pool(tiny, ["trufor"], timeout=0.5)
+        assert r["trufor"].status == "timeout"
+    finally:
+        D.unregister("trufor")
+
+
+def test_client_timeout_and_request_limit(trufor_server):
+    with pytest.raises(RemoteError, match="no answer within the timeout"):
+        RemoteDetector(trufor_server, timeout=0.5).detect(np.full((17, 17, 3), 128, np.uint8))
+    noise = np.random.default_rng(0).integers(0, 255, (1200, 1200, 3), dtype=np.uint8)  # ~4 MB PNG > 2 MB limit
+    with pytest.raises(RemoteError, match="HTTP 413"):
+        RemoteDetector(trufor_server).detect(noise)
+    with pytest.raises(RemoteError, match="exceeds the request limit"):
+        RemoteDetector(trufor_server, max_request_bytes=1000).detect(noise)
+
+
+def test_server_rejects_bad_requests(trufor_server):
+    r = httpx.post(trufor_server + "/v1/detect", json={"image": "***"})
+    assert r.status_code == 400 and "base64" in r.json()["error"]
+    r = httpx.post(trufor_server + "/v1/detect", json={"image": base64.b64encode(b"not an image").decode()})
+    assert r.status_code == 400 and "image" in r.json()["error"]
+    r = httpx.post(trufor_server + "/v1/detect", json={"img": "x"})
+    assert r.status_code == 400 and "invalid request" in r.json()["error"]
+    assert httpx.get(trufor_server + "/v2/card").status_code == 404
+
+
+def test_cli_serve_detector_in_subprocess(tmp_path):
+    "The `forensicslab serve-detector` console command serves a built-in-style detector from a plug-in module."
+    (tmp_path / "trufor_sim.py").write_text(TRUFOR_SIM)
+    exe = Path(sys.executable).parent / "forensicslab"
+    if not exe.exists(): pytest.skip(f"console script not installed at {exe}")
+    p, url = _start([str(exe), "serve-detector", "trufor", "--plugin", str(tmp_path / "trufor_sim.py"), "--port", "0"])
+    try:
+        d = RemoteDetector(url).detect(photo_jpeg(tmp_path / "z.jpg"))
+        assert d.status == "ok" and d.heatmap.shape == (192, 256)
+    finally:
+        p.terminate(); p.wait(5)
+    bad = subprocess.run([str(exe), "serve-detector", "nosuch", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no detector named 'nosuch'" in bad.stderr
+
+
+class _Liar(BaseHTTPRequestHandler):
+    "A server that answers outside the protocol (score out of range, wrong map size)."
+    def log_message(self, *a): pass
+    def _send(self, obj):
+        b = json.dumps(obj).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        if self.path == "/v1/health": self._send(dict(status="ok", protocol="1", detector="liar", version="1"))
+        else: self._send(dict(id="liar", name="Liar", scope=["splice"], native_metric="p", normalisation="identity",
+                              score_reading="x", map_reading="y"))
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        from forensicslab.remote import encode_map
+        mode = self.server.mode
+        if mode == "score": self._send(dict(protocol="1", detector="liar", version="1", score=1.5, fired=True))
+        elif mode == "map": self._send(dict(protocol="1", detector="liar", version="1", score=0.7, fired=True,
+                                            map=encode_map(np.zeros((5, 5), np.float32))))
+        else: self._send(dict(protocol="1", detector="liar", version="1", score=0.7, fired=True, extra_field=1))
+
+
+@pytest.mark.parametrize("mode,msg", [("score", "score: Input should be less than or equal to 1"),
+                                      ("map", "map is 5x5, the image is 30x20"),
+                                      ("extra", "extra_field: Extra inputs are not permitted")])
+def test_client_validates_answers(mode, msg):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Liar); srv.mode = mode
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rd = RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}")
+        with pytest.raises(RemoteError, match=msg):
+            rd.detect(np.zeros((20, 30, 3), np.uint8))
+    finally:
+        srv.shutdown(); srv.server_close()
+
+
+def test_unreachable_server_is_a_clear_error():
+    with pytest.raises(RemoteError, match="cannot reach the detector server"):
+        RemoteDetector("http://127.0.0.1:9", connect_timeout=1)
+    with pytest.raises(RemoteError, match="cannot reach"):
+        D.register_remote("nowhere", "http://127.0.0.1:9", connect_timeout=1)
+    assert "nowhere" not in D.list_detectors()
+
+
+def test_remote_from_environment_and_cli(trufor_server, tmp_path, monkeypatch):
+    "Remote detectors join the pool from FORENSICSLAB_REMOTE_DETECTORS or `forensicslab detect --remote`."
+    from typer.testing import CliRunner
+    from forensicslab.cli import app
+    p = photo_jpeg(tmp_path / "e.jpg")
+    monkeypatch.setenv(D.REMOTE_ENV, f"trufor={trufor_server},down=http://127.0.0.1:9")
+    try:
+        D.discover(force=True)
+        assert {"trufor", "down"} <= set(D.list_detectors())
+        res = D.run_pool(p, ["trufor", "down"])
+        assert res["trufor"].status == "ok"
+        assert res["down"].status == "error" and "cannot reach" in res["down"].error
+    finally:
+        D.unregister("trufor"); D.unregister("down")
+    monkeypatch.delenv(D.REMOTE_ENV)
+    r = CliRunner().invoke(app, ["detect", str(p), "--remote", f"trufor={trufor_server}", "-d", "trufor"])
+    try:
+        assert r.exit_code == 0, r.output
+        assert "trufor" in r.output and "integrity_score = " in r.output
+    finally:
+        D.unregister("trufor")
+    r = CliRunner().invoke(app, ["detect", str(p), "--remote", "trufor"])
+    assert r.exit_code == 2 and "name=http://host:port" in r.output

@@ -1,0 +1,120 @@
+"""Zoom study training: SFT, GRPO with the crop tool, and the evidence verifier (tiny models on CPU)."""
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+torch.set_num_threads(1)
+
+from forensicslab.core import Box, EvidenceItem  # noqa: E402
+from forensicslab.train import (HybridReward, ZoomTrainConfig, ZoomEnv, load_checkpoint, load_policy,  # noqa: E402
+                                read_curves, run_grpo, run_sft, save_checkpoint, smoke_task)
+from forensicslab.rewards import RewardConfig  # noqa: E402
+from forensicslab.verifier import (VerifierItem, VerifierTrainConfig, Verifier, new_verifier, soft_bce,  # noqa: E402
+                                   train_verifier)
+from forensicslab.tinyvlm import TinyVLMSpec, build_tiny_vlm, save_vlm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(vocab_size=3072, max_pixels=64 * 64)
+
+
+def _texts(trajs):
+    return [s.text for t in trajs for s in t["steps"]]
+
+
+def test_sft_loss_finite_and_decreasing_on_repeated_batch(tmp_path):
+    trajs, _ = smoke_task(tmp_path / "data", n=1)
+    cfg = ZoomTrainConfig.smoke(sft_steps=8, sft_batch_size=1, sft_lr=1e-2, tiny=TINY,
+                                lora_modules_to_save=["lm_head", "embed_tokens"])
+    model, proc = load_policy(cfg, texts=_texts(trajs))
+    trainer = run_sft(cfg, model, proc, trajs * 8, tmp_path / "run")
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert len(losses) == 8 and all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.8 * losses[0], losses
+    # only LoRA adapters (text backbone) and the fully trained head/embeddings are trainable
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert any("lora_" in n for n in names) and not any("visual" in n for n in names)
+    assert read_curves(tmp_path / "run" / "sft_log.csv")["loss"].notna().sum() == 8
+
+
+def test_verifier_soft_bce_training(tmp_path):
+    rng = np.random.default_rng(0)
+    items = []
+    for k in range(8):
+        rgb = np.full((64, 64, 3), 90, np.uint8); x, y = (int(v) for v in rng.integers(0, 40, 2))
+        rgb[y:y + 20, x:x + 20] = 250
+        if k % 2: items.append(VerifierItem(rgb, [x, y, x + 20, y + 20], "bright patch without a light source", 1.0))
+        else: items.append(VerifierItem(rgb, [0, 0, 12, 12], "garbled text", 1 / 3))
+    vlm, proc = build_tiny_vlm(TinyVLMSpec(vocab_size=600, max_pixels=64 * 64))
+    save_vlm(vlm, proc, tmp_path / "base")
+    cfg = VerifierTrainConfig(epochs=6, batch_size=4, lr=3e-3, lora=False)
+    model, vproc = new_verifier(tmp_path / "base", cfg, device="cpu")
+    hist = train_verifier(model, vproc, items, cfg)
+    assert all(math.isfinite(h) for h in hist)
+    assert np.mean(hist[-3:]) < np.mean(hist[:3]), hist
+    # soft BCE minimum sits at the soft label
+    y = torch.tensor([1 / 3])
+    assert soft_bce(torch.logit(y), y) < soft_bce(torch.tensor([3.0]), y)
+    ver = Verifier(model, vproc)
+    s = ver(items[1].image, [EvidenceItem(text=items[1].text, box=Box.from_list(items[1].box)), (items[0].box, "x")])
+    assert len(s) == 2 and all(0.0 <= v <= 1.0 for v in s)
+
+
+def test_grpo_reward_config_and_env_contract():
+    cfg = ZoomTrainConfig()
+    assert (cfg.beta, cfg.loss_type, cfg.epsilon, cfg.epsilon_high, cfg.mask_truncated_completions,
+            cfg.num_generations, cfg.lora_r, cfg.lora_alpha) == (0.0, "dapo", 0.2, 0.28, True, 16, 16, 32)
+    env = ZoomEnv(); env.reset(image=np.zeros((50, 80, 3), np.uint8))
+    blocks = env.crop([0, 0, 40, 40])
+    assert blocks[0]["type"] == "image" and blocks[0]["image"].size[0] >= 40
+    with pytest.raises(ValueError, match="bad box"): env.crop([10, 10, 5, 5])
+    with pytest.raises(ValueError, match="needs a verifier"): HybridReward(None, RewardConfig(alpha_m=0.5))
+
+
+@pytest.mark.slow
+def test_grpo_smoke_tool_called_and_verifier_scored(tmp_path):
+    trajs, samples = smoke_task(tmp_path / "data", n=4)
+    cfg = ZoomTrainConfig.smoke(sft_steps=100, sft_batch_size=2, sft_lr=1e-2, tiny=TINY, grpo_steps=2,
+                                num_generations=2, grpo_batch_size=4, max_completion_length=160,
+                                lora_modules_to_save=["lm_head", "embed_tokens"])
+    model, proc = load_policy(cfg, texts=_texts(trajs), save_to=tmp_path / "base")
+    sft = run_sft(cfg, model, proc, trajs, tmp_path / "run")
+    scored, crops_seen = [], []
+
+    def verifier(image, items):
+        scores = [0.8] * len(items); scored.append(scores); return scores
+
+    class Spy(HybridReward):
+        def __call__(self, completions, environments=None, **kw):
+            crops_seen.extend(len(e.crops) for e in environments or [])
+            return super().__call__(completions, **kw)
+
+    reward = Spy(verifier, RewardConfig(), "o3")
+    grpo = run_grpo(cfg, sft.model, proc, samples, reward, tmp_path / "run")
+    log = read_curves(tmp_path / "run" / "grpo_log.csv")
+    assert reward.calls == 2
+    assert log["tools/call_frequency"].max() > 0, log.T
+    assert sum(crops_seen) > 0
+    assert scored and all(s == 0.8 for batch in scored for s in batch)
+    save_checkpoint(grpo.model, proc, tmp_path / "grpo", tmp_path / "base", cfg)
+    m, p = load_checkpoint(tmp_path / "grpo", device="cpu")
+    assert sum(p_.numel() for p_ in m.parameters()) > 0
+
+
+@pytest.mark.slow
+def test_gpu_check_script_dry_run_on_cpu():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check_zoom.py"), "--device", "cpu", "--sft-steps", "2",
+                        "--grpo-steps", "1", "--num-generations", "2", "--max-completion-length", "48",
+                        "--image-size", "96", "--max-pixels", "4096"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout[r.stdout.index("{"):]
+    import json
+    rep = json.loads(out)
+    assert rep["ok"] and rep["sft"]["steps"] == 2 and rep["grpo"]["steps"] == 1

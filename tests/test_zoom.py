@@ -1,0 +1,174 @@
+"""Zoom study: box conventions, the strict parser, the turn bound, reward hand cases, and the LLM policy,
+annotator and judge end to end over the OpenAI-compatible wire (local test server)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from forensicslab.core import Box, EvidenceItem, Sample
+from forensicslab.rewards import RewardConfig, bleu, episode_reward, rouge_l, union_iou, zoom_reward
+from forensicslab.zoom import (LLMZoomPolicy, RulePolicy, ZoomAnswer, box_to_norm, crop, norm_to_box, parse_action,
+                               pixel_box, render_turn, run_zoom)
+
+
+@pytest.fixture
+def image():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)
+
+
+def answer(verdict, *items):
+    return ZoomAnswer.build(verdict, "overall", [EvidenceItem(text=t, box=Box.from_list(b)) for b, t in items])
+
+
+# ---- boxes ------------------------------------------------------------------------------------
+def test_box_conversions_round_trip():
+    b = norm_to_box([250, 100, 750, 900], 320, 240)         # [ymin, xmin, ymax, xmax] / 1000
+    assert b.as_list() == [32, 60, 288, 180]
+    assert box_to_norm(b, 320, 240) == [250, 100, 750, 900]
+    assert pixel_box([-10, -10, 400, 100], 320, 240).as_list() == [0, 0, 320, 100]
+    with pytest.raises(ValueError, match="outside"): pixel_box([330, 0, 400, 10], 320, 240)
+    with pytest.raises(ValueError, match="0-1000"): norm_to_box([0, 0, 1001, 5], 10, 10)
+
+
+def test_crop_magnifies_and_clamps(image):
+    out = crop(image, [10, 10, 20, 20])                       # grown to 32 px, magnified 4x
+    assert out.size == (128, 128)
+    assert np.array_equal(np.asarray(crop(image, [0, 0, 320, 240], max_zoom=1.0, target_side=320)), image)
+
+
+# ---- parser -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,kind", [
+    ('<think>a</think><tool_call>{"name": "crop", "arguments": {"bbox": [1, 2, 30, 40]}}</tool_call>', "crop"),
+    ('<tool_call>\n{"name": "crop", "arguments": {"bbox": [1, 2, 30, 40]}}\n</tool_call>', "crop"),
+    ('<answer>{"verdict": "real", "evidence": [{"bbox": null, "text": "fine"}]}</answer>', "answer"),
+    ('<tool_call>{"name": "crop", "arguments": {"box": [1, 2, 30, 40]}}</tool_call>', "invalid"),
+    ('<tool_call>{"name": "crop", "arguments": {"bbox": [1, 2, 30]}}</tool_call>', "invalid"),
+    ('<tool_call>{"name": "crop", "arguments": {"bbox": [1, 2, 30, 40]}}', "invalid"),
+    ('<answer>{"verdict": "fake", "evidence": []}</answer>', "invalid"),
+    ('<answer>{"verdict": "real", "evidence": [{"bbox": null, "text": "a"}, {"bbox": [0, 0, 9, 9], "text": "b"}]}</answer>', "invalid"),
+    ("The image is fake.", "invalid"),
+])
+def test_parser(text, kind):
+    act = parse_action(text, "o3", (320, 240))
+    assert act.kind == kind, act.error
+    if kind == "invalid": assert act.error
+
+
+def test_tool_call_in_cot_is_invalid():
+    t = render_turn("x", bbox=[0, 0, 10, 10])
+    assert parse_action(t, "o3").kind == "crop" and parse_action(t, "cot").kind == "invalid"
+
+
+# ---- loop -------------------------------------------------------------------------------------
+class Script:
+    policy_id = "script"
+    def __init__(self, turns): self.turns = turns
+    def respond(self, ep): return self.turns[min(ep.turn, len(self.turns) - 1)]
+
+
+def test_turn_bound(image):
+    r = run_zoom(Script([render_turn("z", bbox=[0, 0, 50, 50])]), image, "o3", max_turns=4)
+    assert (r.status, len(r.steps), r.n_zooms, r.prediction) == ("turn_limit", 4, 3, None)
+    ok = run_zoom(Script([render_turn("z", bbox=[0, 0, 50, 50]), render_turn("d", answer=answer("real"))]), image, "o3")
+    assert ok.status == "ok" and ok.n_zooms == 1 and ok.prediction == 0
+
+
+def test_rule_policy_all_variants(image):
+    for v in ("direct", "cot", "o3"):
+        r = run_zoom(RulePolicy(), image, v)
+        assert r.status == "ok", r.error
+        if v != "o3": assert r.n_zooms == 0
+
+
+# ---- rewards ----------------------------------------------------------------------------------
+REF = [EvidenceItem(text="overall", box=None), EvidenceItem(text="the text on the sign is garbled", box=Box.from_list([0, 0, 10, 10]))]
+const = lambda *s: (lambda image, items: list(s))
+
+
+def test_reward_hand_cases():
+    assert zoom_reward(None, 1, REF).total == -1.0
+    assert zoom_reward(answer("real"), 0, REF).total == 1.0
+    assert zoom_reward(answer("real"), 1, REF).total == 0.0
+    r = zoom_reward(answer("fake", ([5, 0, 15, 10], "The sign text is garbled.")), 1, REF, verifier=const(0.9))
+    rule = 1 / 3 + math.exp(-0.4) * math.sqrt(0.6)            # IoU 1/3, BLEU-2 with BP exp(-0.4), p2 = 3/5
+    assert r.r_rule == pytest.approx(rule) and r.r_model == pytest.approx(0.8)
+    assert r.total == pytest.approx(1 + 0.5 * rule + 0.5 * 0.8)
+    # a real image called fake: no rule reward, verifier 0.2 -> -C_invalid
+    r = zoom_reward(answer("fake", ([0, 0, 10, 10], "x y")), 0, [], verifier=const(0.2))
+    assert (r.r_cls, r.r_rule, r.total) == (0.0, 0.0, -0.5)
+    # aggregation: penalties summed, top-1 + beta * top-2 of the positives
+    r = zoom_reward(answer("fake", *[([0, 0, 10, 10], "a")] * 4), 1, REF, verifier=const(1.0, 0.75, 0.1, 0.3),
+                    cfg=RewardConfig(alpha_m=1.0))
+    assert r.r_model == pytest.approx(-2 + 1 + 0.5 * 0.5)
+
+
+def test_text_and_box_overlap():
+    assert bleu("a b c d", "a b c d", 2) == pytest.approx(1.0)
+    assert rouge_l("a x b y c", "a b c") == pytest.approx(2 * 0.6 * 1.0 / 1.6)
+    assert union_iou([[0, 0, 2, 2], [2, 0, 4, 2]], [[0, 0, 4, 2]]) == pytest.approx(1.0)
+
+
+def test_episode_reward_format_failures():
+    s = Sample(id="s", image="x", label=1, family="synthesis", boxes=REF)
+    good = [render_turn("z", bbox=[0, 0, 10, 10]), render_turn("d", answer=answer("fake", ([0, 0, 10, 10], REF[1].text)))]
+    assert episode_reward(good, s, verifier=const(1.0)).total == pytest.approx(1 + 0.5 * (1 + 1) + 0.5 * 1.0)
+    assert episode_reward(good[:1], s).total == -1.0
+    assert episode_reward(["<tool_call>{bad json}</tool_call>"] + good, s).total == -1.0
+
+
+# ---- over the wire ----------------------------------------------------------------------------
+def _model(url):
+    from forensicslab.models import get_model
+    return get_model(f"openai-compatible:{url}#zoom-test", api_key="test", max_attempts=1)
+
+
+def test_llm_policy_end_to_end(image):
+    testing = pytest.importorskip("forensicslab.testing")
+    seen = []
+    def responder(req):
+        seen.append(req)
+        n_images = sum(1 for m in req["messages"] if isinstance(m.get("content"), list)
+                       for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
+        if n_images == 1:
+            return '<think>The corner looks odd.</think><tool_call>{"name": "crop", "arguments": {"bbox": [0, 0, 64, 48]}}</tool_call>'
+        return ('<think>Confirmed.</think><answer>{"verdict": "fake", "evidence": [{"bbox": null, "text": "odd"}, '
+                '{"bbox": [0, 0, 64, 48], "text": "The corner repeats a patch."}]}</answer>')
+    with testing.openai_server(responder) as url:
+        r = run_zoom(LLMZoomPolicy(_model(url), temperature=0.0), image, "o3", sample_id="wire")
+    assert r.status == "ok", r.error
+    assert r.n_zooms == 1 and r.answer.verdict == "fake" and r.answer.key_items[0].box.as_list() == [0, 0, 64, 48]
+    assert len(seen) == 2 and "crop" in json.dumps(seen[0]["messages"][0])
+    assert r.input_tokens > 0
+
+
+def test_llm_policy_bad_text_is_invalid_format(image):
+    testing = pytest.importorskip("forensicslab.testing")
+    with testing.openai_server(lambda req: "I believe it is fake.") as url:
+        r = run_zoom(LLMZoomPolicy(_model(url)), image, "cot")
+    assert r.status == "invalid_format" and r.prediction is None
+
+
+def test_llm_judge_and_annotator_end_to_end(tmp_path):
+    testing = pytest.importorskip("forensicslab.testing")
+    from forensicslab.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.construct import LLMProposer
+    from forensicslab.zoom_eval import LLMJudge, judge_protocol
+    ensure_artifacts(tmp_path, n_train=2, n_test=2, n_ood=2)
+    fake = [s for s in load_artifacts("test", tmp_path) if s.label][0]
+    def responder(req):
+        sys_ = json.dumps(req["messages"][0])
+        if "rating" in sys_: return '{"reason": "visible", "rating": 8}'
+        if "exploration_trajectory" in sys_:
+            return json.dumps({"exploration_trajectory": [{"bbox": None, "thought": "overview"}],
+                               "evidence": [{"bbox": None, "text": "g"}, {"bbox": [0, 0, 500, 500], "text": "garbled sign"}],
+                               "verdict": "fake"})
+        return '{"reason": "ok", "verdict": "fake"}' if "misleading" not in sys_ else '{"reason": "no", "verdict": "real"}'
+    with testing.openai_server(responder) as url:
+        m = _model(url)
+        ann = LLMProposer(m).propose(fake)
+        out = judge_protocol(LLMJudge(m), [(fake.id, fake.image, fake.boxes)])
+    assert ann.verdict == "fake" and ann.key[0].text == "garbled sign"
+    assert out["qs"] == pytest.approx(7 / 9) and out["prior_acc"] == 1.0
+    assert out["per_prompt"][1]["hit_evi"] == 1.0 and out["per_prompt"][3]["hit_evi"] == 0.0
