@@ -13,7 +13,8 @@ Dry run on CPU (float32; checks the script itself, its numbers say nothing about
 It trains on the toy square task of `forensicslab.train.smoke_task` (written to a temp folder), uses a
 constant stand-in verifier, and prints one JSON object: device, dtype, parameter counts, per-stage mean
 and median step time (first step excluded when there are more than two), peak CUDA memory, final SFT
-loss, GRPO tool-call frequency, and total wall time. Exit status 0 when both stages ran.
+loss, GRPO tool-call frequency, and total wall time (also on one last line prefixed `GPU_CHECK_REPORT`).
+Exit status 0 when both stages ran.
 """
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
     report["wall_s"] = round(time.perf_counter() - t_all, 2)
     report["ok"] = True
     print(json.dumps(report, indent=2))
+    print("GPU_CHECK_REPORT " + json.dumps(report))  # one line for scripts
     return 0
 
 

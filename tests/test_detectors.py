@@ -202,11 +202,16 @@ def test_cache_hit(doubles, tmp_path):
     assert b["t_map"].score == a["t_map"].score and np.array_equal(b["t_map"].heatmap, a["t_map"].heatmap)
     assert b["t_raise"].status == "error"
     files = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
-    assert files == ["t_map@v1@s2048.json", "t_map@v1@s2048.npz", "t_map@v1@s2048.png"], files
+    ver = D.cache_version(D.get_detector("t_map"))
+    assert ver.startswith("1-") and files == [f"t_map@v{ver}@s2048.{x}" for x in ("json", "npz", "png")], files
     # different compression history, same pixels -> different key
     Image.fromarray(img).save(tmp_path / "x.png")
     c = D.run_pool(tmp_path / "x.png", ["t_map"], cache=tmp_path / "c")
     assert type(D.get_detector("t_map")).calls == calls + 1 and c["t_map"].score == a["t_map"].score
+    # an edited detector (other fingerprint) misses the cache
+    D.get_detector("t_map").cache_salt = "retrained"; D._FINGERPRINTS.clear()
+    D.run_pool(img, ["t_map"], cache=tmp_path / "c")
+    assert type(D.get_detector("t_map")).calls == calls + 2
 
 
 def test_tiny_grey_and_huge_images(doubles, tmp_path):

@@ -1,6 +1,7 @@
 """Zoom study training: SFT, GRPO with the crop tool, and the evidence verifier (tiny models on CPU)."""
 import math
 import os
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,21 @@ def test_grpo_smoke_tool_called_and_verifier_scored(tmp_path):
     m, p = load_checkpoint(tmp_path / "grpo", device="cpu")
     assert sum(p_.numel() for p_ in m.parameters()) > 0
 
+    # every crop fails: TRL 1.16 crashed on this path ('list' object has no attribute 'prod'); ZoomGRPOTrainer must not
+    class BrokenCrop(ZoomEnv):
+        def crop(self, bbox: list[int]) -> list:
+            """Cut a region out of the full image and return it magnified.
+
+            Args:
+                bbox: Pixel box [x1, y1, x2, y2] in the full image: top-left and bottom-right corners.
+            """
+            raise ValueError("no crops today")
+
+    run_grpo(replace(cfg, grpo_steps=1), grpo.model, proc, samples, HybridReward(verifier), tmp_path / "run2",
+             env_factory=BrokenCrop)
+    log2 = read_curves(tmp_path / "run2" / "grpo_log.csv")
+    assert log2["tools/failure_frequency"].max() > 0, log2.T
+
 
 @pytest.mark.slow
 def test_gpu_check_script_dry_run_on_cpu():
@@ -114,7 +130,7 @@ def test_gpu_check_script_dry_run_on_cpu():
                         "--grpo-steps", "1", "--num-generations", "2", "--max-completion-length", "48",
                         "--image-size", "96", "--max-pixels", "4096"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    out = r.stdout[r.stdout.index("{"):]
     import json
-    rep = json.loads(out)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("GPU_CHECK_REPORT ")][-1]
+    rep = json.loads(line.split(" ", 1)[1])
     assert rep["ok"] and rep["sft"]["steps"] == 2 and rep["grpo"]["steps"] == 1

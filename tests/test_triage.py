@@ -301,3 +301,25 @@ def test_study_grid_offline_and_llm(tmp_path):
     t = mcnemar_pairs({c.name: results[(c.name, "id")] for c in configs})
     assert len(t) == 9 * 8 // 2
     assert timing["stage0_s"] > 0
+
+
+@pytest.mark.slow
+def test_pipeline_on_real_photographs(shared_data, tmp_path):
+    "The offline presets on real public forgeries and authentic photos (PSCC-Net samples, CASIA v2 tampered)."
+    from forensicslab.triage_study import Evidence
+    items = [(p, 0 if p.stem.startswith("authentic") else 1) for p in sorted((shared_data / "pscc_samples").glob("*.png"))]
+    items += [(p, 1) for p in sorted((shared_data / "casia2_samples").glob("Tp_*.jpg"))]
+    assert len(items) == 16
+    ev = Evidence(tmp_path / "cache")
+    runners = {c.name: build_config(c) for c in offline_configs()}
+    false_alarms = {n: 0 for n in runners}
+    for p, label in items:
+        img, d, c, f = ev(p)
+        assert len(d) >= 3 and any(x.status == "ok" for x in d.values())
+        for n, r in runners.items():
+            res = r(img, d, c, f)
+            assert res.failure is None and res.verdict is not None
+            if res.verdict.is_manipulated: assert res.decisive in d and d[res.decisive].status == "ok"
+            false_alarms[n] += int(label == 0 and res.verdict.is_manipulated)
+    # triage never raises more false alarms on the authentic photos than blind fusion does
+    assert false_alarms["rules"] <= false_alarms["fusion"], false_alarms

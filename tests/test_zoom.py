@@ -172,3 +172,35 @@ def test_llm_judge_and_annotator_end_to_end(tmp_path):
     assert ann.verdict == "fake" and ann.key[0].text == "garbled sign"
     assert out["qs"] == pytest.approx(7 / 9) and out["prior_acc"] == 1.0
     assert out["per_prompt"][1]["hit_evi"] == 1.0 and out["per_prompt"][3]["hit_evi"] == 0.0
+
+
+def test_llm_rewriter_end_to_end(tmp_path):
+    testing = pytest.importorskip("forensicslab.testing")
+    from forensicslab.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.construct import Annotation, Candidate, LLMRewriter, TrajStep
+    ensure_artifacts(tmp_path, n_train=2, n_test=2, n_ood=2)
+    fake = [s for s in load_artifacts("test", tmp_path) if s.label][0]
+    ann = Annotation(exploration_trajectory=[TrajStep(thought="overview"), TrajStep(bbox=[0, 0, 300, 300], thought="skin too smooth")],
+                     evidence=[Candidate(text="g"), Candidate(bbox=[0, 0, 500, 500], text="garbled sign", truth="valid"),
+                               Candidate(bbox=[0, 0, 300, 300], text="skin too smooth", truth="non_specific")], verdict="fake")
+    fixed = {"exploration_trajectory": [{"bbox": None, "thought": "overview"}, {"bbox": [0, 0, 300, 300], "thought": "nothing decisive"}],
+             "evidence": [{"bbox": None, "text": "g"}, {"bbox": [0, 0, 500, 500], "text": "garbled sign"}], "verdict": "fake"}
+    seen = []
+    def responder(req):
+        seen.append(req); return json.dumps(fixed)
+    with testing.openai_server(responder) as url:
+        out = LLMRewriter(_model(url))(fake, ann, [True, False])
+    assert [c.text for c in out.key] == ["garbled sign"]
+    assert "[null, true, false]" in json.dumps(seen[0]["messages"][1])
+    with testing.openai_server(lambda req: json.dumps({**fixed, "verdict": "real", "evidence": [{"bbox": None, "text": "g"}]})) as url:
+        with pytest.raises(ValueError, match="changed the verdict"):
+            LLMRewriter(_model(url))(fake, ann, [True, False])
+
+
+def test_split_explanation_over_the_wire_and_offline():
+    testing = pytest.importorskip("forensicslab.testing")
+    from forensicslab.zoom_eval import split_explanation
+    text = "This is fake. The clock face has melted numerals near the top. The shadow of the cup points the wrong way."
+    with testing.openai_server(lambda req: '{"evidence": [{"text": "melted numerals"}, {"text": "shadow points the wrong way"}]}') as url:
+        assert split_explanation(text, _model(url)) == ["melted numerals", "shadow points the wrong way"]
+    assert split_explanation(text) == ["The clock face has melted numerals near the top.", "The shadow of the cup points the wrong way."]

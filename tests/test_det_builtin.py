@@ -1,0 +1,173 @@
+"Built-in classical detectors (adq, cfa, noise, copymove, spectral, face_blend): signal on forgeries of their family, bad inputs, speed, real data."
+import io
+import time
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+from skimage import data
+from sklearn.metrics import roc_auc_score
+
+from forensicslab.detectors import get_detector, list_detectors, load_card, run_pool
+from forensicslab.imageio import load_image
+from forensicslab.det_jpeg import double_jpeg_splice
+from forensicslab.det_cfa import cfa_splice, demosaic
+from forensicslab.det_noise import inpaint_forgery
+from forensicslab.det_copymove import copy_move_forgery
+from forensicslab.det_spectral import upsampled_image
+from forensicslab.det_face import blend_face, find_faces
+
+BUILTIN = {"adq": "splice", "cfa": "splice", "noise": "classic_inpaint", "copymove": "splice",
+           "spectral": "synthesis", "face_blend": "face"}
+MAPS = {"adq", "cfa", "noise", "copymove", "face_blend"}
+
+
+def _jpeg(rgb, q=90) -> bytes:
+    b = io.BytesIO(); Image.fromarray(rgb).save(b, "JPEG", quality=q); return b.getvalue()
+
+
+def _small(rgb, side=256):
+    return cv2.resize(rgb, (side, side), interpolation=cv2.INTER_AREA)
+
+
+@pytest.mark.parametrize("det_id", sorted(BUILTIN))
+def test_registered_with_card(det_id):
+    assert det_id in list_detectors()
+    det = get_detector(det_id)
+    card = load_card(det_id)
+    assert det.card == card and card.scope == [BUILTIN[det_id]] and card.threshold == 0.5
+    assert card.has_map == (det_id in MAPS)
+    assert card.normalisation.startswith("logistic(") and card.reference
+
+
+# --- each detector shows signal on a forgery of its own family vs the authentic source -------------
+
+def _pair(det_id):
+    "(forgery, authentic source, mask or None) built from a shipped photo with the notebook's recipe."
+    astro, coffee = data.astronaut(), data.coffee()
+    if det_id == "adq":
+        fake, mask = double_jpeg_splice(astro, coffee, 65, 90)
+        b1 = io.BytesIO(); Image.fromarray(astro).save(b1, "JPEG", quality=65)
+        auth = np.asarray(Image.open(b1).convert("RGB"))
+        return load_image(fake), load_image(_jpeg(auth, 90)), mask
+    if det_id == "cfa":
+        fake, mask = cfa_splice(astro, coffee)
+        return load_image(fake), load_image(demosaic(astro)), mask
+    if det_id == "noise":
+        host = _small(astro)
+        fake, mask = inpaint_forgery(host, (190, 190), (30, 22))
+        return load_image(fake), load_image(host), mask
+    if det_id == "copymove":
+        fake, mask = copy_move_forgery(astro, (380, 380), (110, 400), 50, angle=20, scale=1.05)
+        return load_image(fake), load_image(astro), mask
+    if det_id == "spectral":
+        return load_image(upsampled_image(astro)), load_image(astro), None
+    if det_id == "face_blend":
+        fake, mask = blend_face(astro, find_faces(astro)[0])
+        return load_image(fake), load_image(astro), mask
+    raise KeyError(det_id)
+
+
+@pytest.mark.parametrize("det_id", sorted(BUILTIN))
+def test_signal_on_own_family(det_id):
+    fake, auth, mask = _pair(det_id)
+    det = get_detector(det_id)
+    df, da = det.detect(fake), det.detect(auth)
+    assert df.status == da.status == "ok"
+    assert df.fired and not da.fired, (det_id, df.score, da.score, df.raw, da.raw)
+    assert df.score > da.score + 0.3
+    if mask is not None:
+        assert df.heatmap is not None and df.heatmap.shape == mask.shape and df.heatmap.dtype == np.float32
+        assert roc_auc_score(mask.ravel(), df.heatmap.ravel()) > 0.75
+
+
+def test_not_applicable_is_neutral():
+    "No JPEG grid / no CFA trace / no face: the detector says so and stays silent."
+    png = load_image(data.coffee())
+    for det_id in ("adq", "cfa"):
+        d = get_detector(det_id).detect(png)
+        assert d.raw["applicable"] is False and d.score == 0.5 and not d.fired and d.heatmap.max() == 0
+    d = get_detector("face_blend").detect(png)
+    assert d.raw["faces"] == 0 and d.score < 0.05
+
+
+# --- bad inputs never break a detector or the pool -------------------------------------------------
+
+@pytest.mark.parametrize("arr", [np.zeros((16, 16, 3), np.uint8), np.full((9, 13, 3), 200, np.uint8),
+                                 data.camera(), np.random.default_rng(0).integers(0, 255, (40, 700, 3), dtype=np.uint8)],
+                         ids=["16x16", "9x13-flat", "grey", "40x700-noise"])
+def test_odd_inputs(arr):
+    img = load_image(arr)
+    for det_id in BUILTIN:
+        d = get_detector(det_id).detect(img)
+        assert d.status == "ok" and 0 <= d.score <= 1
+        if det_id in MAPS: assert d.heatmap.shape == arr.shape[:2]
+    jpg = load_image(_jpeg(np.ascontiguousarray(img.rgb), 85))
+    assert get_detector("adq").detect(jpg).status == "ok"
+
+
+def test_huge_image_through_pool(tmp_path):
+    "A 6000x4000 JPEG: map detectors answer at full resolution, none fails or times out."
+    big = cv2.resize(data.coffee(), (6000, 4000), interpolation=cv2.INTER_LINEAR)
+    p = tmp_path / "big.jpg"; p.write_bytes(_jpeg(big, 90))
+    res = run_pool(p, list(BUILTIN), timeout=120)
+    for det_id, d in res.items():
+        assert d.status == "ok", (det_id, d.error)
+        if det_id in MAPS: assert d.heatmap.shape == (4000, 6000)
+
+
+def test_speed_on_1024x768_jpeg(tmp_path):
+    "Each detector under the 3 s whole-pool budget on a 1024x768 JPEG (best of two runs; typical: 0.05-1.1 s)."
+    img = cv2.resize(data.astronaut(), (1024, 768), interpolation=cv2.INTER_CUBIC)
+    p = tmp_path / "x.jpg"; p.write_bytes(_jpeg(img, 90))
+    li = load_image(p)
+    for det_id in BUILTIN:
+        det = get_detector(det_id); times = []
+        for _ in range(2):
+            t0 = time.perf_counter(); det.detect(li); times.append(time.perf_counter() - t0)
+        assert min(times) < 3.0, f"{det_id} took {min(times):.2f} s"
+
+
+# --- real data (../shared/data) --------------------------------------------------------------------
+
+def _mask(path):
+    return np.asarray(Image.open(path).convert("L")) > 127
+
+
+def test_casia_copy_move(shared_data):
+    "CASIA v2 same-image forgeries (Tp_S_*): copymove fires and its map finds the tampered region."
+    files = sorted((shared_data / "casia2_samples").glob("Tp_S_*.jpg"))
+    if not files: pytest.skip("no Tp_S_* images in casia2_samples")
+    det = get_detector("copymove")
+    for f in files:
+        d = det.detect(load_image(f))
+        assert d.fired, (f.name, d.raw)
+        assert roc_auc_score(_mask(f.with_name(f.stem + "_gt.png")).ravel(), d.heatmap.ravel()) > 0.6
+
+
+def test_noso_copy_move_pairs(shared_data):
+    "NoSo: a forgery has at least as many consistent matches as its authentic source in most pairs, more in many."
+    root = shared_data / "noso_copymove"
+    mods = sorted(p for p in root.glob("*_mod*.png") if not p.stem.endswith("_gt"))
+    if not mods: pytest.skip("no NoSo forgeries found")
+    det = get_detector("copymove")
+    cache, ge, gt = {}, 0, 0
+    for m in mods:
+        src = root / (m.stem.split("_mod")[0] + ".png")
+        if src not in cache: cache[src] = det.detect(load_image(src)).raw["inliers"]
+        n = det.detect(load_image(m)).raw["inliers"]
+        ge += n >= cache[src]; gt += n > cache[src]
+    assert ge >= 0.75 * len(mods) and gt >= 0.4 * len(mods), (ge, gt, len(mods))
+
+
+def test_all_real_images_run(shared_data):
+    "Every built-in detector answers on every real image of the shared sets (status ok, map at image size)."
+    files = [p for d in ("casia2_samples", "pscc_samples", "noso_copymove") for p in sorted((shared_data / d).glob("*"))
+             if p.suffix.lower() in (".png", ".jpg") and not p.stem.endswith("_gt")][:12]
+    for f in files:
+        img = load_image(f)
+        for det_id in BUILTIN:
+            d = get_detector(det_id).detect(img)
+            assert d.status == "ok"
+            if det_id in MAPS: assert d.heatmap.shape == (img.height, img.width)
