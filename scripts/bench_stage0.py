@@ -4,10 +4,12 @@
 The test images are made from a photograph shipped with scikit-learn (china.jpg), cropped to 4:3 and
 resized with Lanczos, saved as JPEG quality 90. For each size the script times every detector alone
 (`run_pool` with that one detector, no cache) and the whole pool dispatched concurrently (no cache),
-each `--repeat` times, and reports the median wall time, plus the CPU seconds of each detector's thread
-(alone and in the pool: equal CPU with a longer wall means the detector waited for a core). The load
-average is printed because the machine may be shared. It prints the ratio concurrent wall / slowest single
-detector (target <= 1.3) and checks the whole pool on 1024x768 against the 3 s target.
+each `--repeat` times, and reports the median wall time and the process CPU seconds (all threads);
+wall far above CPU means the process waited for a core (the load average is printed: the machine may
+be shared). Stage 0 caps each detector's library thread pools at one thread (`run_pool(intra_threads=1)`,
+the pool's parallelism being across detectors); the column `alone, lib threads` shows each detector
+alone with the libraries' default threading, for comparison. It prints the ratio concurrent wall / slowest single detector (target <= 1.3) and checks
+the whole pool on 1024x768 against the 3 s target (exit status 2 when a target is missed).
 
 Usage: python scripts/bench_stage0.py [--repeat 3] [--detector ID ...] [--json out.json]
 """
@@ -42,28 +44,12 @@ def make_jpeg(width: int, height: int, folder: Path) -> Path:
     return p
 
 
-CPU: dict[str, float] = {}
-
-
-def instrument(names: list[str]) -> None:
-    "Wrap each detector's detect() to record the CPU seconds of its thread (shows contention vs. work)."
-    from forensicslab.detectors import get_detector
-    for n in names:
-        det = get_detector(n)
-        if getattr(det, "_bench_wrapped", False): continue
-        inner = det.detect
-        def detect(image, _inner=inner, _n=n):
-            t = time.thread_time()
-            try: return _inner(image)
-            finally: CPU[_n] = time.thread_time() - t
-        det.detect, det._bench_wrapped = detect, True
-
-
-def timed_pool(path: Path, names: list[str], timeout: float) -> tuple[float, dict]:
+def timed_pool(path: Path, names: list[str], timeout: float, **kw) -> tuple[float, float, dict]:
+    "Wall seconds, process CPU seconds (all threads) and detections of one uncached `run_pool`."
     from forensicslab.detectors import run_pool
-    t0 = time.perf_counter()
-    res = run_pool(path, names, timeout=timeout, cache=None)
-    return time.perf_counter() - t0, res
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = run_pool(path, names, timeout=timeout, cache=None, **kw)
+    return time.perf_counter() - t0, time.process_time() - c0, res
 
 
 def main(argv=None) -> int:
@@ -83,7 +69,6 @@ def main(argv=None) -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
           f"Python {platform.python_version()}; median of {a.repeat} runs, no cache\n")
 
-    instrument(names)
     out = {"detectors": names, "repeat": a.repeat, "cpu_count": os.cpu_count(), "sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         # warm-up: first calls load weights, build caches, import lazily
@@ -92,25 +77,29 @@ def main(argv=None) -> int:
         ok = True
         for (w, h) in [(1024, 768), (2048, 1536)]:
             p = make_jpeg(w, h, Path(tmp))
-            single, single_cpu = {}, {}
+            single, single_cpu, free = {}, {}, {}
             status = {}
             for n in names:
-                ts = []
+                ts, cs = [], []
                 for _ in range(a.repeat):
-                    dt, res = timed_pool(p, [n], a.timeout); ts.append(dt); status[n] = res[n].status
-                single[n] = statistics.median(ts); single_cpu[n] = CPU.get(n, float("nan"))
-            pool_ts = []
+                    dt, cpu, res = timed_pool(p, [n], a.timeout); ts.append(dt); cs.append(cpu); status[n] = res[n].status
+                single[n] = statistics.median(ts); single_cpu[n] = statistics.median(cs)
+                free[n] = timed_pool(p, [n], a.timeout, intra_threads=None)[0]
+            pool_ts, pool_cs = [], []
             for _ in range(a.repeat):
-                dt, res = timed_pool(p, names, a.timeout); pool_ts.append(dt)
-            pool = statistics.median(pool_ts)
+                dt, cpu, res = timed_pool(p, names, a.timeout); pool_ts.append(dt); pool_cs.append(cpu)
+            pool, pool_cpu = statistics.median(pool_ts), statistics.median(pool_cs)
             slowest = max(single, key=single.get)
             ratio = pool / single[slowest]
             print(f"== {w}x{h} JPEG   (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-            print(f"{'detector':<14}{'alone (s)':>10}  {'cpu alone':>9}  {'in pool (s)':>11}  {'cpu in pool':>11}  status")
+            print(f"{'detector':<14}{'alone (s)':>10}  {'cpu alone':>9}  {'in pool (s)':>11}  {'alone, lib threads':>18}  status")
             for n in names:
-                print(f"{n:<14}{single[n]:>10.3f}  {single_cpu[n]:>9.3f}  {res[n].runtime_s:>11.3f}  {CPU.get(n, float('nan')):>11.3f}  {res[n].status if res[n].status == 'ok' else res[n].status + ': ' + (res[n].error or '')[:60]}")
-            print(f"{'sum of singles':<14}{sum(single.values()):>10.3f}")
-            print(f"whole pool, concurrent: {pool:.3f} s wall (runs: {', '.join(f'{t:.3f}' for t in pool_ts)})")
+                print(f"{n:<14}{single[n]:>10.3f}  {single_cpu[n]:>9.3f}  {res[n].runtime_s:>11.3f}  {free[n]:>18.3f}  {res[n].status if res[n].status == 'ok' else res[n].status + ': ' + (res[n].error or '')[:60]}")
+            print(f"{'sum of singles':<14}{sum(single.values()):>10.3f}  {sum(single_cpu.values()):>9.3f}")
+            print(f"whole pool, concurrent: {pool:.3f} s wall, {pool_cpu:.3f} s CPU (runs: {', '.join(f'{t:.3f}' for t in pool_ts)})")
+            ncores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            bound = max(max(single.values()), sum(single_cpu.values()) / ncores)
+            print(f"lower bound on this machine, max(slowest single, sum of single CPU / {ncores} cores): {bound:.3f} s")
             print(f"ratio concurrent / slowest single ({slowest}, {single[slowest]:.3f} s): {ratio:.2f} (target <= 1.3)"
                   f" -> {'OK' if ratio <= 1.3 else 'MISSED'}")
             if (w, h) == (1024, 768):
@@ -118,7 +107,7 @@ def main(argv=None) -> int:
                 ok &= pool <= 3.0
             ok &= ratio <= 1.3
             print()
-            out["sizes"][f"{w}x{h}"] = {"single_s": single, "single_cpu_s": single_cpu, "loadavg": os.getloadavg()[0], "pool_s": pool, "pool_runs_s": pool_ts,
+            out["sizes"][f"{w}x{h}"] = {"single_s": single, "single_cpu_s": single_cpu, "single_lib_threads_s": free, "pool_cpu_s": pool_cpu, "loadavg": os.getloadavg()[0], "pool_s": pool, "pool_runs_s": pool_ts,
                                         "in_pool_runtime_s": {n: res[n].runtime_s for n in names},
                                         "status": {n: res[n].status for n in names},
                                         "slowest": slowest, "ratio": ratio}

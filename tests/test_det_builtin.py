@@ -146,6 +146,7 @@ def test_casia_copy_move(shared_data):
         assert roc_auc_score(_mask(f.with_name(f.stem + "_gt.png")).ravel(), d.heatmap.ravel()) > 0.6
 
 
+@pytest.mark.slow
 def test_noso_copy_move_pairs(shared_data):
     "NoSo: a forgery has at least as many consistent matches as its authentic source in most pairs, more in many."
     root = shared_data / "noso_copymove"
@@ -163,8 +164,8 @@ def test_noso_copy_move_pairs(shared_data):
 
 def test_all_real_images_run(shared_data):
     "Every built-in detector answers on every real image of the shared sets (status ok, map at image size)."
-    files = [p for d in ("casia2_samples", "pscc_samples", "noso_copymove") for p in sorted((shared_data / d).glob("*"))
-             if p.suffix.lower() in (".png", ".jpg") and not p.stem.endswith("_gt")][:12]
+    files = [p for d in ("casia2_samples", "pscc_samples", "noso_copymove")
+             for p in [q for q in sorted((shared_data / d).glob("*")) if q.suffix.lower() in (".png", ".jpg") and not q.stem.endswith("_gt")][:2]]
     for f in files:
         img = load_image(f)
         for det_id in BUILTIN:

@@ -99,10 +99,12 @@ def test_rule_judge_conflicts_guided_vs_unguided():
     # unguided: no conflict reasoning, the highest score wins and every fired kept tool is listed
     u = RuleJudge(guided=False).judge(img, d, c, audits, facts)
     assert u.arbitrated_tools == ["face_blend", "copymove"]
-    # a weak lone positive contradicted by a confident same-scope negative: guided says authentic
+    # a weak lone positive contradicted by a confident same-scope negative: with the penalty on (a pool of
+    # redundant detectors), the guided judge says authentic
     d2 = {"spectral": Detection.from_score("spectral", 0.7), "npr": Detection.from_score("npr", 0.05)}
     a2 = run_auditors(RuleAuditor(), img, d2, c, measure_facts(img, d2, c))
-    assert not RuleJudge(guided=True).judge(img, d2, c, a2).is_manipulated
+    from forensicslab.triage import RuleParams
+    assert not RuleJudge(guided=True, params=RuleParams(lone_penalty=0.5, accept_min=0.3)).judge(img, d2, c, a2).is_manipulated
     assert RuleJudge(guided=False).judge(img, d2, c, a2).decisive == "spectral"
 
 
@@ -244,6 +246,21 @@ def test_analyze_cli_on_shipped_photo(tmp_path):
     assert bad.exit_code == 2 and "no such file" in bad.output
     bad2 = CliRunner().invoke(app, ["analyze", str(photo), "--config", "nope", "--no-cache"])
     assert bad2.exit_code == 2 and "presets" in bad2.output
+
+
+def test_analyze_cli_with_model_backends(tmp_path):
+    "`analyze --config complete` with the auditors on one server and the judge on another."
+    from typer.testing import CliRunner
+    from forensicslab.cli import app
+    from forensicslab.testing import openai_server
+    photo, report = _photo(tmp_path), tmp_path / "llm.html"
+    aud, jud = _Role(drop=()), _Role()
+    with openai_server(aud) as ua, openai_server(jud) as uj:
+        r = CliRunner().invoke(app, ["analyze", str(photo), "--config", "complete", "--report", str(report),
+                                     "--auditor-backend", f"openai-compatible:{ua}#aud", "--judge-backend", f"openai-compatible:{uj}#jud"])
+    assert r.exit_code == 0, r.output
+    assert {x[0] for x in aud.roles} == {"auditor"} and [x[0] for x in jud.roles] == ["judge"]
+    assert "Model usage" in report.read_text() and "verdict: " in r.output
 
 
 def _chromium():

@@ -204,3 +204,25 @@ def test_split_explanation_over_the_wire_and_offline():
     with testing.openai_server(lambda req: '{"evidence": [{"text": "melted numerals"}, {"text": "shadow points the wrong way"}]}') as url:
         assert split_explanation(text, _model(url)) == ["melted numerals", "shadow points the wrong way"]
     assert split_explanation(text) == ["The clock face has melted numerals near the top.", "The shadow of the cup points the wrong way."]
+
+
+@pytest.mark.slow
+def test_trained_checkpoint_is_evaluated_by_the_study_helpers(tmp_path):
+    "Smoke SFT + GRPO on the tiny offline model, then the study helpers find, load and run both checkpoints."
+    torch = pytest.importorskip("torch"); torch.set_num_threads(1)
+    from forensicslab.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.construct import construct
+    from forensicslab.train import ZoomTrainConfig, train_zoom
+    from forensicslab.zoom_eval import checkpoint_info, find_checkpoints, make_policy, run_policy, table1_metrics
+    root = ensure_artifacts(tmp_path / "data", n_train=4, n_test=2, n_ood=2)
+    tr, te = load_artifacts("train", root), load_artifacts("test", root)
+    train_zoom(ZoomTrainConfig.smoke(reward=dict(alpha_m=0.0)), construct(tr, variants=("o3",)).trajectories, tr, tmp_path / "run")
+    cks = find_checkpoints(tmp_path / "run")
+    assert {"sft", "grpo"} <= set(cks)
+    ids = set()
+    for name in ("sft", "grpo"):
+        pol = make_policy(f"ckpt:{cks[name]}", max_new_tokens=48); ids.add(pol.policy_id)
+        res = run_policy(pol, te, checkpoint_info(cks[name])["config"]["variant"], max_turns=3)
+        m = table1_metrics(res, te)
+        assert len(res) == 2 and 0 <= m["acc"] <= 1 and all(r.status in ("ok", "invalid_format", "turn_limit") for r in res)
+    assert len(ids) == 2
