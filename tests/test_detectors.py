@@ -287,3 +287,28 @@ def test_detect_cli(doubles, tmp_path):
     assert r.exit_code == 2 and "no such file" in r.output
     r = CliRunner().invoke(app, ["detect", str(p), "-d", "ghost"])
     assert r.exit_code == 2 and "unknown detectors" in r.output
+
+
+def test_stage0_runs_detectors_single_threaded_and_restores(tmp_path):
+    "During dispatch torch and OpenCV use one intra-op thread per detector; the settings come back afterwards."
+    import cv2
+    import torch
+    seen = {}
+
+    class Probe:
+        card = write_card(tmp_path, "t_probe")
+        def detect(self, image):
+            seen.update(torch=torch.get_num_threads(), cv2=cv2.getNumThreads())
+            return D.make_detection(self.card, 0.1)
+
+    D.register("t_probe")(Probe)
+    before = (torch.get_num_threads(), cv2.getNumThreads())
+    try:
+        torch.set_num_threads(2); cv2.setNumThreads(2)
+        D.run_pool(photo(), ["t_probe"])
+        assert seen == {"torch": 1, "cv2": 1}
+        assert (torch.get_num_threads(), cv2.getNumThreads()) == (2, 2)
+        D.run_pool(photo(), ["t_probe"], intra_threads=None)
+        assert seen == {"torch": 2, "cv2": 2}
+    finally:
+        torch.set_num_threads(before[0]); cv2.setNumThreads(before[1]); D.unregister("t_probe")
