@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from forensicslab import bench
 from forensicslab.bench import COLLECTIONS, GROUPS, BenchSizes, ensure_bench, load_bench, mask_leak
-from forensicslab.core import FAMILIES
+from forensicslab.bench import IMAGE_FAMILIES as FAMILIES
 from forensicslab.imageio import load_image
 
 SIZES = BenchSizes.tiny(per_group=2)

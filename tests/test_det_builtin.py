@@ -117,16 +117,15 @@ def test_huge_image_through_pool(tmp_path):
         if det_id in MAPS: assert d.heatmap.shape == (4000, 6000)
 
 
-def test_speed_on_1024x768_jpeg(tmp_path):
-    "Each detector under the 3 s whole-pool budget on a 1024x768 JPEG (best of two runs; typical: 0.05-1.1 s)."
+def test_every_detector_on_a_1024x768_jpeg(tmp_path):
+    "Each detector gives a valid detection on a typical photo size (its speed is measured by scripts/bench_stage0.py)."
     img = cv2.resize(data.astronaut(), (1024, 768), interpolation=cv2.INTER_CUBIC)
     p = tmp_path / "x.jpg"; p.write_bytes(_jpeg(img, 90))
     li = load_image(p)
     for det_id in BUILTIN:
-        det = get_detector(det_id); times = []
-        for _ in range(2):
-            t0 = time.perf_counter(); det.detect(li); times.append(time.perf_counter() - t0)
-        assert min(times) < 3.0, f"{det_id} took {min(times):.2f} s"
+        d = get_detector(det_id).detect(li)
+        assert d.status == "ok" and 0.0 <= d.score <= 1.0, f"{det_id}: {d}"
+        if d.heatmap is not None: assert d.heatmap.shape == (768, 1024), det_id
 
 
 # --- real data (../shared/data) --------------------------------------------------------------------
