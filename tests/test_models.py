@@ -331,15 +331,21 @@ def test_cache_is_safe_with_concurrent_processes(tmp_path):
 
 
 # ---------------------------------------------------------------- concurrency and budget
-def test_concurrency_limit_bounds_in_flight_calls():
+def _peak_counting_responder(delay: float):
+    "A responder that answers 'ok' after `delay` s and records the peak number of requests in flight."
     state = {"now": 0, "peak": 0}
     lock = threading.Lock()
     def responder(req):
         with lock:
             state["now"] += 1; state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.1)
+        time.sleep(delay)
         with lock: state["now"] -= 1
         return "ok"
+    return responder, state
+
+
+def test_concurrency_limit_bounds_in_flight_calls():
+    responder, state = _peak_counting_responder(0.1)
     with openai_server(responder) as url:
         m = oai(url, concurrency=3)
         t0 = time.perf_counter()
@@ -350,14 +356,7 @@ def test_concurrency_limit_bounds_in_flight_calls():
 
 
 def test_models_of_the_same_endpoint_share_the_limit():
-    state = {"now": 0, "peak": 0}
-    lock = threading.Lock()
-    def responder(req):
-        with lock:
-            state["now"] += 1; state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.05)
-        with lock: state["now"] -= 1
-        return "ok"
+    responder, state = _peak_counting_responder(0.05)
     with openai_server(responder) as url:
         agents = [oai(url, concurrency=2) for _ in range(3)]      # three agents, one server, limit 2
         threads = [threading.Thread(target=a.chat_many, args=([{"messages": f"q{i}"} for i in range(6)],),
