@@ -8,8 +8,9 @@ each `--repeat` times, and reports the median wall time and the process CPU seco
 wall far above CPU means the process waited for a core (the load average is printed: the machine may
 be shared). Stage 0 caps each detector's library thread pools at one thread (`run_pool(intra_threads=1)`,
 the pool's parallelism being across detectors); the column `alone, lib threads` shows each detector
-alone with the libraries' default threading, for comparison. It prints the ratio concurrent wall / slowest single detector (target <= 1.3) and checks
-the whole pool on 1024x768 against the 3 s target (exit status 2 when a target is missed).
+alone with the libraries' default threading, for comparison. It prints the ratio concurrent wall / slowest single detector and the pool's wall time for both sizes,
+and checks the 1024x768 ones against the targets (ratio <= 1.3, pool <= 3 s; exit status 2 when one is
+missed). On 2 cores the ratio cannot beat max(1, sum of single CPU / 2 / slowest), printed as the lower bound.
 
 Usage: python scripts/bench_stage0.py [--repeat 3] [--detector ID ...] [--json out.json]
 """
@@ -27,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+
+TARGET_SIZE = (1024, 768)   # the issue's Stage 0 targets (3 s, ratio 1.3) are stated for this size
 
 
 def make_jpeg(width: int, height: int, folder: Path) -> Path:
@@ -100,12 +104,11 @@ def main(argv=None) -> int:
             ncores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
             bound = max(max(single.values()), sum(single_cpu.values()) / ncores)
             print(f"lower bound on this machine, max(slowest single, sum of single CPU / {ncores} cores): {bound:.3f} s")
+            verdict = lambda good: ("OK" if good else "MISSED") if (w, h) == TARGET_SIZE else "for reference; the targets are set on 1024x768"
             print(f"ratio concurrent / slowest single ({slowest}, {single[slowest]:.3f} s): {ratio:.2f} (target <= 1.3)"
-                  f" -> {'OK' if ratio <= 1.3 else 'MISSED'}")
-            if (w, h) == (1024, 768):
-                print(f"whole pool on 1024x768: {pool:.3f} s (target <= 3 s) -> {'OK' if pool <= 3.0 else 'MISSED'}")
-                ok &= pool <= 3.0
-            ok &= ratio <= 1.3
+                  f" -> {verdict(ratio <= 1.3)}")
+            print(f"whole pool on {w}x{h}: {pool:.3f} s (target <= 3 s) -> {verdict(pool <= 3.0)}")
+            if (w, h) == TARGET_SIZE: ok &= pool <= 3.0 and ratio <= 1.3
             print()
             out["sizes"][f"{w}x{h}"] = {"single_s": single, "single_cpu_s": single_cpu, "single_lib_threads_s": free, "pool_cpu_s": pool_cpu, "loadavg": os.getloadavg()[0], "pool_s": pool, "pool_runs_s": pool_ts,
                                         "in_pool_runtime_s": {n: res[n].runtime_s for n in names},
