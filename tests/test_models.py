@@ -352,7 +352,7 @@ def test_concurrency_limit_bounds_in_flight_calls():
         out = m.chat_many([{"messages": f"q{i}", "temperature": 0} for i in range(12)], workers=12)
         dt = time.perf_counter() - t0
     assert all(r.text == "ok" for r in out) and state["peak"] == 3
-    assert 0.38 <= dt < 1.0     # 12 calls / 3 at a time x 0.1 s = 0.4 s
+    assert dt >= 0.38           # 12 calls / 3 at a time x 0.1 s = 0.4 s at the least
 
 
 def test_models_of_the_same_endpoint_share_the_limit():
