@@ -82,6 +82,34 @@ def test_signal_on_own_family(det_id):
         assert roc_auc_score(mask.ravel(), df.heatmap.ravel()) > 0.75
 
 
+def test_adq_realistic_double_jpeg_splice(tmp_path):
+    "adq on a realistic splice from shipped photos: a JPEG donor, elliptical cut-out off the 8x8 grid, Q70 -> Q90."
+    from sklearn.datasets import load_sample_image
+    china, flower = load_sample_image("china.jpg"), load_sample_image("flower.jpg")
+    det = get_detector("adq")
+    for host, donor, (q1, q2) in ((china, flower, (70, 90)), (flower, china, (60, 85))):
+        fake, mask = double_jpeg_splice(host, donor, q1, q2, box=(97, 83, 150, 110), donor_quality=80, ellipse=True)
+        p = tmp_path / "fake.jpg"; p.write_bytes(fake)
+        d = det.detect(load_image(p))
+        assert d.raw["applicable"] and d.raw["source"] == "file" and d.fired, d.raw
+        assert roc_auc_score(mask.ravel(), d.heatmap.ravel()) > 0.85
+        x0, y0, x1, y1 = d.raw["region_box"]
+        assert mask[y0:y1, x0:x1].mean() > 0.5, (d.raw["region_box"], "the best window lies on the cut-out")
+        auth = np.asarray(Image.open(io.BytesIO(_jpeg(host, q1))).convert("RGB"))
+        assert not det.detect(load_image(_jpeg(auth, q2))).fired
+
+
+def test_adq_declines_single_cropped_and_small_jpegs():
+    "Saved once, cropped between two saves (non-aligned), or a small down-scaled copy: not applicable, exactly 0.5."
+    from sklearn.datasets import load_sample_image
+    china = load_sample_image("china.jpg")
+    first = np.asarray(Image.open(io.BytesIO(_jpeg(china, 70))).convert("RGB"))
+    small = cv2.resize(china, (192, 128), interpolation=cv2.INTER_AREA)
+    for jpg in (_jpeg(china, 90), _jpeg(np.ascontiguousarray(first[3:, 5:]), 90), _jpeg(small, 80)):
+        d = get_detector("adq").detect(load_image(jpg))
+        assert d.raw["applicable"] is False and d.score == 0.5 and not d.fired, d.raw
+
+
 def test_not_applicable_is_neutral():
     "No JPEG grid / no CFA trace / no face: the detector says so and stays silent."
     png = load_image(data.coffee())
@@ -145,20 +173,37 @@ def test_casia_copy_move(shared_data):
         assert roc_auc_score(_mask(f.with_name(f.stem + "_gt.png")).ravel(), d.heatmap.ravel()) > 0.6
 
 
+def test_adq_on_real_data(shared_data):
+    "adq on real files: silent (not applicable, 0.5) on lossless PNGs; where it judges a CASIA v2 JPEG testable, its map points at the tampered region."
+    for f in sorted((shared_data / "pscc_samples").glob("authentic*.png")):
+        d = get_detector("adq").detect(load_image(f))
+        assert d.raw["applicable"] is False and d.score == 0.5, f.name
+    files = sorted((shared_data / "casia2_samples").glob("Tp_*[0-9].jpg"))
+    if not files: pytest.skip("no CASIA v2 images in casia2_samples")
+    tested = 0
+    for f in files:
+        d = get_detector("adq").detect(load_image(f))
+        if not d.raw["applicable"]: continue
+        tested += 1
+        assert roc_auc_score(_mask(f.with_name(f.stem + "_gt.png")).ravel(), d.heatmap.ravel()) > 0.6, (f.name, d.raw)
+    assert tested >= 1
+
+
 @pytest.mark.slow
 def test_noso_copy_move_pairs(shared_data):
-    "NoSo: a forgery has at least as many consistent matches as its authentic source in most pairs, more in many."
+    "NoSo: a forgery shows at least as much verified copy area as its authentic source in most pairs, more in many."
     root = shared_data / "noso_copymove"
     mods = sorted(p for p in root.glob("*_mod*.png") if not p.stem.endswith("_gt"))
     if not mods: pytest.skip("no NoSo forgeries found")
     det = get_detector("copymove")
+    key = det.card.native_metric
     cache, ge, gt = {}, 0, 0
     for m in mods:
         src = root / (m.stem.split("_mod")[0] + ".png")
-        if src not in cache: cache[src] = det.detect(load_image(src)).raw["inliers"]
-        n = det.detect(load_image(m)).raw["inliers"]
+        if src not in cache: cache[src] = det.detect(load_image(src)).raw[key]
+        n = det.detect(load_image(m)).raw[key]
         ge += n >= cache[src]; gt += n > cache[src]
-    assert ge >= 0.75 * len(mods) and gt >= 0.4 * len(mods), (ge, gt, len(mods))
+    assert ge >= 0.75 * len(mods) and gt >= 0.5 * len(mods), (ge, gt, len(mods))
 
 
 def test_all_real_images_run(shared_data):
@@ -171,3 +216,28 @@ def test_all_real_images_run(shared_data):
             d = get_detector(det_id).detect(img)
             assert d.status == "ok"
             if det_id in MAPS: assert d.heatmap.shape == (img.height, img.width)
+
+
+def test_noise_quiet_on_real_authentic_photos(shared_data):
+    "noise (v2) looks for compact too-clean regions: real authentic photos (NoSo sources, PSCC authentic) rarely fire."
+    files = sorted((shared_data / "noso_copymove").glob("[0-9][0-9].png")) + sorted((shared_data / "pscc_samples").glob("authentic*.png"))
+    if len(files) < 10: pytest.skip("fewer than 10 real authentic photos in the shared data")
+    det = get_detector("noise")
+    fired = [f.name for f in files if det.detect(load_image(f)).fired]
+    assert len(fired) <= 0.2 * len(files), fired   # version 1 fired on 10 of these 19
+
+
+def test_noise_maximum_principle():
+    "A compact noiseless fill inside texture fires; a bright noiseless disc of the same size (a lamp) does not."
+    rng = np.random.default_rng(1)
+    yy, xx = np.mgrid[:256, :256]
+    texture = 90 + 0.3 * xx + rng.normal(0, 6, (256, 256))
+    disc = (yy - 120) ** 2 + (xx - 140) ** 2 < 16 ** 2
+    fill, lamp = texture.copy(), texture.copy()
+    fill[disc] = cv2.GaussianBlur(texture, (0, 0), 6)[disc]
+    lamp[disc] = 250
+    rgb = lambda a: np.repeat(np.clip(a, 0, 255).astype(np.uint8)[..., None], 3, axis=2)
+    det = get_detector("noise")
+    df, dl = det.detect(load_image(rgb(fill))), det.detect(load_image(rgb(lamp)))
+    assert df.fired and not dl.fired, (df.score, dl.score)
+    assert roc_auc_score(disc.ravel(), df.heatmap.ravel()) > 0.9
