@@ -114,7 +114,7 @@ class NPRDetector:
     card = load_card("npr")
     max_side = 1024
 
-    crop = 512
+    crop = 256
 
     def detect(self, image: LoadedImage) -> Detection:
         rgb = _even(_centre(load_image(image).rgb, self.crop), 2)
