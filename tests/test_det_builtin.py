@@ -82,6 +82,28 @@ def test_signal_on_own_family(det_id):
         assert roc_auc_score(mask.ravel(), df.heatmap.ravel()) > 0.75
 
 
+@pytest.mark.parametrize("method", ["bilinear", "edge_aware", "vng"])
+def test_cfa_all_demosaicing_methods(method):
+    "cfa reads all three demosaicing methods (v1 declined VNG): exact re-interpolation, and the signature alone once it is broken."
+    from sklearn.datasets import load_sample_image
+    host = load_sample_image("china.jpg")[:320, :448]
+    fake, mask = cfa_splice(host, data.chelsea(), box=(250, 60, 110, 90), method=method)
+    det = get_detector("cfa")
+    df, da = det.detect(load_image(fake)), det.detect(load_image(demosaic(host, method)))
+    assert df.raw["evidence"] == da.raw["evidence"] == "reinterpolation", (df.raw, da.raw)
+    assert df.raw["demosaic_match"] == da.raw["demosaic_match"] == method
+    assert df.fired and da.score < 0.05 and roc_auc_score(mask.ravel(), df.heatmap.ravel()) > 0.9
+    # a one-pixel crop changes the Bayer layout: read off the image, not assumed
+    dc = det.detect(load_image(np.ascontiguousarray(fake[1:, 1:])))
+    assert dc.raw["bayer_layout"] != df.raw["bayer_layout"] and dc.fired, dc.raw
+    # slight smoothing breaks the exact match; the periodic signature still ranks the splice higher
+    soft = np.array([[0, 1, 0], [1, 36, 1], [0, 1, 0]], np.float32) / 40
+    blur = lambda a: np.clip(cv2.filter2D(a.astype(np.float32), -1, soft) + 0.5, 0, 255).astype(np.uint8)
+    sf, sa = det.detect(load_image(blur(fake))), det.detect(load_image(blur(demosaic(host, method))))
+    assert sf.raw["evidence"] == sa.raw["evidence"] == "signature" and sf.score > sa.score, (sf.raw, sa.raw)
+    assert roc_auc_score(mask.ravel(), sf.heatmap.ravel()) > 0.75
+
+
 def test_adq_realistic_double_jpeg_splice(tmp_path):
     "adq on a realistic splice from shipped photos: a JPEG donor, elliptical cut-out off the 8x8 grid, Q70 -> Q90."
     from sklearn.datasets import load_sample_image
