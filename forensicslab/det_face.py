@@ -7,7 +7,7 @@ Docs: https://forensicslab.github.io/forensicslab/det_face.html.md"""
 # %% ../nbs/04g_det_face.ipynb #5e0b967b
 from __future__ import annotations
 
-import functools
+import threading
 
 import numpy as np
 import cv2
@@ -21,11 +21,18 @@ from .signals import analysis_rgb, luma
 __all__ = ['find_faces', 'find_faces_haar', 'locate_faces', 'face_ellipse', 'blend_face', 'FaceBlendDetector']
 
 # %% ../nbs/04g_det_face.ipynb #febc8e0d
-@functools.lru_cache(maxsize=1)
-def _cascade():
+_LOCAL = threading.local()   # cascade objects are not thread-safe: one per thread (Stage 0 and studies run in threads)
+
+def _per_thread(name: str, make):
+    if not hasattr(_LOCAL, name): setattr(_LOCAL, name, make())
+    return getattr(_LOCAL, name)
+
+def _make_lbp():
     from skimage.data import lbp_frontal_face_cascade_filename
     from skimage.feature import Cascade
     return Cascade(lbp_frontal_face_cascade_filename())
+
+def _cascade(): return _per_thread("lbp", _make_lbp)
 
 def _merge(boxes, max_faces: int) -> list[tuple[int, int, int, int]]:
     "Largest first; drop a box whose centre lies inside an already kept one."
@@ -44,11 +51,12 @@ def find_faces(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5, min_neig
                                         min_neighbor_number=min_neighbors)
     return _merge([(h["c"], h["r"], h["width"], h["height"]) for h in hits], max_faces)
 
-@functools.lru_cache(maxsize=1)
-def _haar():
+def _make_haar():
     path = getattr(getattr(cv2, "data", None), "haarcascades", None)
     cc = cv2.CascadeClassifier(str(path) + "haarcascade_frontalface_alt2.xml") if path else None
     return cc if cc is not None and not cc.empty() else None
+
+def _haar(): return _per_thread("haar", _make_haar)
 
 def find_faces_haar(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5, min_neighbors: int = 5) -> list[tuple[int, int, int, int]]:
     "Frontal face boxes `(x, y, w, h)` by OpenCV's Haar cascade (frontalface_alt2) on the equalised grey image, largest first; [] if OpenCV ships no cascade."

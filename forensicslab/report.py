@@ -130,7 +130,7 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
     if res.facts is not None:
         f = res.facts
         rows = [("JPEG input", f.is_jpeg)]
-        if f.faces is not None: rows.append(("faces (LBP cascade)", f"{f.faces.n_faces} {f.faces.boxes}"))
+        if f.faces is not None: rows.append(("faces (Haar cascade)", f"{f.faces.n_faces} {f.faces.boxes}"))
         for k, m in f.maps.items():
             rows.append((f"map {k}", f"hot {100*m.hot_fraction:.1f}% of image, largest region {100*m.largest_share:.0f}% / two largest {100*m.top2_share:.0f}% of hot mass, "
                                      f"{m.n_components} regions, entropy {m.entropy:.2f}, peak {m.peak:.2f}"))

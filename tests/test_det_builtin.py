@@ -263,3 +263,13 @@ def test_noise_maximum_principle():
     df, dl = det.detect(load_image(rgb(fill))), det.detect(load_image(rgb(lamp)))
     assert df.fired and not dl.fired, (df.score, dl.score)
     assert roc_auc_score(disc.ravel(), df.heatmap.ravel()) > 0.9
+
+
+def test_face_finders_are_safe_across_threads():
+    "Stage 0 and the studies call the face cascades from many threads at once: same boxes, no crash."
+    import concurrent.futures as cf
+    from forensicslab.det_face import find_faces, find_faces_haar
+    im = data.astronaut()
+    with cf.ThreadPoolExecutor(8) as ex:
+        found = list(ex.map(lambda _: (find_faces_haar(im), find_faces(im)), range(64)))
+    assert found[0][0] and all(f == found[0] for f in found)
