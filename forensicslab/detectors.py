@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import json
 import math
+import os
 import pkgutil
 import re
 import sys
@@ -403,8 +404,11 @@ def limit_threads(n: Optional[int]):
                 if "cv2" in saved: sys.modules["cv2"].setNumThreads(saved["cv2"])
                 if "torch" in saved: sys.modules["torch"].set_num_threads(saved["torch"])
 
-def _job(det, view, det_id, slot):
-    "Thread body: run one detector, store its detection or exception in `slot` (a daemon thread never blocks exit)."
+def _job(det, view, det_id, slot, background: bool = False):
+    "Thread body: run one detector, store its detection or exception in `slot` (a daemon thread never blocks exit); `background` lowers this thread's priority."
+    if background and hasattr(os, "setpriority"):
+        try: tid = threading.get_native_id(); os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
+        except OSError: pass
     t0 = time.perf_counter()
     try: slot["d"] = _run_one(det, view, det_id)
     except BaseException as e: slot["e"] = e
@@ -441,10 +445,13 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
             if ms not in views: views[ms] = _view(img, ms)
         with limit_threads(intra_threads):
             t0 = time.perf_counter()
-            # longest expected first (last runtimes seen): the critical path starts before the short detectors
-            for n, det, ms in sorted(todo, key=lambda t: -_EXPECTED.get(t[0], 0.0)):
+            # longest expected first (last runtimes seen): the critical path starts first and keeps its priority
+            order = sorted(todo, key=lambda t: -_EXPECTED.get(t[0], 0.0))
+            critical = order[0][0] if len(order) > 1 and order[0][0] in _EXPECTED else None
+            for n, det, ms in order:
                 slots[n] = {}
-                threads[n] = threading.Thread(target=_job, args=(det, views[ms], n, slots[n]), name=f"stage0-{n}", daemon=True)
+                threads[n] = threading.Thread(target=_job, args=(det, views[ms], n, slots[n], critical not in (None, n)),
+                                              name=f"stage0-{n}", daemon=True)
                 threads[n].start()
             for n, _, _ in todo: threads[n].join(max(0.0, t0 + tmo[n] - time.perf_counter()))
         for n, det, ms in todo:

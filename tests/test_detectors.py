@@ -187,6 +187,32 @@ def test_dispatch_survives_raise_and_timeout(doubles):
     assert res["t_llr"].raw["llr"] == pytest.approx((photo().astype(np.float32) @ [0.299, 0.587, 0.114]).mean() / 16 - 8, abs=1e-3)
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "getpriority"), reason="per-thread priorities are a Linux feature")
+def test_critical_path_keeps_priority(tmp_path):
+    "Once runtimes are known, the longest-expected detector runs at normal priority and the others in the background."
+    import os, threading
+    nice = {}
+
+    def make(id, seconds):
+        class Det:
+            card = write_card(tmp_path, id)
+            def detect(self, image):
+                nice[id] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+                time.sleep(seconds); return D.make_detection(self.card, 0.1)
+        return Det
+    for id, sec in (("t_slow", 0.2), ("t_quick1", 0.0), ("t_quick2", 0.0)): D.register(id)(make(id, sec))
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        D.run_pool(photo(), ["t_quick1", "t_slow", "t_quick2"])          # first call: runtimes unknown, no priorities
+        assert set(nice.values()) == {base}
+        D.run_pool(photo(), ["t_quick1", "t_slow", "t_quick2"])
+        assert nice["t_slow"] == base and nice["t_quick1"] == nice["t_quick2"] == min(base + 10, 19), nice
+        nice.clear(); D.run_pool(photo(), ["t_quick1"])                  # a single detector is never put in the background
+        assert nice == {"t_quick1": base}
+    finally:
+        for id in ("t_slow", "t_quick1", "t_quick2"): D.unregister(id); D._EXPECTED.pop(id, None)
+
+
 def test_per_detector_timeout_and_unknown_detector(doubles):
     res = D.run_pool(photo(), ["t_map", "t_sleep", "ghost"], timeout={"t_sleep": 0.2, "t_map": 5})
     assert res["t_sleep"].status == "timeout" and res["t_map"].status == "ok"
