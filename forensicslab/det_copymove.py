@@ -16,8 +16,8 @@ from .imageio import LoadedImage
 from .signals import analysis_rgb
 
 # %% auto #0
-__all__ = ['root_sift', 'self_matches', 'fit_copy_transforms', 'fit_copy_transform', 'verify_copy', 'band_pass',
-           'copy_move_forgery', 'CopyMoveDetector']
+__all__ = ['root_sift', 'self_matches', 'fit_copy_transforms', 'verify_copy', 'band_pass', 'copy_move_forgery',
+           'CopyMoveDetector']
 
 # %% ../nbs/04e_det_copymove.ipynb #1f89fc7e
 def root_sift(des: np.ndarray) -> np.ndarray:
@@ -65,12 +65,6 @@ def fit_copy_transforms(src: np.ndarray, dst: np.ndarray, threshold: float = 3.0
         full = np.zeros(len(src), bool); full[idx[inl.ravel().astype(bool)]] = True; rest &= ~full
         if np.median(np.hypot(*(dst[full] - src[full]).T)) >= min_shift: out.append((M, full))
     return out
-
-def fit_copy_transform(src: np.ndarray, dst: np.ndarray, threshold: float = 3.0, min_shift: float = 10.0,
-                       model: str = "similarity") -> tuple[np.ndarray | None, np.ndarray]:
-    "The dominant copy transform and its inlier mask, or `(None, all False)`."
-    fits = fit_copy_transforms(src, dst, threshold, min_shift, max_transforms=1, model=model)
-    return fits[0] if fits else (None, np.zeros(len(src), bool))
 
 # %% ../nbs/04e_det_copymove.ipynb #3afa9c7b
 def _ncc(F: np.ndarray, M: np.ndarray, box: tuple[int, int, int, int], sigma: float = 2.0,
