@@ -79,11 +79,11 @@ class FaceFacts(BaseModel):
 def detect_faces(image: LoadedImage | Any, max_side: int = 512, min_side_fraction: float = 0.1,
                  min_face_fraction: float = 0.01) -> FaceFacts:
     "Dominant frontal faces in `image` (OpenCV's Haar cascade on a down-scaled copy), boxes in full-resolution pixels."
-    from forensicslab.det_face import find_faces_haar
+    from forensicslab.det_face import locate_faces
     img = load_image(image)
     small, s = fit_within(img.rgb, max_side)
     min_side = max(20, int(min_side_fraction * min(small.shape[:2])))
-    boxes = [[int(x / s), int(y / s), int((x + w) / s), int((y + h) / s)] for x, y, w, h in find_faces_haar(small, min_side)]
+    boxes = [[int(x / s), int(y / s), int((x + w) / s), int((y + h) / s)] for x, y, w, h in locate_faces(small, min_side)[0]]
     boxes = _merge_boxes(boxes)
     area = img.width * img.height
     frac = [((b[2] - b[0]) * (b[3] - b[1])) / area for b in boxes]
