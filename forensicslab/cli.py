@@ -7,8 +7,6 @@ Docs: https://forensicslab.github.io/forensicslab/cli.html.md"""
 # %% ../nbs/09_cli.ipynb #4326f2d9
 from __future__ import annotations
 
-import importlib
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -16,6 +14,12 @@ from typing import Optional
 import typer
 
 from .runs import project_root
+from .chat.cli import models_app
+from .data.cli import bench_app
+from .debate.cli import debate_app
+from .detectors.cli import detect_cmd, serve_detector
+from .triage.cli import analyze_cmd
+from .zoom.cli import zoom_cmd
 
 # %% auto #0
 __all__ = ['STUDY_ORDER', 'app', 'list_studies', 'run_study', 'study_cmd', 'reproduce_cmd', 'main']
@@ -82,29 +86,13 @@ def reproduce_cmd(only: Optional[list[str]] = typer.Option(None, "--only", help=
     typer.echo(f"\nResults: {root.resolve()}")
     if failed: typer.echo(f"failed studies: {', '.join(failed)}", err=True); raise typer.Exit(1)
 
-_GROUPS: list[tuple[str, str, str]] = [
-    # (module, attribute, command name): a Typer app (group) or a plain function (single command)
-    ("forensicslab.bench", "bench_app", "bench"),
-    ("forensicslab.detectors", "serve_detector", "serve-detector"),
-    ("forensicslab.detectors", "detect_cmd", "detect"),
-    ("forensicslab.triage", "analyze_cmd", "analyze"),
-    ("forensicslab.models", "models_app", "models"),
-    ("forensicslab.debate", "debate_app", "debate"),
-    ("forensicslab.zoom_eval", "zoom_cmd", "zoom"),
-]
-
-def _register():
-    for mod, attr, name in _GROUPS:
-        try: m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name == mod: continue
-            raise
-        obj = getattr(m, attr, None)
-        if obj is None: continue
-        if isinstance(obj, typer.Typer): app.add_typer(obj, name=name)
-        else: app.command(name)(obj)
-
-_register()
+app.add_typer(bench_app, name="bench")
+app.command("detect")(detect_cmd)
+app.command("serve-detector")(serve_detector)
+app.add_typer(models_app, name="models")
+app.command("analyze")(analyze_cmd)
+app.add_typer(debate_app, name="debate")
+app.command("zoom")(zoom_cmd)
 
 def main():
     "Entry point of the `forensicslab` console script."

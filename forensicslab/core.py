@@ -15,8 +15,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['FAMILIES', 'register_family', 'Box', 'EvidenceItem', 'Sample', 'save_samples', 'load_samples', 'ToolCard',
-           'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
+__all__ = ['FAMILIES', 'ForensicsLabError', 'register_family', 'Box', 'EvidenceItem', 'Sample', 'save_samples', 'load_samples',
+           'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
+
+# %% ../nbs/00_core.ipynb #7e4dc02e
+class ForensicsLabError(Exception):
+    "Base of the errors forensicslab raises for bad input, missing data or a failed dependency (printed as one line by the CLI)."
 
 # %% ../nbs/00_core.ipynb #acb8ed9a
 FAMILIES: dict[str, str] = {
@@ -220,6 +224,6 @@ class ChatFailure(Exception):
 
 @runtime_checkable
 class ChatModel(Protocol):
-    "The chat contract every agent uses; see `forensicslab.models` for the backends."
+    "The chat contract every agent uses; see `forensicslab.chat.models` for the backends."
     model_id: str
     def chat(self, messages: list[ChatMessage], schema: type[BaseModel] | None = None, **params) -> Reply: ...

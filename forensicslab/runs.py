@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Optional
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'Run', 'project_root', 'study_output_dir']
+__all__ = ['Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'Run', 'project_root', 'study_output_dir',
+           'portable_path', 'resolve_portable']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -204,3 +205,18 @@ def study_output_dir(study: str, out_dir: str | Path | None = None, quick: bool 
     else: d = project_root() / "outputs" / study
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+# %% ../nbs/02_runs.ipynb #7c08aa38
+def portable_path(target: str | Path, folder: str | Path) -> str:
+    "`target` relative to `folder` when both sit in one project tree (so checkpoints move with the repo), else absolute."
+    t, f = Path(target).resolve(), Path(folder).resolve()
+    try:
+        rel = os.path.relpath(t, f)
+        return rel if rel.count("..") <= 3 else str(t)
+    except ValueError: return str(t)
+
+def resolve_portable(p: str, folder: str | Path) -> Path:
+    "Inverse of `portable_path`: a relative path is read from `folder`."
+    q = Path(p)
+    return q if q.is_absolute() else (Path(folder) / q).resolve()
+

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark of forensicslab.models against a local OpenAI-protocol server.
+"""Benchmark of forensicslab.chat.models against a local OpenAI-protocol server.
 
 Pass 1: N distinct structured calls (schema-validated) to a server that adds LATENCY seconds to
 every reply, at concurrency C, with cache='rw'. The ideal wall time is ceil(N / C) * LATENCY.
@@ -29,8 +29,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 from forensicslab.core import ChatMessage
-from forensicslab.models import get_model
-from forensicslab.testing import Delayed, openai_server
+from forensicslab.chat.models import get_model
+from forensicslab.chat.testing import Delayed, openai_server
 
 
 REPLAY_PASSES = 5

@@ -50,7 +50,7 @@ def make_jpeg(width: int, height: int, folder: Path) -> Path:
 
 def timed_pool(path: Path, names: list[str], timeout: float, **kw) -> tuple[float, float, dict]:
     "Wall seconds, process CPU seconds (all threads) and detections of one uncached `run_pool`."
-    from forensicslab.detectors import run_pool
+    from forensicslab.detectors.pool import run_pool
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_pool(path, names, timeout=timeout, cache=None, **kw)
     return time.perf_counter() - t0, time.process_time() - c0, res
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="also write the measurements as JSON here")
     a = ap.parse_args(argv)
 
-    from forensicslab.detectors import discovery_errors, list_detectors
+    from forensicslab.detectors.pool import discovery_errors, list_detectors
     names = a.detector or list_detectors()
     if not names:
         print("no detectors registered; nothing to time", file=sys.stderr); return 1

@@ -115,7 +115,7 @@ def make_set(seed: int, n_fake: int, n_auth: int, n_small: int, folder: pathlib.
 
 def evaluate(items: list[dict], tag: str) -> dict:
     from sklearn.metrics import roc_auc_score
-    from forensicslab.detectors import get_detector
+    from forensicslab.detectors.pool import get_detector
     from forensicslab.imageio import load_image
     det = get_detector("adq")
     S, L, A, F = [], [], [], []

@@ -10,7 +10,7 @@ Dry run on CPU (float32; checks the script itself, its numbers say nothing about
 
     python scripts/gpu_check_zoom.py --device cpu
 
-It trains on the toy square task of `forensicslab.train.smoke_task` (written to a temp folder), uses a
+It trains on the toy square task of `forensicslab.zoom.train.smoke_task` (written to a temp folder), uses a
 constant stand-in verifier, and prints one JSON object: device, dtype, parameter counts, per-stage mean
 and median step time (first step excluded when there are more than two), peak CUDA memory, final SFT
 loss, GRPO tool-call frequency, and total wall time (also on one last line prefixed `GPU_CHECK_REPORT`).
@@ -74,8 +74,8 @@ def main(argv=None) -> int:
     if a.device == "cpu": torch.set_num_threads(1)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
 
-    from forensicslab.train import ZoomTrainConfig, HybridReward, load_policy, run_grpo, run_sft, smoke_task
-    from forensicslab.rewards import RewardConfig
+    from forensicslab.zoom.train import ZoomTrainConfig, HybridReward, load_policy, run_grpo, run_sft, smoke_task
+    from forensicslab.zoom.rewards import RewardConfig
 
     tiny = dict(vocab_size=3072, max_pixels=a.max_pixels)
     cfg = ZoomTrainConfig.smoke(base=a.base, device=a.device, dtype=dtype, tiny=tiny, max_pixels=a.max_pixels,

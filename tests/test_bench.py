@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from forensicslab import bench
-from forensicslab.bench import COLLECTIONS, GROUPS, BenchSizes, ensure_bench, load_bench, mask_leak
-from forensicslab.bench import IMAGE_FAMILIES as FAMILIES
+from forensicslab.data import bench
+from forensicslab.data.bench import COLLECTIONS, GROUPS, BenchSizes, ensure_bench, load_bench, mask_leak
+from forensicslab.data.bench import IMAGE_FAMILIES as FAMILIES
 from forensicslab.imageio import load_image
 
 SIZES = BenchSizes.tiny(per_group=2)

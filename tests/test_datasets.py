@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from forensicslab import datasets as ds
-from forensicslab.datasets import _fake_image
+from forensicslab.data import datasets as ds
+from forensicslab.data.datasets import _fake_image
 from forensicslab.runs import project_root
 
 SHARED = project_root(Path(__file__).resolve().parent).parent / "shared" / "data"
@@ -86,7 +86,7 @@ def test_community_forensics_iidnet_realfake_manifest(tmp_path):
 
 
 def test_bench_manifest_loads_with_load_manifest(tmp_path):
-    from forensicslab.bench import BenchSizes, ensure_bench
+    from forensicslab.data.bench import BenchSizes, ensure_bench
     root = ensure_bench(tmp_path / "b", sizes=BenchSizes.tiny(), log=lambda m: None)
     s = ds.load_manifest(root / "id" / "manifest.csv")
     assert len(s) == 16 and all(Path(x.image).exists() for x in s)

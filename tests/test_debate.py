@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from forensicslab.core import Sample
-from forensicslab.debate import (STRATEGIES, DebateConfig, DebateInput, OfflineVerite, rule_debate, RuleDebater,
+from forensicslab.debate.engine import (STRATEGIES, DebateConfig, DebateInput, OfflineVerite, rule_debate, RuleDebater,
                                  run_debate, run_llm_setup, score_rows)
-from forensicslab.models import get_model
-from forensicslab.ooc_data import (DatasetMissing, article_split, load_mmfakebench, load_newsclippings, load_verite,
+from forensicslab.chat.models import get_model
+from forensicslab.debate.data import (DatasetMissing, article_split, load_mmfakebench, load_newsclippings, load_verite,
                                    write_mmfakebench_fixture, write_newsclippings_fixture, write_verite_fixture)
-from forensicslab.retrieval import (BingVisualSearch, GoogleVisionWeb, LocalIndex, PageHit, RetrievalError,
+from forensicslab.debate.retrieval import (BingVisualSearch, GoogleVisionWeb, LocalIndex, PageHit, RetrievalError,
                                     RetrievalResult, Retriever, local_web_server)
-from forensicslab.testing import openai_server
+from forensicslab.chat.testing import openai_server
 
 CAPTION = "Protesters march through Paris during the 2024 floods."
 
@@ -321,7 +321,7 @@ def test_study_notebook_runs_with_papermill(tmp_path, shared_data):
 
 
 def test_chat_summarizer_fences_pages_and_is_cached(tmp_path, nc_fixture):
-    from forensicslab.retrieval import ChatSummarizer
+    from forensicslab.debate.retrieval import ChatSummarizer
     ds, ix = nc_fixture
     with openai_server(lambda req: json.dumps({"summary": "A 2016 staff photograph of story 0."})) as url:
         r = Retriever(ix, summarizer=ChatSummarizer(get_model(f"openai-compatible:{url}#sum")), cache_dir=tmp_path)

@@ -9,14 +9,14 @@ from PIL import Image
 from skimage import data
 from sklearn.metrics import roc_auc_score
 
-from forensicslab.detectors import get_detector, list_detectors, load_card, run_pool
+from forensicslab.detectors.pool import get_detector, list_detectors, load_card, run_pool
 from forensicslab.imageio import load_image
-from forensicslab.det_jpeg import double_jpeg_splice
-from forensicslab.det_cfa import cfa_splice, demosaic
-from forensicslab.det_noise import inpaint_forgery
-from forensicslab.det_copymove import copy_move_forgery
-from forensicslab.det_spectral import upsampled_image
-from forensicslab.det_face import blend_face, find_faces
+from forensicslab.detectors.builtin.adq import double_jpeg_splice
+from forensicslab.detectors.builtin.cfa import cfa_splice, demosaic
+from forensicslab.detectors.builtin.noise import inpaint_forgery
+from forensicslab.detectors.builtin.copymove import copy_move_forgery
+from forensicslab.detectors.builtin.spectral import upsampled_image
+from forensicslab.detectors.builtin.face_blend import blend_face, find_faces
 
 BUILTIN = {"adq": "splice", "cfa": "splice", "noise": "classic_inpaint", "copymove": "splice",
            "spectral": "synthesis", "face_blend": "face"}
@@ -268,7 +268,7 @@ def test_noise_maximum_principle():
 def test_face_finders_are_safe_across_threads():
     "Stage 0 and the studies call the face cascades from many threads at once: same boxes, no crash."
     import concurrent.futures as cf
-    from forensicslab.det_face import find_faces, find_faces_haar
+    from forensicslab.detectors.builtin.face_blend import find_faces, find_faces_haar
     im = data.astronaut()
     with cf.ThreadPoolExecutor(8) as ex:
         found = list(ex.map(lambda _: (find_faces_haar(im), find_faces(im)), range(64)))

@@ -16,7 +16,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import forensicslab
-from forensicslab import detectors as D
+from forensicslab.detectors import pool as D
 from forensicslab.core import Detection, ToolCard
 
 
@@ -148,10 +148,10 @@ def test_registry(doubles, tmp_path):
 
 
 def test_entry_point_plugin(tmp_path, monkeypatch):
-    "A third-party package that declares an entry point in group forensicslab.detectors joins the pool."
+    "A third-party package that declares an entry point in group forensicslab.detectors.pool joins the pool."
     pkg = tmp_path / "fl_thirdparty"; pkg.mkdir()
     (pkg / "__init__.py").write_text(textwrap.dedent("""
-        from forensicslab.detectors import card_from_dict, make_detection
+        from forensicslab.detectors.pool import card_from_dict, make_detection
         class PlugDet:
             card = card_from_dict(dict(id="plug", name="Plug-in (test double)", scope=["face"], native_metric="prob",
                                        normalisation="identity", score_reading="probability of a face swap"))

@@ -1,5 +1,5 @@
-"""Wire-protocol tests of forensicslab.models: real `openai` and `google-genai` clients against the
-local servers of forensicslab.testing, with injected faults, schema repair, cache modes, concurrency,
+"""Wire-protocol tests of forensicslab.chat.models: real `openai` and `google-genai` clients against the
+local servers of forensicslab.chat.testing, with injected faults, schema repair, cache modes, concurrency,
 budgets and key redaction."""
 import json
 import logging
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from forensicslab.cache import CacheMiss, ChatCache
+from forensicslab.chat.cache import CacheMiss, ChatCache
 from forensicslab.core import ChatFailure, ChatMessage, Reply
-from forensicslab.models import PromptTemplate, get_model
-from forensicslab.reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, RetryPolicy, read_trace)
+from forensicslab.chat.models import PromptTemplate, get_model
+from forensicslab.chat.reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, RetryPolicy, read_trace)
 from forensicslab.runs import Case, Run
-from forensicslab.testing import Delayed, Fault, gemini_server, openai_server
+from forensicslab.chat.testing import Delayed, Fault, gemini_server, openai_server
 
 GOOD = '{"verdict": "manipulated", "confidence": 0.8}'
 FAST = RetryPolicy(max_attempts=4, base_delay=0.02, jitter=0.0)
@@ -311,7 +311,7 @@ def test_sampled_calls_stay_distinct_and_replay_in_order(tmp_path):
 
 _WRITER = """
 import sys
-from forensicslab.cache import ChatCache
+from forensicslab.chat.cache import ChatCache
 c = ChatCache(sys.argv[1]); start = int(sys.argv[2])
 for i in range(start, start + 40):
     c.put(f"k{i}", "m", {"i": i}, {"text": str(i)})
@@ -440,7 +440,7 @@ def test_planted_key_never_appears_in_traces_logs_or_errors(tmp_path, monkeypatc
 @pytest.fixture(scope="module")
 def tiny_vlm_dir(tmp_path_factory):
     torch = pytest.importorskip("torch")
-    tv = pytest.importorskip("forensicslab.tinyvlm")
+    tv = pytest.importorskip("forensicslab.zoom.tinyvlm")
     torch.set_num_threads(1)
     net, proc = tv.build_tiny_vlm()
     return tv.save_vlm(net, proc, tmp_path_factory.mktemp("tiny") / "tiny-qwen3-vl")

@@ -18,14 +18,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from forensicslab import detectors as D
-from forensicslab.remote import PROTOCOL, RemoteDetector, RemoteError, decode_map, make_server
+from forensicslab.detectors import pool as D
+from forensicslab.detectors import remote as R
+from forensicslab.detectors.remote import PROTOCOL, RemoteDetector, RemoteError, decode_map, make_server
 
 TRUFOR_SIM = '''
 import time
 import numpy as np
 from scipy import ndimage
-from forensicslab.detectors import card_from_dict, make_detection, register
+from forensicslab.detectors.pool import card_from_dict, make_detection, register
 
 @register("trufor")
 class TruForSim:
@@ -58,10 +59,10 @@ def _start(cmd, env=None):
 
 @pytest.fixture(scope="module")
 def trufor_server(tmp_path_factory):
-    "The simulated TruFor served by `python -m forensicslab.remote` in its own process."
+    "The simulated TruFor served by `python -m forensicslab.detectors.cli` in its own process."
     d = tmp_path_factory.mktemp("plug")
     (d / "trufor_sim.py").write_text(TRUFOR_SIM)
-    p, url = _start([sys.executable, "-m", "forensicslab.remote", "trufor", "--plugin", str(d / "trufor_sim.py"),
+    p, url = _start([sys.executable, "-m", "forensicslab.detectors.cli", "trufor", "--plugin", str(d / "trufor_sim.py"),
                      "--port", "0", "--max-request-mb", "2"])
     yield url
     p.terminate()
@@ -91,7 +92,7 @@ def test_card_health_and_detect(trufor_server, tmp_path):
 
 
 def test_remote_in_the_pool(trufor_server, tmp_path):
-    D.register_remote("trufor", trufor_server)
+    R.register_remote("trufor", trufor_server)
     try:
         assert "trufor" in D.list_detectors()
         p = photo_jpeg(tmp_path / "y.jpg")
@@ -154,7 +155,7 @@ class _Liar(BaseHTTPRequestHandler):
                               score_reading="x", map_reading="y"))
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        from forensicslab.remote import encode_map
+        from forensicslab.detectors.remote import encode_map
         mode = self.server.mode
         if mode == "score": self._send(dict(protocol="1", detector="liar", version="1", score=1.5, fired=True))
         elif mode == "map": self._send(dict(protocol="1", detector="liar", version="1", score=0.7, fired=True,
@@ -180,7 +181,7 @@ def test_unreachable_server_is_a_clear_error():
     with pytest.raises(RemoteError, match="cannot reach the detector server"):
         RemoteDetector("http://127.0.0.1:9", connect_timeout=1)
     with pytest.raises(RemoteError, match="cannot reach"):
-        D.register_remote("nowhere", "http://127.0.0.1:9", connect_timeout=1)
+        R.register_remote("nowhere", "http://127.0.0.1:9", connect_timeout=1)
     assert "nowhere" not in D.list_detectors()
 
 
@@ -189,7 +190,7 @@ def test_remote_from_environment_and_cli(trufor_server, tmp_path, monkeypatch):
     from typer.testing import CliRunner
     from forensicslab.cli import app
     p = photo_jpeg(tmp_path / "e.jpg")
-    monkeypatch.setenv(D.REMOTE_ENV, f"trufor={trufor_server},down=http://127.0.0.1:9")
+    monkeypatch.setenv(R.REMOTE_ENV, f"trufor={trufor_server},down=http://127.0.0.1:9")
     try:
         D.discover(force=True)
         assert {"trufor", "down"} <= set(D.list_detectors())
@@ -198,7 +199,7 @@ def test_remote_from_environment_and_cli(trufor_server, tmp_path, monkeypatch):
         assert res["down"].status == "error" and "cannot reach" in res["down"].error
     finally:
         D.unregister("trufor"); D.unregister("down")
-    monkeypatch.delenv(D.REMOTE_ENV)
+    monkeypatch.delenv(R.REMOTE_ENV)
     r = CliRunner().invoke(app, ["detect", str(p), "--remote", f"trufor={trufor_server}", "-d", "trufor"])
     try:
         assert r.exit_code == 0, r.output

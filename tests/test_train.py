@@ -15,12 +15,12 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 torch.set_num_threads(1)
 
 from forensicslab.core import Box, EvidenceItem  # noqa: E402
-from forensicslab.train import (HybridReward, ZoomTrainConfig, ZoomEnv, load_checkpoint, load_policy,  # noqa: E402
+from forensicslab.zoom.train import (HybridReward, ZoomTrainConfig, ZoomEnv, load_checkpoint, load_policy,  # noqa: E402
                                 read_curves, run_grpo, run_sft, save_checkpoint, smoke_task)
-from forensicslab.rewards import RewardConfig  # noqa: E402
-from forensicslab.verifier import (VerifierItem, VerifierTrainConfig, Verifier, new_verifier, soft_bce,  # noqa: E402
+from forensicslab.zoom.rewards import RewardConfig  # noqa: E402
+from forensicslab.zoom.verifier import (VerifierItem, VerifierTrainConfig, Verifier, new_verifier, soft_bce,  # noqa: E402
                                    train_verifier)
-from forensicslab.tinyvlm import TinyVLMSpec, build_tiny_vlm, save_vlm  # noqa: E402
+from forensicslab.zoom.tinyvlm import TinyVLMSpec, build_tiny_vlm, save_vlm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=3072, max_pixels=64 * 64)

@@ -16,11 +16,11 @@ from PIL import Image
 from skimage import data as skdata
 
 from forensicslab.core import Detection
-from forensicslab.fusion import algorithmic_fusion, ds_fusion
+from forensicslab.triage.fusion import algorithmic_fusion, ds_fusion
 from forensicslab.imageio import load_image
-from forensicslab.triage import (AuditVerdict, RuleAuditor, RuleJudge, TriagePipeline, Verdict, load_prompt,
+from forensicslab.triage.agents import (AuditVerdict, RuleAuditor, RuleJudge, TriagePipeline, Verdict, load_prompt,
                                  make_card, measure_facts, run_auditors)
-from forensicslab.triage_study import (build_config, offline_configs, paper_configs, triage_metrics)
+from forensicslab.triage.study import (build_config, offline_configs, paper_configs, triage_metrics)
 
 
 # ---------------------------------------------------------------- constructed cases
@@ -103,7 +103,7 @@ def test_rule_judge_conflicts_guided_vs_unguided():
     # redundant detectors), the guided judge says authentic
     d2 = {"spectral": Detection.from_score("spectral", 0.7), "npr": Detection.from_score("npr", 0.05)}
     a2 = run_auditors(RuleAuditor(), img, d2, c, measure_facts(img, d2, c))
-    from forensicslab.triage import RuleParams
+    from forensicslab.triage.agents import RuleParams
     assert not RuleJudge(guided=True, params=RuleParams(lone_penalty=0.5, accept_min=0.3)).judge(img, d2, c, a2).is_manipulated
     assert RuleJudge(guided=False).judge(img, d2, c, a2).decisive == "spectral"
 
@@ -164,7 +164,7 @@ class _Role:
 
 
 def test_six_paper_configurations_end_to_end(tmp_path):
-    from forensicslab.testing import openai_server
+    from forensicslab.chat.testing import openai_server
     img = load_image(skdata.astronaut()); c = _cards()
     d = _dets(img, face=0.9, noise=0.85)
     main, judge = _Role(delay=0.15), _Role()
@@ -205,7 +205,7 @@ def test_six_paper_configurations_end_to_end(tmp_path):
 
 
 def test_malformed_model_output_is_a_recorded_failure():
-    from forensicslab.testing import openai_server
+    from forensicslab.chat.testing import openai_server
     img = load_image(skdata.astronaut()); c = _cards(); d = _dets(img)
     with openai_server(lambda req: "I think the picture is probably fine, honestly.") as url:
         cfg = paper_configs(backbone=f"openai-compatible:{url}#bad")[3]
@@ -252,7 +252,7 @@ def test_analyze_cli_with_model_backends(tmp_path):
     "`analyze --config complete` with the auditors on one server and the judge on another."
     from typer.testing import CliRunner
     from forensicslab.cli import app
-    from forensicslab.testing import openai_server
+    from forensicslab.chat.testing import openai_server
     photo, report = _photo(tmp_path), tmp_path / "llm.html"
     aud, jud = _Role(drop=()), _Role()
     with openai_server(aud) as ua, openai_server(jud) as uj:
@@ -272,7 +272,7 @@ def test_case_report_renders_in_chromium(tmp_path):
     exe = _chromium()
     if not exe:
         pytest.skip("chromium not installed (make test installs it via scripts/ensure-chromium.sh)")
-    from forensicslab.report import write_case_report
+    from forensicslab.triage.report import write_case_report
     img = load_image(skdata.astronaut()); c = _cards(); d = _dets(img, face=0.9)
     res = TriagePipeline("rules", auditor=RuleAuditor(), judge=RuleJudge())(img, d, c)
     page = write_case_report(tmp_path / "case.html", img, d, c, res, title="astronaut", truth="face")
@@ -291,8 +291,8 @@ def test_case_report_renders_in_chromium(tmp_path):
 def test_study_grid_offline_and_llm(tmp_path):
     "run_grid on a few real images: shared Stage 0, one resumable run per configuration, Table 4 and McNemar."
     from forensicslab.core import Sample
-    from forensicslab.testing import openai_server
-    from forensicslab.triage_study import Evidence, mcnemar_pairs, run_grid, study_configs, table4
+    from forensicslab.chat.testing import openai_server
+    from forensicslab.triage.study import Evidence, mcnemar_pairs, run_grid, study_configs, table4
     photos = {"coffee": skdata.coffee(), "astronaut": skdata.astronaut()}
     samples = []
     for i, (name, rgb) in enumerate(photos.items()):
@@ -323,7 +323,7 @@ def test_study_grid_offline_and_llm(tmp_path):
 @pytest.mark.slow
 def test_pipeline_on_real_photographs(shared_data, tmp_path):
     "The offline presets on real public forgeries and authentic photos (PSCC-Net samples, CASIA v2 tampered)."
-    from forensicslab.triage_study import Evidence
+    from forensicslab.triage.study import Evidence
     items = [(p, 0 if p.stem.startswith("authentic") else 1) for p in sorted((shared_data / "pscc_samples").glob("*.png"))]
     items += [(p, 1) for p in sorted((shared_data / "casia2_samples").glob("Tp_*.jpg"))]
     assert len(items) == 16

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from forensicslab.core import Box, EvidenceItem, Sample
-from forensicslab.rewards import RewardConfig, bleu, episode_reward, rouge_l, union_iou, zoom_reward
-from forensicslab.zoom import (LLMZoomPolicy, RulePolicy, ZoomAnswer, box_to_norm, crop, norm_to_box, parse_action,
+from forensicslab.zoom.rewards import RewardConfig, bleu, episode_reward, rouge_l, union_iou, zoom_reward
+from forensicslab.zoom.agent import (LLMZoomPolicy, RulePolicy, ZoomAnswer, box_to_norm, crop, norm_to_box, parse_action,
                                pixel_box, render_turn, run_zoom)
 
 
@@ -120,12 +120,12 @@ def test_episode_reward_format_failures():
 
 # ---- over the wire ----------------------------------------------------------------------------
 def _model(url):
-    from forensicslab.models import get_model
+    from forensicslab.chat.models import get_model
     return get_model(f"openai-compatible:{url}#zoom-test", api_key="test", max_attempts=1)
 
 
 def test_llm_policy_end_to_end(image):
-    testing = pytest.importorskip("forensicslab.testing")
+    testing = pytest.importorskip("forensicslab.chat.testing")
     seen = []
     def responder(req):
         seen.append(req)
@@ -144,17 +144,17 @@ def test_llm_policy_end_to_end(image):
 
 
 def test_llm_policy_bad_text_is_invalid_format(image):
-    testing = pytest.importorskip("forensicslab.testing")
+    testing = pytest.importorskip("forensicslab.chat.testing")
     with testing.openai_server(lambda req: "I believe it is fake.") as url:
         r = run_zoom(LLMZoomPolicy(_model(url)), image, "cot")
     assert r.status == "invalid_format" and r.prediction is None
 
 
 def test_llm_judge_and_annotator_end_to_end(tmp_path):
-    testing = pytest.importorskip("forensicslab.testing")
-    from forensicslab.artifacts import ensure_artifacts, load_artifacts
-    from forensicslab.construct import LLMProposer
-    from forensicslab.zoom_eval import LLMJudge, judge_protocol
+    testing = pytest.importorskip("forensicslab.chat.testing")
+    from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.zoom.construct import LLMProposer
+    from forensicslab.zoom.evaluate import LLMJudge, judge_protocol
     ensure_artifacts(tmp_path, n_train=2, n_test=2, n_ood=2)
     fake = [s for s in load_artifacts("test", tmp_path) if s.label][0]
     def responder(req):
@@ -175,9 +175,9 @@ def test_llm_judge_and_annotator_end_to_end(tmp_path):
 
 
 def test_llm_rewriter_end_to_end(tmp_path):
-    testing = pytest.importorskip("forensicslab.testing")
-    from forensicslab.artifacts import ensure_artifacts, load_artifacts
-    from forensicslab.construct import Annotation, Candidate, LLMRewriter, TrajStep
+    testing = pytest.importorskip("forensicslab.chat.testing")
+    from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.zoom.construct import Annotation, Candidate, LLMRewriter, TrajStep
     ensure_artifacts(tmp_path, n_train=2, n_test=2, n_ood=2)
     fake = [s for s in load_artifacts("test", tmp_path) if s.label][0]
     ann = Annotation(exploration_trajectory=[TrajStep(thought="overview"), TrajStep(bbox=[0, 0, 300, 300], thought="skin too smooth")],
@@ -198,8 +198,8 @@ def test_llm_rewriter_end_to_end(tmp_path):
 
 
 def test_split_explanation_over_the_wire_and_offline():
-    testing = pytest.importorskip("forensicslab.testing")
-    from forensicslab.zoom_eval import split_explanation
+    testing = pytest.importorskip("forensicslab.chat.testing")
+    from forensicslab.zoom.evaluate import split_explanation
     text = "This is fake. The clock face has melted numerals near the top. The shadow of the cup points the wrong way."
     with testing.openai_server(lambda req: '{"evidence": [{"text": "melted numerals"}, {"text": "shadow points the wrong way"}]}') as url:
         assert split_explanation(text, _model(url)) == ["melted numerals", "shadow points the wrong way"]
@@ -210,10 +210,10 @@ def test_split_explanation_over_the_wire_and_offline():
 def test_trained_checkpoint_is_evaluated_by_the_study_helpers(tmp_path):
     "Smoke SFT + GRPO on the tiny offline model, then the study helpers find, load and run both checkpoints."
     torch = pytest.importorskip("torch"); torch.set_num_threads(1)
-    from forensicslab.artifacts import ensure_artifacts, load_artifacts
-    from forensicslab.construct import construct
-    from forensicslab.train import ZoomTrainConfig, train_zoom
-    from forensicslab.zoom_eval import checkpoint_info, find_checkpoints, make_policy, run_policy, table1_metrics
+    from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.zoom.construct import construct
+    from forensicslab.zoom.train import ZoomTrainConfig, train_zoom
+    from forensicslab.zoom.evaluate import checkpoint_info, find_checkpoints, make_policy, run_policy, table1_metrics
     root = ensure_artifacts(tmp_path / "data", n_train=4, n_test=2, n_ood=2)
     tr, te = load_artifacts("train", root), load_artifacts("test", root)
     train_zoom(ZoomTrainConfig.smoke(reward=dict(alpha_m=0.0)), construct(tr, variants=("o3",)).trajectories, tr, tmp_path / "run")

@@ -1,0 +1,1 @@
+"Chat models: OpenAI-compatible, Gemini and local transformers backends, reply cache, reliability, prompts, test servers."
