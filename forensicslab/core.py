@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 __all__ = ['FAMILIES', 'ForensicsLabError', 'register_family', 'Box', 'EvidenceItem', 'Sample', 'save_samples', 'load_samples',
            'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
 
-# %% ../nbs/00_core.ipynb #7e4dc02e
+# %% ../nbs/00_core.ipynb #9839d780
 class ForensicsLabError(Exception):
     "Base of the errors forensicslab raises for bad input, missing data or a failed dependency (printed as one line by the CLI)."
 

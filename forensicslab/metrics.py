@@ -12,10 +12,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+import yaml
 from scipy import stats
 
+import forensicslab
+
 # %% auto #0
-__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'mcnemar', 'fmt_ci', 'write_table']
+__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'mcnemar', 'fmt_ci', 'write_table', 'paper_numbers']
 
 # %% ../nbs/02a_metrics.ipynb #c85c5546
 def _ratio(a, b) -> float: return float(a) / b if b else float("nan")
@@ -78,3 +81,15 @@ def write_table(df: pd.DataFrame, out_dir: str | Path, name: str, caption: str) 
 def _tex_escape(s: str) -> str:
     for a, b in [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")]: s = s.replace(a, b)
     return s
+
+# %% ../nbs/02a_metrics.ipynb #102e7f33
+def paper_numbers(system: str, table: str) -> dict:
+    "The reference numbers of one paper table: `forensicslab/<system>/paper/<table>.yaml` as a mapping."
+    p = Path(forensicslab.__file__).resolve().parent / system / "paper" / f"{table}.yaml"
+    if not p.is_file():
+        have = sorted(q.stem for q in p.parent.glob("*.yaml")) if p.parent.is_dir() else []
+        raise FileNotFoundError(f"no paper numbers {system}/{table}; have: {', '.join(have) or 'none'}")
+    data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "source" not in data:
+        raise ValueError(f"{p}: a paper-numbers file must be a mapping with a 'source' entry")
+    return data
