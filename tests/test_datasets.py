@@ -29,7 +29,7 @@ def test_casia2_fixture(tmp_path):
 
 def test_missing_paths_are_named(tmp_path):
     loaders = [ds.load_casia2, ds.load_coverage, ds.load_columbia, ds.load_noso, ds.load_celebdf,
-               ds.load_community_forensics, ds.load_iidnet, ds.load_pscc_samples, ds.load_real_fake]
+               ds.load_community_forensics, ds.load_iidnet, ds.load_pscc_samples, ds.load_folder]
     for f in loaders:
         with pytest.raises(FileNotFoundError) as e: f(tmp_path / "absent")
         assert str(tmp_path / "absent") in str(e.value), f.__name__
@@ -78,8 +78,8 @@ def test_community_forensics_iidnet_realfake_manifest(tmp_path):
     _fake_image(tmp_path / "iid/LB/mask/1.png", mode="L")
     assert ds.load_iidnet(tmp_path / "iid")[0].provenance["method"] == "LB"
     _fake_image(tmp_path / "rf/real/r.png"); _fake_image(tmp_path / "rf/fake/f.png")
-    with pytest.raises(ValueError, match="unknown family"): ds.load_real_fake(tmp_path / "rf", family="gan")
-    s = ds.load_real_fake(tmp_path / "rf", family="face")
+    with pytest.raises(ValueError, match="unknown family"): ds.load_folder(tmp_path / "rf", family="gan")
+    s = ds.load_folder(tmp_path / "rf", family="face")
     (tmp_path / "m.csv").write_text("image,label,family\nrf/fake/f.png,fake,face\nrf/real/missing.png,0,\n")
     with pytest.raises(FileNotFoundError, match="line 3"): ds.load_manifest(tmp_path / "m.csv")
     assert len(ds.load_manifest(tmp_path / "m.csv", check_files=False)) == 2 and s[1].label == 1
@@ -113,3 +113,37 @@ def test_real_pscc():
     s = ds.load_pscc_samples(_need_shared("pscc_samples"))
     fam = sorted((x.family or "authentic") for x in s)
     assert fam.count("authentic") == 6 and fam.count("splice") == 4 and fam.count("classic_inpaint") == 2
+
+
+def test_dataset_specs(tmp_path):
+    "Every spec kind reaches its loader; bad specs and missing folders are one-line library errors."
+    from forensicslab.core import ForensicsLabError
+    _fake_image(tmp_path / "mine/authentic/a.png"); _fake_image(tmp_path / "mine/tampered/face/b.png")
+    _fake_image(tmp_path / "mine/tampered/c.png")
+    s = ds.load_dataset(f"folder:{tmp_path / 'mine'}")
+    assert [(x.id, x.label, x.family) for x in s] == [("mine/authentic/a", 0, None), ("mine/tampered/c", 1, None),
+                                                     ("mine/tampered/face/b", 1, "face")]
+    assert not ds.has_families(s) and ds.has_families([x for x in s if x.id != "mine/tampered/c"])
+    assert "1 manipulated image(s) of unknown family" in ds.describe_dataset(f"folder:{tmp_path / 'mine'}", s)
+    for bad in ("nope:/x", "folder:", "casia2"):
+        with pytest.raises(ForensicsLabError, match="kind:argument"): ds.load_dataset(bad)
+    for kind in ("folder", "casia2", "coverage", "columbia", "noso", "iidnet", "celebdf", "pscc", "comfor", "manifest"):
+        with pytest.raises(ForensicsLabError, match="not found"): ds.load_dataset(f"{kind}:{tmp_path / 'absent'}")
+    assert ds.dataset_key("bench:id") == "id" and ds.dataset_key(f"folder:{tmp_path / 'mine'}") == "mine"
+
+
+def test_stratified_draw_caps_each_family():
+    from forensicslab.core import Sample
+    ss = [Sample(id=f"s{i}", image="x.png", label=int(i % 3 > 0), family=(None, "face", "splice")[i % 3]) for i in range(30)]
+    d = ds.stratified_draw(ss, n_per_family=4, n_authentic=2, seed=1)
+    assert sorted((x.family or "a") for x in d) == ["a"] * 2 + ["face"] * 4 + ["splice"] * 4
+    assert d == ds.stratified_draw(ss, 4, 2, seed=1) and d != ds.stratified_draw(ss, 4, 2, seed=2)
+
+
+def test_real_specs():
+    "The shared real sets through their spec strings (what a study's `dataset` parameter takes)."
+    n = {"pscc": (12, 6), "casia2": (4, 4), "noso": (31, 18)}
+    folder = {"pscc": "pscc_samples", "casia2": "casia2_samples", "noso": "noso_copymove"}
+    for kind, (total, manip) in n.items():
+        s = ds.load_dataset(f"{kind}:{_need_shared(folder[kind])}")
+        assert (len(s), sum(x.label for x in s)) == (total, manip) and ds.has_families(s)

@@ -16,23 +16,27 @@ from typing import Iterable, Optional
 import numpy as np
 from PIL import Image
 
-from ..core import FAMILIES, Sample
+from ..core import FAMILIES, ForensicsLabError, Sample
 
 # %% auto #0
 __all__ = ['IMAGE_EXTS', 'CASIA2_LAYOUT', 'CASIA2_URL', 'COVERAGE_LAYOUT', 'COVERAGE_URL', 'COLUMBIA_LAYOUT', 'COLUMBIA_URL',
            'NOSO_LAYOUT', 'NOSO_URL', 'CELEBDF_LAYOUT', 'CELEBDF_URL', 'COMFOR_LAYOUT', 'COMFOR_URL', 'IIDNET_LAYOUT',
-           'IIDNET_URL', 'MissingData', 'load_casia2', 'load_coverage', 'load_columbia', 'load_noso', 'extract_frames',
-           'load_celebdf', 'load_community_forensics', 'load_iidnet', 'load_pscc_samples', 'load_real_fake',
-           'load_manifest']
+           'IIDNET_URL', 'FOLDER_LAYOUTS', 'FOLDER_LAYOUT', 'DATASET_KINDS', 'MissingData', 'DatasetError',
+           'load_casia2', 'load_coverage', 'load_columbia', 'load_noso', 'extract_frames', 'load_celebdf',
+           'load_community_forensics', 'load_iidnet', 'load_pscc_samples', 'load_folder', 'load_manifest',
+           'parse_dataset_spec', 'load_dataset', 'dataset_key', 'has_families', 'describe_dataset', 'stratified_draw']
 
 # %% ../../nbs/03a_data.datasets.ipynb #61bf4301
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp")
 
-class MissingData(FileNotFoundError):
+class MissingData(ForensicsLabError, FileNotFoundError):
     "A dataset folder or file is missing: the message names the path, the expected layout and the download."
     def __init__(self, path, dataset: str, layout: str, download: str):
         self.path = Path(path)
         super().__init__(f"{dataset}: {self.path} not found.\nExpected layout:\n{layout}\nDownload: {download}")
+
+class DatasetError(ForensicsLabError, ValueError):
+    "A dataset spec or a dataset's content cannot be used (unknown kind, wrong layout); the message says what to give."
 
 def _need(path: Path, dataset: str, layout: str, download: str, kind: str = "dir") -> Path:
     path = Path(path)
@@ -284,18 +288,34 @@ def load_pscc_samples(root: str | Path) -> list[Sample]:
     return out
 
 # %% ../../nbs/03a_data.datasets.ipynb #a6deeb55
-def load_real_fake(root: str | Path, family: Optional[str] = None, dataset: Optional[str] = None) -> list[Sample]:
-    "Load `root/real/**` (label 0) and `root/fake/**` (label 1, `family`), with optional `root/masks/<stem>.png`."
-    layout = "  <root>/real/**/*.{jpg,png,...}   authentic\n  <root>/fake/**/*.{jpg,png,...}   manipulated\n  <root>/masks/<stem>.png          optional masks"
-    root = Path(root); dataset = dataset or root.name
-    if family is not None and family not in FAMILIES: raise ValueError(f"unknown family {family!r}; known: {sorted(FAMILIES)}")
+FOLDER_LAYOUTS = (("real", "fake"), ("authentic", "tampered"))
+FOLDER_LAYOUT = """  <root>/real/**/*.{jpg,png,...}   authentic     (or <root>/authentic/**)
+  <root>/fake/**/*.{jpg,png,...}   manipulated   (or <root>/tampered/**; fake/<family>/ names the family)
+  <root>/masks/<stem>.png          optional masks"""
+
+def load_folder(root: str | Path, family: Optional[str] = None, dataset: Optional[str] = None) -> list[Sample]:
+    "Load `root/real/**` + `root/fake/**` (or `authentic/` + `tampered/`): label 0 / 1, optional `root/masks/<stem>.png`."
+    root = Path(root)
+    dataset = dataset or root.name
+    if family is not None and family not in FAMILIES: raise DatasetError(f"unknown family {family!r}; known: {sorted(FAMILIES)}")
+    _need(root, dataset, FOLDER_LAYOUT, "your own data")
+    pair = next((p for p in FOLDER_LAYOUTS if (root / p[0]).is_dir() and (root / p[1]).is_dir()), None)
+    if pair is None:
+        miss = next(root / n for p in FOLDER_LAYOUTS for n in p if not (root / n).is_dir())
+        raise MissingData(miss, dataset, FOLDER_LAYOUT, "your own data")
     out = []
-    for sub, lab in (("real", 0), ("fake", 1)):
-        d = _need(root / sub, dataset, layout, "your own data")
+    for sub, lab in zip(pair, (0, 1)):
+        d = root / sub
         for p in _images(d, recursive=True):
+            rel = p.relative_to(d)
+            first = rel.parts[0] if len(rel.parts) > 1 else None
+            fam = (first if first in FAMILIES else family) if lab else None
+            prov = {"folder": str(p.parent.relative_to(root))}
+            if lab and first: prov["subfolder"] = first
+            if lab and first and fam == "synthesis": prov["generator"] = first
             mk = root / "masks" / f"{p.stem}.png"
-            s = _sample(dataset, p, lab, family, mk if lab and mk.exists() else None, folder=str(p.parent.relative_to(root)))
-            out.append(s.model_copy(update={"id": f"{dataset}/{p.relative_to(root).with_suffix('')}"}))
+            s = _sample(dataset, p, lab, fam, mk if lab and mk.exists() else None, **prov)
+            out.append(s.model_copy(update={"id": f"{dataset}/{p.relative_to(root).with_suffix('').as_posix()}"}))
     return out
 
 # %% ../../nbs/03a_data.datasets.ipynb #952c3dcc
@@ -324,3 +344,78 @@ def load_manifest(path: str | Path, check_files: bool = True) -> list[Sample]:
                                   dataset=path.stem, provenance=extra))
             except ValueError as e: raise ValueError(f"{path}, line {i}: {e}") from None
     return out
+
+# %% ../../nbs/03a_data.datasets.ipynb #2e6f3070
+def _bench(arg: str, bench_root=None) -> list[Sample]:
+    from forensicslab.data.bench import load_bench
+    return load_bench(arg, bench_root)
+
+DATASET_KINDS: dict[str, tuple] = {
+    "bench": (_bench, "a collection of the offline benchmark: bench:train, bench:id or bench:ood"),
+    "folder": (lambda a: load_folder(a), "a folder with real/ + fake/ (or authentic/ + tampered/)"),
+    "casia2": (lambda a: load_casia2(a), "CASIA v2.0"),
+    "coverage": (lambda a: load_coverage(a), "COVERAGE"),
+    "columbia": (lambda a: load_columbia(a), "Columbia uncompressed splicing"),
+    "noso": (lambda a: load_noso(a), "NoSo copy-move"),
+    "iidnet": (lambda a: load_iidnet(a), "IID-Net inpainting"),
+    "celebdf": (lambda a: load_celebdf(a), "Celeb-DF-v2 test frames"),
+    "comfor": (lambda a: load_community_forensics(a), "Community Forensics parquet shards"),
+    "pscc": (lambda a: load_pscc_samples(a), "PSCC-Net samples"),
+    "manifest": (lambda a: load_manifest(a), "a CSV manifest"),
+}
+"Dataset spec kinds: kind -> (loader of the argument, description)."
+
+def parse_dataset_spec(spec: str) -> tuple[str, str]:
+    "Split `kind:argument`; a bare benchmark collection name (`id`) means `bench:id`."
+    spec = str(spec).strip()
+    if spec in ("train", "id", "ood"): return "bench", spec
+    kind, sep, arg = spec.partition(":")
+    if not sep or kind not in DATASET_KINDS or not arg:
+        raise DatasetError(f"dataset spec {spec!r} is not kind:argument with kind one of {', '.join(DATASET_KINDS)} "
+                           "(e.g. bench:id, folder:/data/mine, casia2:/data/CASIA2, manifest:samples.csv)")
+    return kind, arg
+
+def load_dataset(spec: str, bench_root: str | Path | None = None) -> list[Sample]:
+    "The samples named by a dataset spec (see `DATASET_KINDS`), sorted by id; `bench_root` for a non-default benchmark."
+    kind, arg = parse_dataset_spec(spec)
+    fn = DATASET_KINDS[kind][0]
+    ss = fn(arg, bench_root) if kind == "bench" else fn(Path(arg).expanduser())
+    if not ss: raise DatasetError(f"dataset {spec!r} holds no images")
+    return sorted(ss, key=lambda s: s.id)
+
+# %% ../../nbs/03a_data.datasets.ipynb #bdce1e2f
+def dataset_key(spec: str) -> str:
+    "A short filesystem-safe name of a dataset spec: `bench:id` -> `id`, `folder:/x/my_set` -> `my_set`."
+    kind, arg = parse_dataset_spec(spec)
+    if kind == "bench": return arg
+    name = Path(arg).stem if kind == "manifest" else Path(arg.rstrip("/")).name
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or kind
+
+def has_families(samples: list[Sample]) -> bool:
+    "True when every manipulated sample has a known family (so in-scope arbitration can be scored)."
+    return any(s.label == 1 for s in samples) and all(s.family is not None for s in samples if s.label == 1)
+
+def describe_dataset(spec: str, samples: list[Sample]) -> str:
+    "Caption text for a dataset: what it is, how many images, how many manipulated, and whether families are known."
+    kind, arg = parse_dataset_spec(spec)
+    what = (f"forensicslab benchmark, {arg} collection" if kind == "bench"
+            else f"{DATASET_KINDS[kind][1]} at {arg}" if kind in ("folder", "manifest") else f"{DATASET_KINDS[kind][1]} ({arg})")
+    n1 = sum(s.label for s in samples)
+    unknown = sum(1 for s in samples if s.label == 1 and s.family is None)
+    fam = ("families from the loader" if not unknown else "families unknown" if unknown == n1
+           else f"{unknown} manipulated image(s) of unknown family")
+    return f"{what}: {len(samples)} images, {n1} manipulated, {fam}"
+
+def stratified_draw(samples: list[Sample], n_per_family: int | None = None, n_authentic: int | None = None,
+                    seed: int = 0) -> list[Sample]:
+    "At most `n_per_family` manipulated images per family (unknown = one stratum) and `n_authentic` authentic ones, seeded."
+    rng = np.random.default_rng(seed)
+    strata: dict[str, list[Sample]] = {}
+    for s in samples: strata.setdefault(s.family or ("authentic" if s.label == 0 else "unknown"), []).append(s)
+    out = []
+    for k in sorted(strata):
+        g = strata[k]
+        cap = n_authentic if k == "authentic" else n_per_family
+        if cap is not None and cap < len(g): g = [g[i] for i in sorted(rng.choice(len(g), cap, replace=False))]
+        out += g
+    return sorted(out, key=lambda s: s.id)
