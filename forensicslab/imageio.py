@@ -7,7 +7,9 @@ Docs: https://forensicslab.github.io/forensicslab/imageio.html.md"""
 # %% ../nbs/01_imageio.ipynb #33ae529d
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import io
 import struct
 import warnings
@@ -18,13 +20,15 @@ from typing import Any, Optional, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .core import ForensicsLabError
+
 # %% auto #0
 __all__ = ['MAX_PIXELS', 'ImageSource', 'ImageError', 'ImageNotFound', 'ImageUnreadable', 'ImageTruncated', 'ImageTooLarge',
            'LoadedImage', 'pixel_hash', 'load_image', 'fit_within']
 
 # %% ../nbs/01_imageio.ipynb #2a370799
-class ImageError(ValueError):
-    "An image that cannot be used, with the file and the reason."
+class ImageError(ForensicsLabError, ValueError):
+    "An image that cannot be used, with the file and the reason (a `ForensicsLabError`: the CLI prints one line)."
     def __init__(self, source: Any, reason: str):
         self.source, self.reason = str(source), reason
         super().__init__(f"{self.source}: {reason}")
@@ -108,6 +112,16 @@ def _check_pixels(n: int, w: int, h: int, src, max_pixels: int):
         raise ImageTooLarge(src, f"{w}x{h} = {n:,} pixels exceeds the cap of {max_pixels:,}; "
                                  "down-scale it first or pass a larger max_pixels")
 
+def _missing_reason(p: Path) -> str:
+    "Why an existing-looking path cannot be opened: a symlink loop, a dangling link, or no such file."
+    if not os.path.islink(p) and not any(os.path.islink(q) for q in p.parents): return "no such file; check the path"
+    try: os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP: return "symbolic link loop (the link points back to itself); fix or remove the link"
+        if e.errno == errno.ENOENT and os.path.islink(p):
+            return f"dangling symbolic link to {os.readlink(p)!r} (its target does not exist)"
+    return "no such file; check the path"
+
 def load_image(src: ImageSource, max_pixels: int = MAX_PIXELS) -> LoadedImage:
     "Load any supported image source as 8-bit RGB with its file facts, or raise a typed `ImageError`."
     if isinstance(src, LoadedImage): return src
@@ -118,7 +132,7 @@ def load_image(src: ImageSource, max_pixels: int = MAX_PIXELS) -> LoadedImage:
         if not src: raise ImageUnreadable(name, "empty input (0 bytes)")
     else:
         name = fp = Path(src)
-        if not fp.exists(): raise ImageNotFound(fp, "no such file; check the path")
+        if not fp.exists(): raise ImageNotFound(fp, _missing_reason(fp))
         if not fp.is_file(): raise ImageNotFound(fp, "not a regular file")
         if fp.stat().st_size == 0: raise ImageUnreadable(fp, "empty file (0 bytes)")
     with warnings.catch_warnings():

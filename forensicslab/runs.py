@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,11 @@ from typing import Any, Callable, Iterable, Optional
 
 from tqdm.auto import tqdm
 
+from .core import ForensicsLabError
+
 # %% auto #0
-__all__ = ['Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'Run', 'project_root', 'study_output_dir',
+__all__ = ['Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'RunBusy', 'RunConfigMismatch', 'FolderLock',
+           'RunFolder', 'Run', 'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir',
            'portable_path', 'resolve_portable']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
@@ -65,25 +69,77 @@ def config_hash(config: dict) -> str:
     "A short stable hash of a JSON-serialisable configuration."
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-# %% ../nbs/02_runs.ipynb #43a8f550
-class Run:
-    "A resumable run folder: `manifest.json` plus `rows.jsonl` with one row per finished case."
+# %% ../nbs/02_runs.ipynb #e74b27da
+class RunBusy(ForensicsLabError, RuntimeError):
+    "Another process (or another `Run` object) is writing into this run folder: one writer per folder."
+
+class RunConfigMismatch(ForensicsLabError, ValueError):
+    "The run folder holds rows of another configuration (a `ValueError` too, for old `except` clauses)."
+
+try: import fcntl
+except ImportError: fcntl = None  # Windows: no advisory locks; one writer per folder is then up to the user
+
+class FolderLock:
+    "Exclusive advisory lock on `<folder>/.lock` (`fcntl.flock`); waits up to `timeout` s, then raises `RunBusy`."
+    def __init__(self, folder: str | Path, timeout: float = 0.0):
+        self.path, self.timeout, self.fd = Path(folder) / ".lock", timeout, None
+
+    def __enter__(self) -> "FolderLock":
+        if fcntl is None: return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self.holder()
+                    os.close(fd)
+                    raise RunBusy(f"{self.path.parent} is being written by another run ({holder}); wait for it to "
+                                  "finish, pass lock_timeout=SECONDS to wait, or use another folder") from None
+                time.sleep(0.05)
+        me = dict(pid=os.getpid(), host=socket.gethostname(), since=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self.fd = fd
+        return self
+
+    def holder(self) -> str:
+        "Who holds the lock, as recorded in the lock file (pid, host, since when)."
+        try: h = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError): h = {}
+        return f"pid {h['pid']} on {h.get('host', '?')} since {h.get('since', '?')}" if "pid" in h else "holder unknown"
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+# %% ../nbs/02_runs.ipynb #173a48a6
+class RunFolder:
+    "The storage of a run: `manifest.json` (what produced the rows) and `rows.jsonl` (one row per finished case)."
     def __init__(self, folder: str | Path, config: dict | None = None, seed: int = 0,
-                 backends: dict | None = None, retry_failed: bool = True):
-        self.folder = Path(folder); self.folder.mkdir(parents=True, exist_ok=True)
+                 backends: dict | None = None, retry_failed: bool = True, lock_timeout: float = 0.0):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
         self.rows_path, self.manifest_path = self.folder / "rows.jsonl", self.folder / "manifest.json"
         self.config, self.seed, self.backends = dict(config or {}), seed, dict(backends or {})
-        self.retry_failed = retry_failed
-        self._check_or_write_manifest()
-        self._repair_tail()
+        self.retry_failed, self.lock_timeout = retry_failed, lock_timeout
+        if self.manifest_path.exists(): self._check_manifest()
+        else:
+            with FolderLock(self.folder, timeout=max(lock_timeout, 10.0)):  # creation takes milliseconds
+                self._check_manifest()
 
-    def _check_or_write_manifest(self):
+    def _check_manifest(self):
+        "Refuse another configuration's folder; write the manifest when the folder is new."
         h = config_hash({"config": self.config, "seed": self.seed, "backends": self.backends})
         if self.manifest_path.exists():
             old = json.loads(self.manifest_path.read_text())
             if old.get("config_hash") != h:
-                raise ValueError(f"{self.folder}: this run folder holds rows of another configuration "
-                                 f"(hash {old.get('config_hash')} != {h}); use a new folder or delete this one")
+                raise RunConfigMismatch(f"{self.folder}: this run folder holds rows of another configuration "
+                                        f"(hash {old.get('config_hash')} != {h}); use a new folder or delete this one")
             return
         m = dict(created=datetime.now(timezone.utc).isoformat(timespec="seconds"), config=self.config,
                  seed=self.seed, backends=self.backends, config_hash=h, git_commit=git_commit(),
@@ -91,7 +147,9 @@ class Run:
         _atomic_write(self.manifest_path, json.dumps(m, indent=2, default=str))
 
     @property
-    def manifest(self) -> dict: return json.loads(self.manifest_path.read_text())
+    def manifest(self) -> dict:
+        "The run's manifest: configuration, seed, backends, git commit, package versions."
+        return json.loads(self.manifest_path.read_text())
 
     def _repair_tail(self):
         "Drop a torn last line left by a crash in the middle of a write."
@@ -111,45 +169,58 @@ class Run:
         return list(out.values())
 
     def done_keys(self) -> set[str]:
+        "Keys that need no more work: finished ones (and failed ones when `retry_failed` is off)."
         return {r["key"] for r in self.rows() if r.get("status") == "ok" or not self.retry_failed}
 
     def _append(self, row: dict):
         line = (json.dumps(row, default=str) + "\n").encode()
         fd = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try: os.write(fd, line); os.fsync(fd)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
         finally: os.close(fd)
 
+def _atomic_write(path: Path, text: str):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+# %% ../nbs/02_runs.ipynb #a224b6c7
+class Run(RunFolder):
+    "A resumable run folder: `manifest.json` plus `rows.jsonl` with one row per finished case; one writer at a time."
     def execute(self, cases: Iterable[Case], fn: Callable[[Any], dict], workers: int = 4,
                 executor: str = "thread", desc: str | None = None, progress: bool = True) -> list[dict]:
         "Run the unfinished cases (`fn(payload) -> dict`), append a row for each, and return all rows in case order."
         cases = list(cases)
         keys = [c.key for c in cases]
         if len(set(keys)) != len(keys): raise ValueError("case keys must be unique within a run")
-        done = self.done_keys()
-        todo = [c for c in cases if c.key not in done]
-        bar = tqdm(total=len(cases), initial=len(cases) - len(todo), desc=desc or self.folder.name,
-                   disable=not progress, dynamic_ncols=True)
-        failures = 0
-        try:
-            for case, result, err, dt in _dispatch(todo, fn, workers, executor):
-                if isinstance(err, StopRun):
-                    bar.write(f"run stopped: {err}"); raise err
-                row = {"key": case.key, "status": "ok" if err is None else "failed", "seconds": round(dt, 4)}
-                if err is None:
-                    if not isinstance(result, dict): err = TypeError(f"case function returned {type(result).__name__}, not dict")
-                    else: row.update({k: v for k, v in result.items() if k not in ("key",)})
-                if err is not None:
-                    row.update(status="failed", error=f"{type(err).__name__}: {err}"); failures += 1
-                self._append(row)
-                bar.update(1); bar.set_postfix(failed=failures, refresh=False)
-        finally:
-            bar.close()
+        with FolderLock(self.folder, self.lock_timeout):
+            self._repair_tail()
+            done = self.done_keys()  # read under the lock: a writer that waited skips what the other one finished
+            todo = [c for c in cases if c.key not in done]
+            bar = tqdm(total=len(cases), initial=len(cases) - len(todo), desc=desc or self.folder.name,
+                       disable=not progress, dynamic_ncols=True)
+            try: self._write_rows(todo, fn, workers, executor, bar)
+            finally: bar.close()
         by_key = {r["key"]: r for r in self.rows()}
         return [by_key[k] for k in keys if k in by_key]
 
-def _atomic_write(path: Path, text: str):
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text); tmp.replace(path)
+    def _write_rows(self, todo, fn, workers, executor, bar):
+        failures = 0
+        for case, result, err, dt in _dispatch(todo, fn, workers, executor):
+            if isinstance(err, StopRun):
+                bar.write(f"run stopped: {err}")
+                raise err
+            row = {"key": case.key, "status": "ok" if err is None else "failed", "seconds": round(dt, 4)}
+            if err is None:
+                if not isinstance(result, dict): err = TypeError(f"case function returned {type(result).__name__}, not dict")
+                else: row.update({k: v for k, v in result.items() if k not in ("key",)})
+            if err is not None:
+                row.update(status="failed", error=f"{type(err).__name__}: {err}")
+                failures += 1
+            self._append(row)
+            bar.update(1)
+            bar.set_postfix(failed=failures, refresh=False)
 
 # %% ../nbs/02_runs.ipynb #01416e12
 def _timed(fn, payload):
@@ -160,10 +231,12 @@ def _timed(fn, payload):
 def _dispatch(todo: list[Case], fn, workers: int, executor: str):
     if not todo: return
     if executor == "ray":
-        yield from _dispatch_ray(todo, fn, workers); return
+        yield from _dispatch_ray(todo, fn, workers)
+        return
     if executor == "thread" and workers <= 1:
         for c in todo:
-            r, e, dt = _timed(fn, c.payload); yield c, r, e, dt
+            r, e, dt = _timed(fn, c.payload)
+            yield c, r, e, dt
         return
     Pool = {"thread": cf.ThreadPoolExecutor, "process": cf.ProcessPoolExecutor}.get(executor)
     if Pool is None: raise ValueError(f"unknown executor {executor!r}; use 'thread', 'process' or 'ray'")
@@ -171,7 +244,8 @@ def _dispatch(todo: list[Case], fn, workers: int, executor: str):
     try:
         futs = {pool.submit(_timed, fn, c.payload): c for c in todo}
         for f in cf.as_completed(futs):
-            r, e, dt = f.result(); yield futs[f], r, e, dt
+            r, e, dt = f.result()
+            yield futs[f], r, e, dt
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -186,7 +260,8 @@ def _dispatch_ray(todo, fn, workers):
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            r, e, dt = ray.get(ready[0]); yield refs[ready[0]], r, e, dt
+            r, e, dt = ray.get(ready[0])
+            yield refs[ready[0]], r, e, dt
     finally:
         for p in pending: ray.cancel(p)
 
@@ -205,6 +280,31 @@ def study_output_dir(study: str, out_dir: str | Path | None = None, quick: bool 
     else: d = project_root() / "outputs" / study
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+# %% ../nbs/02_runs.ipynb #681dfdb4
+def checkout_root(start: str | Path | None = None) -> Optional[Path]:
+    "The forensicslab checkout holding `start` (or the cwd): a folder with `pyproject.toml` and `nbs/`; None outside one."
+    p = Path(start or Path.cwd()).resolve()
+    for d in [p, *p.parents]:
+        if (d / "pyproject.toml").exists() and (d / "nbs").is_dir(): return d
+    return None
+
+def user_cache_dir() -> Path:
+    "The per-user cache folder of forensicslab (platformdirs convention; XDG fallback when platformdirs is absent)."
+    try:
+        import platformdirs
+        return Path(platformdirs.user_cache_dir("forensicslab", appauthor=False))
+    except ImportError:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensicslab"
+
+def cache_dir(*parts: str, project: str = ".cache", start: str | Path | None = None) -> Path:
+    "Cache folder `parts`: `$FORENSICSLAB_CACHE_DIR/...`, else `<checkout>/<project>/...` in a checkout, else the user cache."
+    env = os.environ.get("FORENSICSLAB_CACHE_DIR")
+    if env: base = Path(env).expanduser()
+    else:
+        root = checkout_root(start)
+        base = root / project if root is not None else user_cache_dir()
+    return base.joinpath(*parts)
 
 # %% ../nbs/02_runs.ipynb #7c08aa38
 def portable_path(target: str | Path, folder: str | Path) -> str:

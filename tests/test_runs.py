@@ -81,3 +81,80 @@ def test_manifest_records_provenance(tmp_path):
 def test_unknown_executor(tmp_path):
     with pytest.raises(ValueError, match="unknown executor"):
         Run(tmp_path).execute([Case("a", 1)], _cube, workers=2, executor="dask", progress=False)
+
+
+LOCK_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    from forensicslab.runs import Run, Case, RunBusy, RunConfigMismatch
+    folder, cfg, n, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    log = os.path.join(os.path.dirname(folder), "computed.log")
+    def work(i):
+        with open(log, "a") as f: f.write(f"{cfg} {i}\\n")
+        time.sleep(0.05)
+        return {"cfg": cfg}
+    try:
+        Run(folder, config={"cfg": cfg}, lock_timeout=wait).execute([Case(f"c{i:03d}", i) for i in range(n)], work,
+                                                                    workers=1, progress=False)
+    except (RunBusy, RunConfigMismatch) as e:
+        print(type(e).__name__, e); sys.exit(3)
+""")
+
+
+def _start(script, folder, cfg, n, wait=0.0):
+    return subprocess.Popen([sys.executable, str(script), str(folder), cfg, str(n), str(wait)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_rows(rows_file, k, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if rows_file.exists() and len(rows_file.read_text().splitlines()) >= k: return
+        time.sleep(0.02)
+    raise AssertionError(f"{rows_file} never reached {k} rows")
+
+
+def test_second_writer_same_config_is_refused_then_waits(tmp_path):
+    "Issue 17 item 5: a second process on a busy run folder refuses (naming the holder) or waits; no case runs twice."
+    script = tmp_path / "w.py"; script.write_text(LOCK_WORKER)
+    folder, n = tmp_path / "run", 40
+    a = _start(script, folder, "A", n)
+    _wait_rows(folder / "rows.jsonl", 2)
+    b = _start(script, folder, "A", n)
+    out, err = b.communicate(timeout=60)
+    assert b.returncode == 3, (out, err)
+    assert "RunBusy" in out and f"pid {a.pid}" in out, out
+    c = _start(script, folder, "A", n, wait=120)   # this one waits for the lock, then finds nothing left to do
+    assert a.wait(timeout=120) == 0, a.stderr.read()
+    out, err = c.communicate(timeout=120)
+    assert c.returncode == 0, (out, err)
+    computed = (tmp_path / "computed.log").read_text().split("\n")[:-1]
+    assert len(computed) == len(set(computed)) == n, "every case computed exactly once"
+    keys = [json.loads(l)["key"] for l in (folder / "rows.jsonl").read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == n
+
+
+def test_two_configs_racing_on_a_fresh_folder_never_mix(tmp_path):
+    "Two processes with different configurations start together on a fresh folder: only one writes rows."
+    script = tmp_path / "w.py"; script.write_text(LOCK_WORKER)
+    for trial in range(3):
+        folder = tmp_path / f"run{trial}"
+        ps = [_start(script, folder, cfg, 10) for cfg in ("A", "B")]
+        codes = sorted(p.wait(timeout=120) for p in ps)
+        assert codes == [0, 3], [p.stdout.read() + p.stderr.read() for p in ps]
+        m = json.loads((folder / "manifest.json").read_text())["config"]["cfg"]
+        cfgs = {json.loads(l)["cfg"] for l in (folder / "rows.jsonl").read_text().splitlines()}
+        assert cfgs == {m}, f"rows of {cfgs} under a manifest of {m}"
+
+
+def test_cache_dir_outside_a_checkout_is_the_user_cache(tmp_path, monkeypatch):
+    "Issue 17 item 11: outside a checkout nothing is cached under the current folder; the env var overrides."
+    from forensicslab.runs import cache_dir, user_cache_dir
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FORENSICSLAB_CACHE_DIR", raising=False)
+    assert cache_dir("detections") == user_cache_dir() / "detections"
+    assert not cache_dir("detections").is_relative_to(tmp_path)
+    monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_dir("chat", "x.sqlite") == tmp_path / "c" / "chat" / "x.sqlite"
+    monkeypatch.delenv("FORENSICSLAB_CACHE_DIR")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert cache_dir("detections").is_relative_to(Path(__file__).resolve().parents[1])
