@@ -147,8 +147,30 @@ def corpus(tmp_path_factory):
     return d
 
 
-def test_corpus_is_large_enough():
-    assert len(CORPUS) >= 30
+def test_corpus_covers_every_refusal_and_format(corpus):
+    "Loads the whole corpus: each typed refusal is raised by some file, each common format is decoded by some file."
+    raised, formats = set(), set()
+    for name in CORPUS:
+        try: formats.add(load_image(corpus / name).format)
+        except ImageError as e: raised.add(type(e))
+    assert {ImageUnreadable, ImageTruncated, ImageTooLarge} <= raised, raised
+    assert {"JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP", "PPM"} <= formats, formats
+
+
+def test_image_errors_are_forensicslab_errors():
+    from forensicslab.core import ForensicsLabError
+    assert issubclass(ImageError, ForensicsLabError) and issubclass(ImageError, ValueError)
+
+
+def test_symlink_loop_is_named(tmp_path):
+    "Issue 17 item 14: a symlink loop is not 'no such file'."
+    (tmp_path / "a.jpg").symlink_to(tmp_path / "b.jpg")
+    (tmp_path / "b.jpg").symlink_to(tmp_path / "a.jpg")
+    with pytest.raises(ImageNotFound, match="symbolic link loop"):
+        load_image(tmp_path / "a.jpg")
+    (tmp_path / "dangling.jpg").symlink_to(tmp_path / "gone.jpg")
+    with pytest.raises(ImageNotFound, match="dangling symbolic link"):
+        load_image(tmp_path / "dangling.jpg")
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
