@@ -208,3 +208,142 @@ def test_remote_from_environment_and_cli(trufor_server, tmp_path, monkeypatch):
         D.unregister("trufor")
     r = CliRunner().invoke(app, ["detect", str(p), "--remote", "trufor"])
     assert r.exit_code == 2 and "name=http://host:port" in r.output
+
+
+# ---- hardening (issue 17 item 1): bounded bodies, decoding inside the slot, backlog, idle timeout, retries ----
+import socket
+
+from remote_load import bomb_png, rss_mb, run_load, start_server
+
+
+@pytest.fixture(scope="module")
+def probe_server(tmp_path_factory):
+    "A cheap detector served with tight limits in its own process: 2 MB bodies, 10 MP, 1 s idle timeout."
+    p, url = start_server(tmp_path_factory.mktemp("probe"), "--concurrency", "1", "--max-request-mb", "2",
+                          "--max-mpix", "10", "--idle-timeout", "1")
+    yield p, url
+    p.terminate()
+    try: p.wait(5)
+    except subprocess.TimeoutExpired: p.kill()
+
+
+def _raw(url, head: bytes, body: bytes = b"", wait: float = 10.0) -> bytes:
+    "Send raw bytes to the server and return what it answers before closing (or within `wait` seconds)."
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as s:
+        s.sendall(head + body)
+        out = b""
+        try:
+            while b"\r\n\r\n" not in out or len(out) < out.find(b"\r\n\r\n") + 4 + int(
+                    (out.split(b"Content-Length: ")[1].split(b"\r\n")[0] if b"Content-Length: " in out else b"0")):
+                chunk = s.recv(65536)
+                if not chunk: break
+                out += chunk
+        except socket.timeout:
+            pass
+        return out
+
+
+def _post_head(length: str | None, extra: str = "") -> bytes:
+    cl = "" if length is None else f"Content-Length: {length}\r\n"
+    return f"POST /v1/detect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{cl}{extra}\r\n".encode()
+
+
+@pytest.mark.parametrize("length,extra,code", [("-1", "", b"400"), (None, "", b"411"), ("12abc", "", b"400"),
+                                               (None, "Transfer-Encoding: chunked\r\n", b"411"),
+                                               (str(200 * 2**20), "", b"413")])
+def test_declared_size_refused_before_reading(probe_server, length, extra, code):
+    "Content-Length -1, missing, malformed, chunked or over the limit: answered at once, the body never read."
+    _, url = probe_server
+    t0 = time.perf_counter()
+    out = _raw(url, _post_head(length, extra), b'{"image": "' + b"A" * 4096, wait=8)
+    assert out.split(b"\r\n")[0].split()[1] == code, out[:200]
+    assert time.perf_counter() - t0 < 8
+
+
+def test_body_shorter_than_declared(probe_server):
+    _, url = probe_server
+    out = _raw(url, _post_head("1000"), b'{"image": "AAAA', wait=8)
+    # the client stops sending: the idle timeout (1 s) closes the connection instead of holding the thread
+    assert out == b"" or out.split()[1] in (b"400", b"408")
+
+
+def test_idle_connection_is_closed(probe_server):
+    "A half-open client (headers never finished) is disconnected after the idle timeout."
+    _, url = probe_server
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/detect HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.perf_counter()
+        assert s.recv(1024) == b""          # closed by the server, not by our 10 s timeout
+        assert time.perf_counter() - t0 < 6
+
+
+def test_pixel_cap_from_the_header(probe_server):
+    "A 63 KB PNG of 4000x4000 pixels is refused with 413 by a server capped at 10 MP, before decoding."
+    _, url = probe_server
+    r = httpx.post(url + "/v1/detect", json={"image": base64.b64encode(bomb_png()).decode()}, timeout=30)
+    assert r.status_code == 413 and "pixels exceeds the cap" in r.json()["error"]
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    "A server whose first `resets` connections are reset (RST) and whose next `busy` answers are 503."
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def _send(self, code, obj):
+        b = json.dumps(obj).encode()
+        self.send_response(code); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def handle(self):
+        srv = self.server
+        with srv.lock:
+            srv.seen += 1
+            reset = srv.seen <= srv.resets
+        if reset:
+            import struct
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            return
+        super().handle()
+    def do_GET(self):
+        if self.path == "/v1/health": self._send(200, dict(status="ok", protocol="1", detector="flaky", version="1"))
+        else: self._send(200, dict(id="flaky", name="Flaky", scope=["splice"], native_metric="p", normalisation="identity",
+                                   score_reading="x"))
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        with self.server.lock:
+            self.server.busy -= 1
+            busy = self.server.busy >= 0
+        if busy: return self._send(503, {"error": "busy"})
+        self._send(200, dict(protocol="1", detector="flaky", version="1", score=0.7, fired=True))
+
+
+@pytest.mark.parametrize("resets,busy", [(2, 0), (0, 2)])
+def test_client_retries_resets_and_busy(resets, busy):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    srv.lock, srv.seen, srv.resets, srv.busy = threading.Lock(), 0, resets, busy
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rd = RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}", backoff_s=0.05)
+        d = rd.detect(np.zeros((8, 8, 3), np.uint8))
+        assert d.score == 0.7 and rd.attempts >= 4   # health + card + detect, plus the retried attempts
+        srv.resets, srv.seen = 10, 0
+        with pytest.raises(RemoteError, match="4 attempts"):
+            RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}", backoff_s=0.01)
+    finally:
+        srv.shutdown(); srv.server_close()
+
+
+def test_load_memory_bounded_and_nothing_lost(tmp_path):
+    """48 requests from 24 concurrent clients (16 of them 4000x4000 PNGs of 63 KB, 48 MB decoded each) against
+    a server with --concurrency 1 in its own process: every request answered correctly, and the server's
+    peak memory grows by less than 600 MB (at most 1 + 4 bodies of 2 MB and one decoded image with the loader's
+    copies; decoding before the slot, as before, grew it by about 3 GB)."""
+    p, url = start_server(tmp_path, "--concurrency", "1", "--max-request-mb", "2")
+    try:
+        _, base_peak = rss_mb(p.pid)
+        out = run_load(url, n_requests=48, clients=24, deadline_s=240)
+        _, peak = rss_mb(p.pid)
+    finally:
+        p.terminate(); p.wait(10)
+    assert out["ok"] == 48, out["failures"]
+    assert peak - base_peak < 600, f"server peak RSS grew by {peak - base_peak:.0f} MB"

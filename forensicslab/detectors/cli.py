@@ -18,8 +18,8 @@ from tabulate import tabulate
 
 from ..core import Detection
 from .pool import DEFAULT_TIMEOUT, discovery_errors, get_card, list_detectors, pool_table, run_pool, write_panels
-from .remote import parse_remotes, register_remote, serve
-from ..imageio import ImageError, load_image
+from .remote import IDLE_TIMEOUT_S, LISTEN_BACKLOG, QUEUE_DEPTH, parse_remotes, register_remote, serve
+from ..imageio import MAX_PIXELS, ImageError, load_image
 
 
 # %% auto #0
@@ -78,9 +78,14 @@ def serve_detector(name: str = typer.Argument(..., help="Registered detector id 
                    port: int = typer.Option(8765, help="Port (0 = pick a free one and print it)."),
                    plugin: Optional[list[str]] = typer.Option(None, help="Module name or .py file to import first (it registers the detector)."),
                    max_request_mb: float = typer.Option(64.0, help="Largest request body accepted (MB)."),
-                   concurrency: int = typer.Option(1, help="Detections run at once (1 for detectors that are not thread-safe).")):
+                   concurrency: int = typer.Option(1, help="Detections run at once (1 for detectors that are not thread-safe)."),
+                   max_mpix: float = typer.Option(MAX_PIXELS / 1e6, help="Largest image accepted (megapixels, checked from the header)."),
+                   queue: int = typer.Option(QUEUE_DEPTH, help="Requests admitted beyond --concurrency (their bodies held in memory)."),
+                   backlog: int = typer.Option(LISTEN_BACKLOG, help="Listen backlog (connections waiting to be accepted)."),
+                   idle_timeout: float = typer.Option(IDLE_TIMEOUT_S, help="Seconds a silent connection is kept open.")):
     "Serve a registered detector over HTTP with the forensicslab remote protocol v1 (see forensicslab.detectors.remote)."
-    serve(name, host=host, port=port, plugins=plugin or [], max_request_bytes=int(max_request_mb * 2**20), concurrency=concurrency)
+    serve(name, host=host, port=port, plugins=plugin or [], max_request_bytes=int(max_request_mb * 2**20),
+          concurrency=concurrency, max_pixels=int(max_mpix * 1e6), backlog=backlog, idle_timeout=idle_timeout, queue=queue)
 
 # %% ../../nbs/04l_detectors.cli.ipynb #41c3e2dd
 def main(argv: list[str] | None = None) -> None:

@@ -27,14 +27,16 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..core import Detection, ToolCard
+from ..core import Detection, ForensicsLabError, ToolCard
 from .pool import DISCOVERY_HOOKS, card_from_dict, check_heatmap, get_detector, list_detectors, register
-from ..imageio import ImageError, ImageSource, LoadedImage, load_image
+from .pool import _jsonable as jsonable
+from ..imageio import MAX_PIXELS, ImageError, ImageSource, ImageTooLarge, LoadedImage, load_image
 
 # %% auto #0
-__all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'REMOTE_ENV', 'RemoteError', 'DetectRequest', 'DetectResponse',
-           'Health', 'encode_map', 'decode_map', 'image_bytes', 'load_plugin', 'make_server', 'serve', 'RemoteDetector',
-           'register_remote', 'parse_remotes']
+__all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'LISTEN_BACKLOG', 'IDLE_TIMEOUT_S', 'QUEUE_DEPTH', 'RETRIES',
+           'REMOTE_ENV', 'RemoteError', 'DetectRequest', 'DetectResponse', 'Health', 'encode_map', 'decode_map',
+           'image_bytes', 'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request',
+           'DetectorServer', 'make_server', 'serve', 'RemoteDetector', 'register_remote', 'parse_remotes']
 
 # %% ../../nbs/04b_detectors.remote.ipynb #4e7e629c
 PROTOCOL = "1"
@@ -43,8 +45,16 @@ MAX_REQUEST_BYTES = 64 * 2**20
 "Default largest request body (server) and largest encoded image (client): 64 MB."
 MAX_RESPONSE_BYTES = 64 * 2**20
 "Default largest response body the client reads: 64 MB."
+LISTEN_BACKLOG = 128
+"Default listen backlog of the server socket (connections the kernel holds before `accept`)."
+IDLE_TIMEOUT_S = 30.0
+"Default seconds a server connection may stay silent (headers or body not arriving) before it is closed."
+QUEUE_DEPTH = 4
+"Default requests admitted beyond `concurrency` (their bodies held in memory while they wait for a slot)."
+RETRIES = 3
+"Default client retries after a connection reset, a refused connection or a 503 (with exponential backoff)."
 
-class RemoteError(RuntimeError):
+class RemoteError(ForensicsLabError, RuntimeError):
     "A remote detector call that failed: unreachable server, HTTP error, oversized or invalid answer."
 
 class DetectRequest(BaseModel):
@@ -79,7 +89,8 @@ class Health(BaseModel):
 def encode_map(heatmap: np.ndarray) -> str:
     "A [0, 1] heatmap as base64 of a 16-bit greyscale PNG."
     h = np.round(np.clip(np.asarray(heatmap, np.float32), 0, 1) * 65535).astype(np.uint16)
-    buf = io.BytesIO(); Image.fromarray(h).save(buf, format="PNG")
+    buf = io.BytesIO()
+    Image.fromarray(h).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 def decode_map(data: str) -> np.ndarray:
@@ -100,7 +111,7 @@ def image_bytes(image: ImageSource) -> bytes:
     buf = io.BytesIO(); Image.fromarray(img.rgb).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
-# %% ../../nbs/04b_detectors.remote.ipynb #d7ecf970
+# %% ../../nbs/04b_detectors.remote.ipynb #ec914153
 def load_plugin(spec: str) -> None:
     "Import a module by name, or a `.py` file by path, so the detectors it registers become available."
     p = Path(spec)
@@ -108,20 +119,89 @@ def load_plugin(spec: str) -> None:
         if not p.is_file(): raise FileNotFoundError(f"plugin file {p} does not exist")
         modname = f"forensicslab_plugin_{p.stem}"
         s = importlib.util.spec_from_file_location(modname, p)
-        mod = importlib.util.module_from_spec(s); sys.modules[modname] = mod; s.loader.exec_module(mod)
+        mod = importlib.util.module_from_spec(s)
+        sys.modules[modname] = mod
+        s.loader.exec_module(mod)
     else: importlib.import_module(spec)
 
+
+# %% ../../nbs/04b_detectors.remote.ipynb #f7e7bc63
+class _Refusal(Exception):
+    "An HTTP error answer decided while reading a request: status code and message."
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+def declared_length(headers, limit: int) -> int:
+    "The body size a request declares, checked against `limit` before anything is read (raises `_Refusal`)."
+    if headers.get("Transfer-Encoding"):
+        raise _Refusal(411, "chunked request bodies are not accepted; send a Content-Length")
+    values = headers.get_all("Content-Length") or []
+    if not values: raise _Refusal(411, "a Content-Length header is required")
+    if len(set(v.strip() for v in values)) > 1: raise _Refusal(400, f"conflicting Content-Length headers {values}")
+    raw = values[0].strip()
+    if not raw.isdigit(): raise _Refusal(400, f"Content-Length {raw!r} is not a non-negative integer")
+    n = int(raw)
+    if n > limit: raise _Refusal(413, f"request body of {n} bytes exceeds the limit of {limit}")
+    return n
+
+def read_body(rfile, n: int, chunk: int = 2**20) -> bytes:
+    "Exactly `n` bytes from `rfile`, read in chunks; fewer (the client stopped) is a 400 `_Refusal`."
+    buf = bytearray()
+    while len(buf) < n:
+        part = rfile.read(min(chunk, n - len(buf)))
+        if not part: raise _Refusal(400, f"request body ended after {len(buf)} of the {n} declared bytes")
+        buf += part
+    return bytes(buf)
+
+
+# %% ../../nbs/04b_detectors.remote.ipynb #00e56552
+def decode_image(data: bytes, max_pixels: int = MAX_PIXELS) -> LoadedImage:
+    "Decode image file bytes with the loader's pixel cap (run inside the concurrency slot)."
+    try: return load_image(data, max_pixels=max_pixels)
+    except ImageTooLarge as e: raise _Refusal(413, f"image: {e.reason}") from None
+    except ImageError as e: raise _Refusal(400, f"image: {e.reason}") from None
+
+def parse_request(body: bytes, max_pixels: int = MAX_PIXELS) -> bytes:
+    """The image file bytes of a `POST /v1/detect` body, its header checked against the pixel cap without
+    decoding any pixel (raises `_Refusal` with the HTTP status of what is wrong)."""
+    try:
+        req = DetectRequest.model_validate_json(body)
+        data = base64.b64decode(req.image, validate=True)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise _Refusal(400, f"invalid request: {err['msg']} ({err['loc']})") from None
+    except binascii.Error as e: raise _Refusal(400, f"image is not valid base64 ({e})") from None
+    try:
+        with Image.open(io.BytesIO(data)) as im: w, h = im.size
+    except Exception:  # not an image PIL can open: the loader says why, without decoding anything
+        decode_image(data, max_pixels)
+        raise _Refusal(400, "image: not a readable image file") from None
+    if w * h > max_pixels:
+        raise _Refusal(413, f"image: {w}x{h} = {w * h:,} pixels exceeds the cap of {max_pixels:,}")
+    return data
+
+
+# %% ../../nbs/04b_detectors.remote.ipynb #1608d660
 class _Handler(BaseHTTPRequestHandler):
     server_version = "forensicslab-detector/" + PROTOCOL
     protocol_version = "HTTP/1.1"
 
+    def setup(self):
+        self.timeout = self.server.idle_timeout  # socket timeout for every read and write on this connection
+        super().setup()
+
     def log_message(self, fmt, *args):
         if self.server.verbose: sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
 
-    def _send(self, code: int, obj: dict):
+    def _send(self, code: int, obj: dict, headers: dict | None = None):
         body = json.dumps(obj).encode()
-        self.send_response(code); self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items(): self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_GET(self):
         det = self.server.detector
@@ -130,133 +210,202 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/card": self._send(200, det.card.model_dump(mode="json"))
         else: self._send(404, {"error": f"unknown route {self.path}; routes: /v1/health, /v1/card, /v1/detect"})
 
-    def do_POST(self):
-        if self.path != "/v1/detect":
-            return self._send(404, {"error": f"unknown route {self.path}; POST /v1/detect"})
-        try: n = int(self.headers.get("Content-Length", ""))
-        except ValueError: return self._send(411, {"error": "a Content-Length header is required"})
-        if n > self.server.max_request_bytes:
+
+# %% ../../nbs/04b_detectors.remote.ipynb #e40045a4
+def _detect_answer(det, img: LoadedImage) -> dict:
+    "Run `det` on `img` and build the protocol's answer (raises on a detector failure)."
+    t0 = time.perf_counter()
+    d = det.detect(img)
+    dt = time.perf_counter() - t0
+    if not isinstance(d, Detection) or d.status != "ok" or d.score is None:
+        raise RuntimeError(f"detector returned no usable detection ({getattr(d, 'status', type(d).__name__)}: {getattr(d, 'error', '')})")
+    hm = None if d.heatmap is None else check_heatmap(d.heatmap, det.card.id)
+    return dict(protocol=PROTOCOL, detector=det.card.id, version=det.card.version, status="ok",
+                raw=jsonable(d.raw), score=d.score, fired=d.fired, threshold=d.threshold,
+                map=None if hm is None else encode_map(hm), map_shape=None if hm is None else list(hm.shape),
+                runtime_s=round(dt, 4))
+
+def _do_post(self):
+    "`POST /v1/detect`: admission, bounded body, decoding and detection inside the slot, one JSON answer."
+    if self.path != "/v1/detect":
+        return self._send(404, {"error": f"unknown route {self.path}; POST /v1/detect"})
+    srv = self.server
+    try: n = declared_length(self.headers, srv.max_request_bytes)
+    except _Refusal as e:
+        self.close_connection = True
+        return self._send(e.code, {"error": e.message})
+    if not srv.admission.acquire(timeout=srv.idle_timeout):
+        self.close_connection = True
+        return self._send(503, {"error": "server busy: too many requests waiting; retry later"}, {"Retry-After": "1"})
+    try:
+        try: body = read_body(self.rfile, n)
+        except OSError:
             self.close_connection = True
-            return self._send(413, {"error": f"request body of {n} bytes exceeds the limit of {self.server.max_request_bytes}"})
-        try:
-            req = DetectRequest.model_validate_json(self.rfile.read(n))
-            data = base64.b64decode(req.image, validate=True)
-            img = load_image(data)
-        except ValidationError as e: return self._send(400, {"error": f"invalid request: {e.errors()[0]['msg']} ({e.errors()[0]['loc']})"})
-        except binascii.Error as e: return self._send(400, {"error": f"image is not valid base64 ({e})"})
-        except ImageError as e: return self._send(400, {"error": f"image: {e.reason}"})
-        except json.JSONDecodeError as e: return self._send(400, {"error": f"body is not JSON ({e})"})
-        det = self.server.detector
-        try:
-            with self.server.slots:
-                t0 = time.perf_counter(); d = det.detect(img); dt = time.perf_counter() - t0
-            if not isinstance(d, Detection) or d.status != "ok" or d.score is None:
-                raise RuntimeError(f"detector returned no usable detection ({getattr(d, 'status', type(d).__name__)}: {getattr(d, 'error', '')})")
-            hm = None if d.heatmap is None else check_heatmap(d.heatmap, det.card.id)
-        except Exception as e:
-            return self._send(500, {"error": f"detector {det.card.id} failed: {type(e).__name__}: {e}"})
-        from forensicslab.detectors.pool import _jsonable
-        self._send(200, dict(protocol=PROTOCOL, detector=det.card.id, version=det.card.version, status="ok",
-                             raw=_jsonable(d.raw), score=d.score, fired=d.fired, threshold=d.threshold,
-                             map=None if hm is None else encode_map(hm), map_shape=None if hm is None else list(hm.shape),
-                             runtime_s=round(dt, 4)))
+            return None  # the client went silent (timeout) or went away mid-body: drop the connection
+        data = parse_request(body, srv.max_pixels)
+        del body
+        with srv.slots:
+            try: answer = _detect_answer(srv.detector, decode_image(data, srv.max_pixels))
+            except _Refusal as e: return self._send(e.code, {"error": e.message})
+            except Exception as e:
+                return self._send(500, {"error": f"detector {srv.detector.card.id} failed: {type(e).__name__}: {e}"})
+        self._send(200, answer)
+    except _Refusal as e:
+        self.close_connection = True
+        self._send(e.code, {"error": e.message})
+    finally:
+        srv.admission.release()
+
+_Handler.do_POST = _do_post
+
+
+# %% ../../nbs/04b_detectors.remote.ipynb #7f26db9c
+class DetectorServer(ThreadingHTTPServer):
+    "A `ThreadingHTTPServer` for one detector, with a configurable listen backlog."
+    daemon_threads = True
 
 def make_server(name: str, host: str = "127.0.0.1", port: int = 0, max_request_bytes: int = MAX_REQUEST_BYTES,
-                concurrency: int = 1, verbose: bool = False) -> ThreadingHTTPServer:
+                concurrency: int = 1, verbose: bool = False, max_pixels: int = MAX_PIXELS,
+                backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S,
+                queue: int = QUEUE_DEPTH) -> DetectorServer:
     "An HTTP server (not yet serving) for the registered detector `name`; `.server_address` tells the port."
     det = get_detector(name)
-    srv = ThreadingHTTPServer((host, port), _Handler)
-    srv.daemon_threads = True
+    srv = DetectorServer((host, port), _Handler, bind_and_activate=False)
+    srv.request_queue_size = max(1, backlog)
+    try:
+        srv.server_bind()
+        srv.server_activate()
+    except BaseException:
+        srv.server_close()
+        raise
     srv.detector, srv.max_request_bytes, srv.verbose = det, max_request_bytes, verbose
+    srv.max_pixels, srv.idle_timeout = max_pixels, idle_timeout
     srv.slots = threading.BoundedSemaphore(max(1, concurrency))
+    srv.admission = threading.BoundedSemaphore(max(1, concurrency) + max(0, queue))
     return srv
 
 def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[str] = (),
-          max_request_bytes: int = MAX_REQUEST_BYTES, concurrency: int = 1) -> None:
+          max_request_bytes: int = MAX_REQUEST_BYTES, concurrency: int = 1, max_pixels: int = MAX_PIXELS,
+          backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH) -> None:
     "Serve detector `name` in the foreground until interrupted; prints `serving <id> on <url>` once ready."
     for p in plugins: load_plugin(p)
     if name not in list_detectors():
         raise SystemExit(f"error: no detector named {name!r}; registered: {', '.join(list_detectors()) or 'none'} "
                          "(use --plugin to import the module that registers it)")
-    srv = make_server(name, host, port, max_request_bytes, concurrency, verbose=True)
+    srv = make_server(name, host, port, max_request_bytes, concurrency, verbose=True, max_pixels=max_pixels,
+                      backlog=backlog, idle_timeout=idle_timeout, queue=queue)
     h, p = srv.server_address[:2]
     print(f"serving {name} on http://{h}:{p} (protocol v{PROTOCOL})", flush=True)
     try: srv.serve_forever()
     except KeyboardInterrupt: pass
     finally: srv.server_close()
 
-# %% ../../nbs/04b_detectors.remote.ipynb #ea0dafbc
+
+# %% ../../nbs/04b_detectors.remote.ipynb #df151cbc
+_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
 class RemoteDetector:
     "A detector served over HTTP by `forensicslab serve-detector` (protocol v1)."
     def __init__(self, url: str, timeout: float = 60.0, connect_timeout: float = 5.0,
-                 max_request_bytes: int = MAX_REQUEST_BYTES, max_response_bytes: int = MAX_RESPONSE_BYTES):
+                 max_request_bytes: int = MAX_REQUEST_BYTES, max_response_bytes: int = MAX_RESPONSE_BYTES,
+                 retries: int = RETRIES, backoff_s: float = 0.2, name: str | None = None):
         self.url = url.rstrip("/")
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self.max_request_bytes, self.max_response_bytes = max_request_bytes, max_response_bytes
+        self.retries, self.backoff_s, self.attempts = max(0, retries), backoff_s, 0
         health = self._call("GET", "/v1/health", Health)
         if health.protocol != PROTOCOL:
             raise RemoteError(f"{self.url}: server speaks protocol v{health.protocol}, this client speaks v{PROTOCOL}")
-        try: self.card: ToolCard = card_from_dict(self._call("GET", "/v1/card"), f"{self.url}/v1/card")
+        try: card: ToolCard = card_from_dict(self._call("GET", "/v1/card"), f"{self.url}/v1/card")
         except ValueError as e: raise RemoteError(str(e)) from None
+        self.served_id = card.id
+        self.card = card if name is None or name == card.id else card.model_copy(update=dict(id=name))
 
     def __repr__(self): return f"RemoteDetector({self.url!r}, id={self.card.id!r})"
 
-    def _call(self, method: str, route: str, schema=None, body: bytes | None = None):
-        url = self.url + route
-        try:
-            with httpx.Client(timeout=self.timeout) as c, \
-                 c.stream(method, url, content=body, headers={"Content-Type": "application/json"} if body else None) as r:
-                n = int(r.headers.get("Content-Length") or 0)
-                if n > self.max_response_bytes:
-                    raise RemoteError(f"{url}: answer of {n} bytes exceeds the limit of {self.max_response_bytes}")
-                buf = bytearray()
-                for chunk in r.iter_bytes():
-                    buf += chunk
-                    if len(buf) > self.max_response_bytes:
-                        raise RemoteError(f"{url}: answer exceeds the limit of {self.max_response_bytes} bytes")
-                status = r.status_code
+
+# %% ../../nbs/04b_detectors.remote.ipynb #6074875e
+def _call_once(self, method: str, url: str, body: bytes | None):
+    "One HTTP exchange: (status, body bytes), the answer read in chunks up to the response limit."
+    with httpx.Client(timeout=self.timeout) as c, \
+         c.stream(method, url, content=body, headers={"Content-Type": "application/json"} if body else None) as r:
+        n = int(r.headers.get("Content-Length") or 0)
+        if n > self.max_response_bytes:
+            raise RemoteError(f"{url}: answer of {n} bytes exceeds the limit of {self.max_response_bytes}")
+        buf = bytearray()
+        for chunk in r.iter_bytes():
+            buf += chunk
+            if len(buf) > self.max_response_bytes:
+                raise RemoteError(f"{url}: answer exceeds the limit of {self.max_response_bytes} bytes")
+        return r.status_code, buf
+
+def _call(self, method: str, route: str, schema=None, body: bytes | None = None):
+    "A protocol call with retries (connection reset or refused, 503) and exponential backoff; validated answer."
+    url = self.url + route
+    for attempt in range(self.retries + 1):
+        self.attempts += 1
+        last = attempt == self.retries
+        try: status, buf = _call_once(self, method, url, body)
         except httpx.TimeoutException as e: raise RemoteError(f"{url}: no answer within the timeout ({type(e).__name__})") from None
+        except _RETRYABLE as e:
+            if last: raise RemoteError(f"{url}: cannot reach the detector server ({type(e).__name__}: {e}; "
+                                       f"{attempt + 1} attempts)") from None
+            time.sleep(self.backoff_s * 2**attempt)
+            continue
         except httpx.HTTPError as e: raise RemoteError(f"{url}: cannot reach the detector server ({type(e).__name__}: {e})") from None
-        try: obj = json.loads(buf)
-        except ValueError: raise RemoteError(f"{url}: HTTP {status}, answer is not JSON: {bytes(buf[:200])!r}") from None
-        if status != 200:
-            raise RemoteError(f"{url}: HTTP {status}: {obj.get('error', obj) if isinstance(obj, dict) else obj}")
-        if schema is None: return obj
-        try: return schema.model_validate(obj)
-        except ValidationError as e:
-            raise RemoteError(f"{url}: answer does not follow protocol v{PROTOCOL}: "
-                              + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+        if status == 503 and not last:
+            time.sleep(self.backoff_s * 2**attempt)
+            continue
+        break
+    try: obj = json.loads(buf)
+    except ValueError: raise RemoteError(f"{url}: HTTP {status}, answer is not JSON: {bytes(buf[:200])!r}") from None
+    if status != 200:
+        raise RemoteError(f"{url}: HTTP {status}: {obj.get('error', obj) if isinstance(obj, dict) else obj}")
+    if schema is None: return obj
+    try: return schema.model_validate(obj)
+    except ValidationError as e:
+        raise RemoteError(f"{url}: answer does not follow protocol v{PROTOCOL}: "
+                          + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
 
-    def health(self) -> Health:
-        "The server's health record."
-        return self._call("GET", "/v1/health", Health)
+RemoteDetector._call = _call
 
-    def detect(self, image: ImageSource) -> Detection:
-        "Send the image to the server and return its detection (map at the image's resolution)."
-        img = load_image(image)
-        data = image_bytes(img if not isinstance(image, (str, Path, bytes)) else image)
-        body = json.dumps({"image": base64.b64encode(data).decode()}).encode()
-        if len(body) > self.max_request_bytes:
-            raise RemoteError(f"{self.url}: encoded image of {len(body)} bytes exceeds the request limit of {self.max_request_bytes}")
-        r: DetectResponse = self._call("POST", "/v1/detect", DetectResponse, body)
-        if r.detector != self.card.id:
-            raise RemoteError(f"{self.url}: answered as detector {r.detector!r}, its card says {self.card.id!r}")
-        if r.fired != (r.score > r.threshold):
-            raise RemoteError(f"{self.url}: fired={r.fired} contradicts score {r.score} and threshold {r.threshold}")
-        hm = None
-        if r.map is not None:
-            try: hm = decode_map(r.map)
-            except ValueError as e: raise RemoteError(f"{self.url}: {e}") from None
-            if hm.shape != (img.height, img.width):
-                raise RemoteError(f"{self.url}: map is {hm.shape[1]}x{hm.shape[0]}, the image is {img.width}x{img.height}")
-        return Detection(detector=self.card.id, version=r.version, status="ok", raw=r.raw, score=r.score, fired=r.fired,
-                         threshold=r.threshold, heatmap=hm, runtime_s=r.runtime_s)
 
-# %% ../../nbs/04b_detectors.remote.ipynb #e248baa7
+# %% ../../nbs/04b_detectors.remote.ipynb #7d112f90
+def _health(self) -> Health:
+    "The server's health record."
+    return self._call("GET", "/v1/health", Health)
+
+def _detect(self, image: ImageSource) -> Detection:
+    "Send the image to the server and return its detection (map at the image's resolution)."
+    img = load_image(image)
+    data = image_bytes(img if not isinstance(image, (str, Path, bytes)) else image)
+    body = json.dumps({"image": base64.b64encode(data).decode()}).encode()
+    if len(body) > self.max_request_bytes:
+        raise RemoteError(f"{self.url}: encoded image of {len(body)} bytes exceeds the request limit of {self.max_request_bytes}")
+    r: DetectResponse = self._call("POST", "/v1/detect", DetectResponse, body)
+    if r.detector != self.served_id:
+        raise RemoteError(f"{self.url}: answered as detector {r.detector!r}, its card says {self.served_id!r}")
+    if r.fired != (r.score > r.threshold):
+        raise RemoteError(f"{self.url}: fired={r.fired} contradicts score {r.score} and threshold {r.threshold}")
+    hm = None
+    if r.map is not None:
+        try: hm = decode_map(r.map)
+        except ValueError as e: raise RemoteError(f"{self.url}: {e}") from None
+        if hm.shape != (img.height, img.width):
+            raise RemoteError(f"{self.url}: map is {hm.shape[1]}x{hm.shape[0]}, the image is {img.width}x{img.height}")
+    return Detection(detector=self.card.id, version=r.version, status="ok", raw=r.raw, score=r.score, fired=r.fired,
+                     threshold=r.threshold, heatmap=hm, runtime_s=r.runtime_s)
+
+RemoteDetector.health = _health
+RemoteDetector.detect = _detect
+
+
+# %% ../../nbs/04b_detectors.remote.ipynb #d099bf29
 def register_remote(name: str, url: str, check: bool = True, **kw) -> None:
-    "Register the detector served at `url` (see `forensicslab.detectors.remote`) under `name`; its card comes from the server."
-    if check: RemoteDetector(url, **kw)  # fail now if the server is unreachable or its card is invalid
-    def factory(): return RemoteDetector(url, **kw)
+    """Register the detector served at `url` (see `forensicslab.detectors.remote`) under `name`; its card comes
+    from the server's `/v1/card`, carried under `name` (so `--list`, `get_card` and `load_card` find it)."""
+    if check: RemoteDetector(url, name=name, **kw)  # fail now if the server is unreachable or its card is invalid
+    def factory(): return RemoteDetector(url, name=name, **kw)
     factory.__qualname__ = f"remote:{url}"
     register(name, replace=True)(factory)
 
@@ -277,7 +426,9 @@ def _register_env_remotes() -> None:
     spec = os.environ.get(REMOTE_ENV, "")
     if not spec: return
     try: remotes = parse_remotes(spec)
-    except ValueError as e: warnings.warn(f"{REMOTE_ENV}: {e}"); return
+    except ValueError as e:
+        warnings.warn(f"{REMOTE_ENV}: {e}")
+        return
     registered = list_detectors()
     for name, url in remotes.items():
         if name not in registered: register_remote(name, url, check=False)  # contacted on first use
