@@ -69,7 +69,7 @@ def config_hash(config: dict) -> str:
     "A short stable hash of a JSON-serialisable configuration."
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-# %% ../nbs/02_runs.ipynb #e74b27da
+# %% ../nbs/02_runs.ipynb #232bbc71
 class RunBusy(ForensicsLabError, RuntimeError):
     "Another process (or another `Run` object) is writing into this run folder: one writer per folder."
 
@@ -117,7 +117,7 @@ class FolderLock:
             os.close(self.fd)
             self.fd = None
 
-# %% ../nbs/02_runs.ipynb #173a48a6
+# %% ../nbs/02_runs.ipynb #dd258326
 class RunFolder:
     "The storage of a run: `manifest.json` (what produced the rows) and `rows.jsonl` (one row per finished case)."
     def __init__(self, folder: str | Path, config: dict | None = None, seed: int = 0,
@@ -185,7 +185,7 @@ def _atomic_write(path: Path, text: str):
     tmp.write_text(text)
     tmp.replace(path)
 
-# %% ../nbs/02_runs.ipynb #a224b6c7
+# %% ../nbs/02_runs.ipynb #08cf0b4e
 class Run(RunFolder):
     "A resumable run folder: `manifest.json` plus `rows.jsonl` with one row per finished case; one writer at a time."
     def execute(self, cases: Iterable[Case], fn: Callable[[Any], dict], workers: int = 4,
@@ -281,7 +281,7 @@ def study_output_dir(study: str, out_dir: str | Path | None = None, quick: bool 
     d.mkdir(parents=True, exist_ok=True)
     return d
 
-# %% ../nbs/02_runs.ipynb #681dfdb4
+# %% ../nbs/02_runs.ipynb #63010736
 def checkout_root(start: str | Path | None = None) -> Optional[Path]:
     "The forensicslab checkout holding `start` (or the cwd): a folder with `pyproject.toml` and `nbs/`; None outside one."
     p = Path(start or Path.cwd()).resolve()
