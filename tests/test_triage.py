@@ -18,7 +18,8 @@ from skimage import data as skdata
 from forensicslab.core import Detection
 from forensicslab.triage.fusion import algorithmic_fusion, ds_fusion
 from forensicslab.imageio import load_image
-from forensicslab.triage.agents import (AuditVerdict, RuleAuditor, RuleJudge, TriagePipeline, Verdict, load_prompt,
+from forensicslab.chat.prompts import load_prompt as _load_prompt
+from forensicslab.triage.agents import (AuditVerdict, RuleAuditor, RuleJudge, TriagePipeline, Verdict,
                                  make_card, measure_facts, run_auditors)
 from forensicslab.triage.study import (build_config, offline_configs, paper_configs, triage_metrics)
 
@@ -109,7 +110,7 @@ def test_rule_judge_conflicts_guided_vs_unguided():
 
 
 def test_judge_templates_differ_only_in_guidance():
-    g, u = load_prompt("judge_guided").splitlines(), load_prompt("judge_unguided").splitlines()
+    g, u = _load_prompt("triage", "judge_guided").splitlines(), _load_prompt("triage", "judge_unguided").splitlines()
     sm = difflib.SequenceMatcher(a=g, b=u, autojunk=False)
     changes = [op for op in sm.get_opcodes() if op[0] != "equal"]
     assert len(changes) == 1, "the two judge templates must differ in exactly one contiguous block"

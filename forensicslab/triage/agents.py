@@ -8,28 +8,28 @@ Docs: https://forensicslab.github.io/forensicslab/triage.agents.html.md"""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
-import string
+import re
 import threading
 import time
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Optional, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 from scipy import ndimage
 
-from ..core import ChatFailure, ChatMessage, Detection, ToolCard
+from ..chat.prompts import fence, load_prompt, render_prompt
+from ..core import ChatFailure, ChatMessage, Detection, ForensicsLabError, ToolCard
 from ..imageio import LoadedImage, fit_within, load_image
 
 # %% auto #0
-__all__ = ['FACTS_VERSION', 'PROMPT_DIR', 'AuditVerdict', 'Verdict', 'FaceFacts', 'detect_faces', 'MapFacts', 'map_facts',
-           'describe_region', 'CaseFacts', 'measure_facts', 'load_prompt', 'prompt_hash', 'render', 'card_text',
-           'detection_text', 'two_panel_image', 'composite_images', 'Usage', 'TriageError', 'LLMAuditor', 'RuleParams',
-           'RuleAuditor', 'run_auditors', 'make_card', 'audit_table', 'LLMJudge', 'credibility', 'RuleJudge',
-           'LLMSingleAgent', 'RuleSingleAgent', 'CaseResult', 'TriagePipeline']
+__all__ = ['FACTS_VERSION', 'AuditVerdict', 'Verdict', 'FaceFacts', 'detect_faces', 'MapFacts', 'map_facts', 'describe_region',
+           'CaseFacts', 'measure_facts', 'render', 'card_text', 'detection_text', 'two_panel_image', 'composite_images',
+           'Usage', 'TriageError', 'LLMAuditor', 'RuleParams', 'RuleAuditor', 'run_auditors', 'make_card',
+           'audit_table', 'fenced_audits', 'LLMJudge', 'credibility', 'RuleJudge', 'LLMSingleAgent', 'RuleSingleAgent',
+           'CaseResult', 'TriagePipeline']
 
 # %% ../../nbs/06_triage.agents.ipynb #e5bc5678
 class AuditVerdict(BaseModel):
@@ -37,6 +37,7 @@ class AuditVerdict(BaseModel):
     reasoning: str = Field(min_length=1, description="Which step decided and why; written first.")
     tool_id: str = Field(min_length=1)
     audit_verdict: Literal["valid", "invalid"]
+    failure: SkipJsonSchema[Optional[str]] = None   # set by the pipeline when the auditor itself failed (not asked of models)
 
     @property
     def keep(self) -> bool: return self.audit_verdict == "valid"
@@ -173,32 +174,9 @@ def measure_facts(image: LoadedImage, detections: dict[str, Detection], cards: d
                      faces=faces, maps=maps)
 
 # %% ../../nbs/06_triage.agents.ipynb #73ed55dc
-PROMPT_DIR = Path(__file__).resolve().parent / "prompts" if "__file__" in globals() else None
-
-def _prompt_dir() -> Path:
-    if PROMPT_DIR is not None and PROMPT_DIR.is_dir(): return PROMPT_DIR
-    import forensicslab
-    return Path(forensicslab.__file__).resolve().parent / "triage" / "prompts"
-
-@lru_cache(maxsize=None)
-def load_prompt(name: str) -> str:
-    "The text of prompt template `name` (without `.txt`) from `forensicslab/triage/prompts/`."
-    p = _prompt_dir() / f"{name}.txt"
-    if not p.is_file():
-        raise FileNotFoundError(f"no prompt template {p.name} in {p.parent}; have: {sorted(q.stem for q in p.parent.glob('*.txt'))}")
-    return p.read_text()
-
-def prompt_hash(*names: str) -> str:
-    "Short SHA-256 over the named templates (all triage templates when none are named)."
-    names = names or tuple(sorted(p.stem for p in _prompt_dir().glob("*.txt")))
-    h = hashlib.sha256()
-    for n in names: h.update(n.encode()); h.update(load_prompt(n).encode())
-    return h.hexdigest()[:12]
-
 def render(name: str, **fields) -> str:
-    "Fill template `name`; a missing field is an error naming it (never a silently empty slot)."
-    try: return string.Template(load_prompt(name)).substitute(**fields)
-    except KeyError as e: raise KeyError(f"prompt template {name!r} needs field {e.args[0]!r}") from None
+    "Triage template `name` filled (`forensicslab.chat.prompts.render_prompt` for system `triage`)."
+    return render_prompt("triage", name, **fields)
 
 # %% ../../nbs/06_triage.agents.ipynb #4e74941b
 def card_text(card: ToolCard) -> str:
@@ -253,6 +231,7 @@ class Usage(BaseModel):
     cost_usd: float = 0.0
     latency_s: float = 0.0
     cached_calls: int = 0
+    failed_calls: int = 0
     models: list[str] = Field(default_factory=list)
 
     def add(self, reply) -> "Usage":
@@ -262,15 +241,34 @@ class Usage(BaseModel):
         if reply.model_id not in self.models: self.models.append(reply.model_id)
         return self
 
+    def add_failure(self, err: ChatFailure) -> "Usage":
+        "Count the attempts of a call that failed (a `ChatFailure` carries their usage)."
+        self.calls += max(1, int(getattr(err, "calls", 0) or 0)); self.failed_calls += 1
+        self.input_tokens += int(getattr(err, "input_tokens", 0) or 0)
+        self.output_tokens += int(getattr(err, "output_tokens", 0) or 0)
+        self.cost_usd += float(getattr(err, "cost_usd", 0.0) or 0.0)
+        mid = getattr(err, "model_id", None)
+        if mid and mid not in self.models: self.models.append(mid)
+        return self
+
     def merge(self, other: "Usage") -> "Usage":
         "Add another `Usage` into this one."
-        for k in ("calls", "input_tokens", "output_tokens", "cost_usd", "latency_s", "cached_calls"):
+        for k in ("calls", "input_tokens", "output_tokens", "cost_usd", "latency_s", "cached_calls", "failed_calls"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.models += [m for m in other.models if m not in self.models]
         return self
 
-class TriageError(RuntimeError):
-    "An agent answer that passed the schema but cannot be used (e.g. it names a detector it was not shown)."
+class TriageError(ForensicsLabError, RuntimeError):
+    "An agent answer that passed the schema but cannot be used (e.g. it names a detector it was not shown, even after a re-ask)."
+
+def _chat(model, messages, schema, usage: "Usage | None", **params):
+    "One schema-bound call whose usage is counted, failed attempts included."
+    try: reply = model.chat(messages, schema=schema, **params)
+    except ChatFailure as e:
+        if usage is not None: usage.add_failure(e)
+        raise
+    if usage is not None: usage.add(reply)
+    return reply
 
 # %% ../../nbs/06_triage.agents.ipynb #8316a0dc
 def _failed_audit(det: Detection) -> AuditVerdict:
@@ -289,17 +287,19 @@ class LLMAuditor:
         has_map = det.heatmap is not None
         text = render("auditor", card=card_text(card), tool_id=det.detector, raw=_raw_json(det),
                       score=f"{det.score:.4f}", fired=str(det.fired).lower(), native=_native(det), extra_rules="",
-                      map_step=load_prompt("auditor_map" if has_map else "auditor_score").rstrip("\n"))
+                      map_step=load_prompt("triage", "auditor_map" if has_map else "auditor_score").rstrip("\n"))
         parts: list[Any] = [text, "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
         if has_map: parts += [f"Image 2 (two-panel map of {det.detector}):", _small(two_panel_image(image, det), self.max_side)]
         return [ChatMessage.of("user", *parts)]
 
     def audit(self, image: LoadedImage, det: Detection, card: ToolCard, facts: CaseFacts | None = None,
               usage: Usage | None = None) -> AuditVerdict:
-        "Audit one detection; raises `ChatFailure` when the model gives no valid answer."
+        "Audit one detection; when the model gives no valid answer the detection is dropped with the failure recorded."
         if det.status != "ok": return _failed_audit(det)
-        reply = self.model.chat(self.messages(image, det, card), schema=AuditVerdict, **self.params)
-        if usage is not None: usage.add(reply)
+        try: reply = _chat(self.model, self.messages(image, det, card), AuditVerdict, usage, **self.params)
+        except ChatFailure as e:   # a failed auditor sets its detector aside; the case goes on without it
+            return AuditVerdict(reasoning=f"The auditor gave no usable answer ({e}); this detector is set aside unaudited.",
+                                tool_id=det.detector, audit_verdict="invalid", failure=f"{type(e).__name__}: {e}")
         av: AuditVerdict = reply.parsed
         if av.tool_id != det.detector: av = av.model_copy(update={"tool_id": det.detector})
         return av
@@ -327,7 +327,11 @@ class RuleAuditor:
         if det.status != "ok": return _failed_audit(det)
         p, v = self.params, lambda ok, why: AuditVerdict(reasoning=why, tool_id=det.detector,
                                                          audit_verdict="valid" if ok else "invalid")
-        # STEP 1: applicability
+        # STEP 1: applicability (a detector that reports itself not applicable is out of scope, whatever its card says)
+        raw = det.raw if isinstance(det.raw, dict) else {}
+        if raw.get("applicable") is False:
+            return v(False, f"STEP 1: {card.name} reports itself not applicable to this image"
+                            f"{' (' + str(raw['reason']) + ')' if raw.get('reason') else ''}: out of scope, its score carries no information here.")
         if any(f in p.face_scope for f in card.scope):
             n = facts.faces.n_faces if facts.faces else 0
             if n == 0:
@@ -364,7 +368,7 @@ class RuleAuditor:
 # %% ../../nbs/06_triage.agents.ipynb #8ff48476
 def run_auditors(auditor, image: LoadedImage, detections: dict[str, Detection], cards: dict[str, ToolCard],
                  facts: CaseFacts | None = None, workers: int = 8, usage: Usage | None = None) -> dict[str, AuditVerdict]:
-    "Stage 1: audit every detection concurrently; a model failure propagates as `ChatFailure`."
+    "Stage 1: audit every detection concurrently (an auditor that fails drops its detection, see `LLMAuditor.audit`)."
     names = list(detections)
     if workers <= 1 or len(names) <= 1:
         return {n: auditor.audit(image, detections[n], cards[n], facts, usage) for n in names}
@@ -385,15 +389,37 @@ def make_card(id: str, scope: list[str], has_map: bool = False, name: str | None
                     description=f"detects {', '.join(scope)}")
 
 # %% ../../nbs/06_triage.agents.ipynb #898aa581
+def _norm_id(name: str) -> str: return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
 def _check_tools(v: Verdict, allowed: set[str], who: str) -> Verdict:
-    bad = [t for t in v.arbitrated_tools if t not in allowed]
+    "Map the verdict's tool names onto `allowed` ids ignoring case and punctuation; `TriageError` names what cannot be."
+    by_norm = {_norm_id(a): a for a in allowed}
+    fixed, bad = [], []
+    for t in v.arbitrated_tools:
+        a = t if t in allowed else by_norm.get(_norm_id(t))
+        if a is None: bad.append(t)
+        elif a not in fixed: fixed.append(a)
     if bad: raise TriageError(f"the {who} named detector(s) {bad} it was not given; allowed: {sorted(allowed)}")
-    return v
+    return v if fixed == v.arbitrated_tools else v.model_copy(update={"arbitrated_tools": fixed})
+
+def _ask_verdict(model, messages, allowed: set[str], who: str, usage, **params) -> Verdict:
+    "A verdict whose tools are among `allowed`: normalised names, else one re-ask naming the allowed ids, else `TriageError`."
+    reply = _chat(model, messages, Verdict, usage, **params)
+    try: return _check_tools(reply.parsed, allowed, who)
+    except TriageError as e:
+        fix = (f"Your answer named a detector that is not available here ({e}). Use only these ids, spelled exactly: "
+               f"{', '.join(sorted(allowed))}. Answer again with the same JSON object.")
+        again = messages + [ChatMessage.of("assistant", reply.text), ChatMessage.of("user", fix)]
+        return _check_tools(_chat(model, again, Verdict, usage, **params).parsed, allowed, who)
 
 def audit_table(audits: dict[str, AuditVerdict], detections: dict[str, Detection]) -> str:
     "The audit table as the judge reads it: one line per kept detector."
     return "\n".join(f"{k}: {a.audit_verdict} fired={detections[k].fired} score={detections[k].score:.3f} -> {a.reasoning}"
                      for k, a in audits.items() if a.keep) or "(no detector was kept)"
+
+def fenced_audits(audits: dict[str, AuditVerdict], detections: dict[str, Detection]) -> str:
+    "The audit table fenced as untrusted data: the auditors' reasoning is model-written text, never instructions to the judge."
+    return fence(audit_table(audits, detections), "the Stage 1 auditors' reports (model-written)")
 
 class LLMJudge:
     "Stage 2 with a language model; `guided=False` is the paper's unguided-judge ablation."
@@ -412,7 +438,7 @@ class LLMJudge:
         kept = [k for k, a in audits.items() if a.keep]
         rejected = [k for k, a in audits.items() if not a.keep]
         text = render(self.template, cards="\n\n".join(card_text(cards[k]) for k in kept) or "(none)",
-                      audits=audit_table(audits, detections), rejected=", ".join(rejected) or "none")
+                      audits=fenced_audits(audits, detections), rejected=", ".join(rejected) or "none")
         parts: list[Any] = [text, "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
         over, raw = composite_images(image, {k: detections[k] for k in kept})
         if over is not None:
@@ -423,9 +449,8 @@ class LLMJudge:
 
     def judge(self, image, detections, cards, audits, facts=None, usage: Usage | None = None) -> Verdict:
         "The verdict over the kept detectors; raises `ChatFailure` or `TriageError` when unusable."
-        reply = self.model.chat(self.messages(image, detections, cards, audits), schema=Verdict, **self.params)
-        if usage is not None: usage.add(reply)
-        return _check_tools(reply.parsed, {k for k, a in audits.items() if a.keep}, "judge")
+        kept = {k for k, a in audits.items() if a.keep}
+        return _ask_verdict(self.model, self.messages(image, detections, cards, audits), kept, "judge", usage, **self.params)
 
 # %% ../../nbs/06_triage.agents.ipynb #3200c082
 def _scope_key(card: ToolCard) -> str: return "+".join(sorted(card.scope))
@@ -538,10 +563,8 @@ class LLMSingleAgent:
 
     def decide(self, image, detections, cards, facts=None, usage: Usage | None = None) -> Verdict:
         "One call over all detections; raises `ChatFailure` or `TriageError` when unusable."
-        reply = self.model.chat(self.messages(image, detections, cards), schema=Verdict, **self.params)
-        if usage is not None: usage.add(reply)
         ok = {k for k, d in detections.items() if d.status == "ok"}
-        return _check_tools(reply.parsed, ok, "single agent")
+        return _ask_verdict(self.model, self.messages(image, detections, cards), ok, "single agent", usage, **self.params)
 
 class RuleSingleAgent:
     "Audit rules then guided judge rules in one pass (offline; decides as the rule-based pipeline does)."
@@ -600,8 +623,9 @@ class TriagePipeline:
                               AuditVerdict(reasoning="No auditor in this configuration: kept.", tool_id=k, audit_verdict="valid")
                               for k, d in detections.items()}
                 verdict = self.judge.judge(image, detections, cards, audits, facts, usage)
+            failed = {k: a.failure for k, a in audits.items() if a.failure}
             return CaseResult(config=self.name, verdict=verdict, audits=audits, facts=facts, usage=usage,
-                              seconds=time.perf_counter() - t0)
+                              seconds=time.perf_counter() - t0, details={"auditor_failures": failed} if failed else {})
         except (ChatFailure, TriageError) as e:
             return CaseResult(config=self.name, audits=audits, facts=facts, usage=usage, seconds=time.perf_counter() - t0,
                               failure=f"{type(e).__name__}: {e}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import warnings
@@ -20,19 +21,22 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
+from ..chat.prompts import prompt_hash
 from ..core import Detection, Sample, ToolCard
+from ..data.datasets import load_dataset, stratified_draw
 from .fusion import algorithmic_fusion, ds_fusion
 from ..imageio import LoadedImage, load_image
-from ..metrics import bootstrap_ci, fmt_ci, mcnemar
+from ..metrics import bootstrap_ci, fmt_ci, mcnemar, paper_numbers
 from ..runs import Case, Run, config_hash
 from .agents import (CaseFacts, CaseResult, LLMAuditor, LLMJudge, LLMSingleAgent, RuleAuditor, RuleJudge,
-                                 RuleParams, RuleSingleAgent, TriagePipeline, measure_facts, prompt_hash, FACTS_VERSION)
+                                 RuleParams, RuleSingleAgent, TriagePipeline, measure_facts, FACTS_VERSION)
 
 # %% auto #0
-__all__ = ['DEFAULT_BACKBONE', 'METRICS', 'PAPER_TABLE4', 'RULE_GRID', 'TriageConfig', 'paper_configs', 'offline_configs',
+__all__ = ['DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'RULE_GRID', 'TriageConfig', 'paper_configs', 'offline_configs',
            'presets', 'preset', 'build_config', 'study_samples', 'Evidence', 'stage0', 'case_row', 'detector_versions',
-           'open_run', 'run_config', 'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs',
-           'paper_table4', 'table4', 'figure2', 'run_grid', 'calibrate_rules', 'study_configs', 'open_bench']
+           'failure_history', 'open_run', 'run_config', 'triage_metrics', 'family_breakdown', 'decisive_breakdown',
+           'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4', 'figure2', 'run_grid', 'run_totals',
+           'calibrate_rules', 'study_configs', 'open_bench', 'quick_out_dir', 'rows_written']
 
 # %% ../../nbs/06b_triage.study.ipynb #a9b76d42
 class TriageConfig(BaseModel):
@@ -156,22 +160,12 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
     return TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers)
 
 # %% ../../nbs/06b_triage.study.ipynb #f2b1c419
-def study_samples(collection: str, n_per_family: int | None = None, n_authentic: int | None = None, seed: int = 0,
+def study_samples(dataset: str, n_per_family: int | None = None, n_authentic: int | None = None, seed: int = 0,
                   root: str | Path | None = None) -> list[Sample]:
-    "Samples of a benchmark collection, capped per family (and for authentic images) by a seeded stratified draw."
-    from forensicslab.data.bench import load_bench
-    ss = load_bench(collection, root)
-    rng = np.random.default_rng(seed)
-    strata: dict[str, list[Sample]] = {}
-    for s in ss: strata.setdefault(s.family or "authentic", []).append(s)
-    out = []
-    for k in sorted(strata):
-        g = strata[k]
-        cap = n_authentic if k == "authentic" else n_per_family
-        if cap is not None and cap < len(g): g = [g[i] for i in sorted(rng.choice(len(g), cap, replace=False))]
-        out += g
-    return sorted(out, key=lambda s: s.id)
+    "Samples of a dataset spec (`bench:id`, `folder:PATH`, `casia2:PATH`, ...; a bare `id` is the benchmark's), capped per family by a seeded draw."
+    return stratified_draw(load_dataset(dataset, bench_root=root), n_per_family, n_authentic, seed)
 
+# %% ../../nbs/06b_triage.study.ipynb #690c66c8
 class Evidence:
     "Stage 0 for a study: cached detections, cards and measured facts per image, shared by every configuration."
     def __init__(self, cache_dir: str | Path | None = None, detectors: list[str] | None = None, timeout: float = 120.0,
@@ -179,7 +173,9 @@ class Evidence:
         from forensicslab.detectors import pool as D
         self.D, self.detectors, self.timeout = D, detectors, timeout
         self.cache = D.DetectionCache(cache_dir or D.default_cache_dir())
-        self._mem: OrderedDict = OrderedDict(); self._memory = memory; self._lock = threading.Lock()
+        self._mem: OrderedDict = OrderedDict()
+        self._memory = memory
+        self._lock = threading.Lock()
         self._cards: dict[str, ToolCard] = {}
 
     def cards(self, names) -> dict[str, ToolCard]:
@@ -192,7 +188,8 @@ class Evidence:
         import hashlib
         h = hashlib.sha1(f"facts-v{FACTS_VERSION}".encode())
         for k in sorted(detections):
-            d = detections[k]; h.update(f"{k}|{d.status}|{d.score}".encode())
+            d = detections[k]
+            h.update(f"{k}|{d.status}|{d.score}".encode())
             if d.heatmap is not None: h.update(np.ascontiguousarray(d.heatmap, np.float32).tobytes())
         return self.cache.root / key[:2] / key / f"triage_facts-{h.hexdigest()[:12]}.json"
 
@@ -200,11 +197,14 @@ class Evidence:
         "Image, detections, cards and facts of one image (computed once, then read from the caches)."
         p = str(image_path)
         with self._lock:
-            if p in self._mem: self._mem.move_to_end(p); return self._mem[p]
+            if p in self._mem:
+                self._mem.move_to_end(p)
+                return self._mem[p]
         img = load_image(p)
         dets = self.D.run_pool(img, self.detectors, timeout=self.timeout, cache=self.cache)
         cards = self.cards(dets)
-        key = self.D.image_key(img); fp = self.facts_path(key, dets)
+        key = self.D.image_key(img)
+        fp = self.facts_path(key, dets)
         facts = None
         if fp.is_file():
             try: facts = CaseFacts.model_validate_json(fp.read_text())
@@ -213,13 +213,15 @@ class Evidence:
             facts = measure_facts(img, dets, cards)
             fp.parent.mkdir(parents=True, exist_ok=True)
             tmp = fp.with_name(f".{fp.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # concurrent writers never share a temp file
-            tmp.write_text(facts.model_dump_json()); tmp.replace(fp)
+            tmp.write_text(facts.model_dump_json())
+            tmp.replace(fp)
         out = (img, dets, cards, facts)
         with self._lock:
             self._mem[p] = out
             while len(self._mem) > self._memory: self._mem.popitem(last=False)
         return out
 
+# %% ../../nbs/06b_triage.study.ipynb #bdb170f3
 def stage0(samples: list[Sample], evidence: Evidence, workers: int = 2, progress: bool = True) -> float:
     "Compute (or read) the evidence of every sample; returns the seconds spent."
     from tqdm.auto import tqdm
@@ -246,33 +248,56 @@ def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard]) -> dic
 
 def detector_versions(evidence: "Evidence") -> dict[str, str]:
     "Each pool detector's cache version (card version + fingerprint of its code and weights, from the detector module)."
-    D = evidence.D; cv = getattr(D, "cache_version", None); out = {}
+    D = evidence.D
+    cv = getattr(D, "cache_version", None)
+    out = {}
     for n in evidence.detectors or D.list_detectors():
         try:
-            det = D.get_detector(n); out[n] = cv(det) if cv else det.card.version
+            det = D.get_detector(n)
+            out[n] = cv(det) if cv else det.card.version
         except Exception as e: out[n] = f"unavailable: {type(e).__name__}"
     return out
 
-def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collection: str,
+def failure_history(run: Run) -> dict[str, list[str]]:
+    "Every failure recorded so far per case key, oldest first (rows are appended, never rewritten)."
+    out: dict[str, list[str]] = {}
+    if not run.rows_path.exists(): return out
+    for line in run.rows_path.read_text().splitlines():
+        try: r = json.loads(line)
+        except json.JSONDecodeError: continue
+        why = r.get("failure") or (r.get("error") if r.get("status") == "failed" else None)
+        if why: out.setdefault(r["key"], []).append(why)
+    return out
+
+def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collection: str, max_attempts: int = 3,
              **build_kw) -> tuple[Run, Callable[[Sample], dict]]:
-    "The resumable `Run` of one configuration on one collection, and its case function `Sample -> row`."
+    """The resumable `Run` of one configuration on one collection, and its case function `Sample -> row`.
+    A case whose agent failed is stored with status `failed` (so a resume retries it) until it has failed
+    `max_attempts` times; then it is kept as a counted failure. Each row carries its failure history."""
     runner = build_config(cfg, **build_kw)
     rp = build_kw.get("rule_params") or RuleParams()
-    manifest = dict(study="triage", collection=collection, configuration=cfg.model_dump(), prompts=prompt_hash(),
+    manifest = dict(study="triage", collection=collection, configuration=cfg.model_dump(), prompts=prompt_hash("triage"),
                     rule_params=rp.model_dump() if "rules" in (cfg.auditor, cfg.judge) else None,
                     reliability=build_kw.get("reliability") if cfg.kind == "ds" else None,
                     detectors=detector_versions(evidence), facts=FACTS_VERSION)
     tag = config_hash({"config": manifest, "seed": 0, "backends": cfg.backends})[:8]
     run = Run(Path(out_dir) / "runs" / collection / f"{cfg.name}-{tag}", config=manifest, backends=cfg.backends)
+    history = failure_history(run)
     def one(s: Sample) -> dict:
         img, dets, cards, facts = evidence(s.image)
-        return case_row(s, runner(img, dets, cards, facts), cards)
+        row = case_row(s, runner(img, dets, cards, facts), cards)
+        past = history.get(s.id, [])
+        if row["failure"] or past:
+            row["failure_history"] = past + ([row["failure"]] if row["failure"] else [])
+            row["attempts"] = len(past) + 1
+            if row["failure"] and row["attempts"] < max_attempts: row["status"] = "failed"   # retried on resume
+        return row
     return run, one
 
 def run_config(cfg: TriageConfig, samples: list[Sample], evidence: Evidence, out_dir: str | Path, collection: str,
-               workers: int = 1, progress: bool = True, **build_kw) -> list[dict]:
+               workers: int = 1, progress: bool = True, max_attempts: int = 3, **build_kw) -> list[dict]:
     "Run one configuration over `samples` as a resumable `Run`; returns its rows in sample order."
-    run, one = open_run(cfg, evidence, out_dir, collection, **build_kw)
+    run, one = open_run(cfg, evidence, out_dir, collection, max_attempts, **build_kw)
     return run.execute([Case(s.id, s) for s in samples], one, workers=workers, desc=f"{collection}/{cfg.name}", progress=progress)
 
 # %% ../../nbs/06b_triage.study.ipynb #6e95a644
@@ -283,39 +308,43 @@ def _arrays(rows: list[dict]):
     failed = np.array([r.get("pred") is None for r in rows], bool)
     p = np.array([(1 - r["label"]) if r.get("pred") is None else r["pred"] for r in rows], int)
     arb = np.array([bool(r.get("in_scope")) for r in rows], bool)
-    return y, p, arb, failed
+    known = np.array([r.get("family", "?") is not None or r["label"] == 0 for r in rows], bool)
+    return y, p, arb & known, failed, known
 
-def _metric(name, y, p, arb):
+def _metric(name, y, p, arb, known):
     def f(i):
         yi, pi = y[i], p[i]
         if name == "recall": return (pi[yi == 1] == 1).mean() if (yi == 1).any() else np.nan
         if name == "specificity": return (pi[yi == 0] == 0).mean() if (yi == 0).any() else np.nan
         if name == "accuracy": return (pi == yi).mean() if len(yi) else np.nan
-        return arb[i][yi == 1].mean() if (yi == 1).any() else np.nan
+        scored = (yi == 1) & known[i]
+        return arb[i][scored].mean() if scored.any() else np.nan
     return f
 
 def triage_metrics(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    "Recall, specificity, accuracy, arbitration as `(value, low, high)`, plus counts `n`, `n_manipulated`, `failed`."
-    y, p, arb, failed = _arrays(rows)
-    out: dict[str, Any] = {m: bootstrap_ci(_metric(m, y, p, arb), len(y), n_boot, seed=seed) for m in METRICS}
+    "Recall, specificity, accuracy, arbitration as `(value, low, high)` (arbitration NaN when no family is known), plus counts."
+    y, p, arb, failed, known = _arrays(rows)
+    out: dict[str, Any] = {m: bootstrap_ci(_metric(m, y, p, arb, known), len(y), n_boot, seed=seed) for m in METRICS}
     out.update(n=len(y), n_manipulated=int((y == 1).sum()), failed=int(failed.sum()))
     return out
 
 # %% ../../nbs/06b_triage.study.ipynb #b5e0349a
+def _fam(r: dict) -> str: return r["family"] or ("authentic" if r["label"] == 0 else "unknown")
+
 def family_breakdown(rows: list[dict]) -> pd.DataFrame:
     "Per true family (authentic included): n, share judged manipulated, in-scope arbitration, failures."
     out = []
-    for fam in sorted({r["family"] or "authentic" for r in rows}):
-        rs = [r for r in rows if (r["family"] or "authentic") == fam]
-        y, p, arb, failed = _arrays(rs)
+    for fam in sorted({_fam(r) for r in rows}):
+        rs = [r for r in rows if _fam(r) == fam]
+        y, p, arb, failed, _ = _arrays(rs)
         out.append(dict(family=fam, n=len(rs), judged_manipulated=float((p == 1).mean()),
-                        correct=float((p == y).mean()), arbitration=float(arb.mean()) if fam != "authentic" else np.nan,
+                        correct=float((p == y).mean()), arbitration=float(arb.mean()) if fam not in ("authentic", "unknown") else np.nan,
                         failed=int(failed.sum())))
     return pd.DataFrame(out)
 
 def decisive_breakdown(rows: list[dict]) -> pd.DataFrame:
     "How often each detector was decisive, per true family (columns) - where the arbitration goes."
-    df = pd.DataFrame([dict(family=r["family"] or "authentic", decisive=r["decisive"] or "(authentic)") for r in rows])
+    df = pd.DataFrame([dict(family=_fam(r), decisive=r["decisive"] or "(authentic)") for r in rows])
     return pd.crosstab(df["decisive"], df["family"]) if len(df) else df
 
 def mcnemar_pairs(rows_by_config: dict[str, list[dict]], pairs: list[tuple[str, str]] | None = None,
@@ -325,10 +354,12 @@ def mcnemar_pairs(rows_by_config: dict[str, list[dict]], pairs: list[tuple[str, 
     pairs = pairs or [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     out = []
     for a, b in pairs:
-        ra = {r["sample"]: r for r in rows_by_config[a]}; rb = {r["sample"]: r for r in rows_by_config[b]}
+        ra = {r["sample"]: r for r in rows_by_config[a]}
+        rb = {r["sample"]: r for r in rows_by_config[b]}
         ids = sorted(set(ra) & set(rb))
-        if on == "arbitration": ids = [i for i in ids if ra[i]["label"] == 1]
-        ca = [_correct(ra[i], on) for i in ids]; cb = [_correct(rb[i], on) for i in ids]
+        if on == "arbitration": ids = [i for i in ids if ra[i]["label"] == 1 and ra[i].get("family", "?") is not None]
+        ca = [_correct(ra[i], on) for i in ids]
+        cb = [_correct(rb[i], on) for i in ids]
         t = mcnemar(ca, cb)
         out.append(dict(a=a, b=b, n=len(ids), a_only=t["a_only"], b_only=t["b_only"], p_value=t["p_value"]))
     return pd.DataFrame(out)
@@ -338,24 +369,29 @@ def _correct(r: dict, on: str) -> bool:
     return r.get("pred") is not None and r["pred"] == r["label"]
 
 # %% ../../nbs/06b_triage.study.ipynb #75985a98
-PAPER_TABLE4 = {  # (recall, specificity, overall, arbitration) in %, in-distribution then out-of-distribution
-    "Algorithmic fusion": {"id": (100.0, 9.5, 60.4, 71.1), "ood": (100.0, 7.0, 53.5, 61.0)},
-    "Single-agent (Gemma-4-26B)": {"id": (98.5, 49.5, 77.1, 65.9), "ood": (96.0, 37.0, 66.5, 70.0)},
-    "Unguided judge (Gemma-4-26B)": {"id": (99.3, 50.5, 77.9, 71.1), "ood": (98.0, 39.0, 68.5, 77.0)},
-    "Complete framework (GPT-4o)": {"id": (97.8, 31.4, 68.8, 64.4), "ood": (99.0, 28.0, 63.5, 63.0)},
-    "Complete framework (Gemma-4-26B)": {"id": (97.0, 61.0, 81.2, 68.2), "ood": (95.0, 47.0, 71.0, 74.0)},
-    "Complete framework (GPT-5 judge)": {"id": (90.4, 86.7, 88.8, 68.9), "ood": (86.0, 82.0, 84.0, 72.0)},
-}
+def _paper() -> dict: return paper_numbers("triage", "table4")
+
+PAPER_MODELS = {"gemma-4-26b": r"gemma-?4-26b(-a4b)?(-it)?", "gpt-4o": r"gpt-4o(-\d{4}-\d\d-\d\d)?",
+                "gpt-5": r"gpt-5(-\d{4}-\d\d-\d\d)?"}
+"How each of the paper's models may be spelled in a model spec (the name after `#`, `:` or `/`)."
+
+def paper_row(cfg: TriageConfig) -> Optional[str]:
+    "The paper's Table 4 row for `cfg`, or `None` when `cfg` is not that row or its backends are not the paper's models."
+    want = _paper()["backbones"].get(cfg.paper_row) if cfg.paper_row else None
+    if want is None or set(want) != set(cfg.backends): return None
+    ok = all(re.fullmatch(PAPER_MODELS[m], _short(cfg.backends[role]).lower()) for role, m in want.items())
+    return cfg.paper_row if ok else None
 
 def paper_table4() -> pd.DataFrame:
     "The paper's Table 4 as a data frame (one row per configuration and regime)."
     return pd.DataFrame([dict(configuration=k, collection=c, recall=v[0], specificity=v[1], accuracy=v[2], arbitration=v[3])
-                         for k, d in PAPER_TABLE4.items() for c, v in d.items()])
+                         for k, d in _paper()["rows"].items() for c, v in d.items()])
 
 def table4(results: dict[tuple[str, str], list[dict]], configs: dict[str, TriageConfig], n_boot: int = 1000,
            seed: int = 0, with_paper: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Table 4 from run rows keyed by (config name, collection): a display table (with intervals) and the raw numbers."
+    "Table 4 from run rows keyed by (config name, collection): a display table (intervals; paper columns for `id`/`ood`) and the raw numbers."
     raw, disp = [], []
+    paper = _paper()["rows"]
     colls = sorted({c for _, c in results}, key=lambda c: (c != "id", c))
     for name, cfg in configs.items():
         d: dict[str, Any] = {"configuration": cfg.label}
@@ -367,9 +403,9 @@ def table4(results: dict[tuple[str, str], list[dict]], configs: dict[str, Triage
                             **{f"{k}_hi": m[k][2] for k in METRICS}))
             for k, short in zip(METRICS, ("Manip.", "Pristine", "Overall", "Arb.")):
                 d[f"{coll.upper()} {short}"] = fmt_ci(m[k])
-                if with_paper:
-                    d[f"{coll.upper()} {short} (paper)"] = (f"{PAPER_TABLE4[cfg.paper_row][coll][METRICS.index(k)]:.1f}"
-                                                            if cfg.paper_row in PAPER_TABLE4 else "-")
+                if with_paper and coll in ("id", "ood"):
+                    pr = paper_row(cfg)
+                    d[f"{coll.upper()} {short} (paper)"] = f"{paper[pr][coll][METRICS.index(k)]:.1f}" if pr else "-"
             if m["failed"]: d[f"{coll.upper()} failed"] = m["failed"]
         disp.append(d)
     return pd.DataFrame(disp), pd.DataFrame(raw)
@@ -382,7 +418,8 @@ def figure2(raw: pd.DataFrame, title: str = "", paper: bool = False):
     labels = list(dict.fromkeys(raw["configuration"]))
     colls = [c for c in ("id", "ood") if c in set(raw["collection"])] or sorted(set(raw["collection"]))
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(labels) + 4), 4.6), sharey=True)
-    w = 0.8 / len(colls); x = np.arange(len(labels))
+    w = 0.8 / len(colls)
+    x = np.arange(len(labels))
     colours = matplotlib.colormaps["tab10"](np.arange(len(labels)) % 10)
     for ax, metric, name in zip(axes, ("accuracy", "arbitration"), ("Binary accuracy", "Tool-arbitration accuracy")):
         for j, coll in enumerate(colls):
@@ -403,8 +440,12 @@ def figure2(raw: pd.DataFrame, title: str = "", paper: bool = False):
     return fig
 
 # %% ../../nbs/06b_triage.study.ipynb #f464faea
+def _usable(row: dict) -> bool:
+    "A row with a triage outcome: finished, or an agent failure awaiting its retry (counted as a failure meanwhile)."
+    return row.get("status") == "ok" or (row.get("status") == "failed" and "label" in row)
+
 def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], evidence: Evidence, out_dir: str | Path,
-             workers: int = 2, progress: bool = True, chunk: int | None = None,
+             workers: int = 2, progress: bool = True, chunk: int | None = None, max_attempts: int = 3,
              **build_kw) -> tuple[dict[tuple[str, str], list[dict]], dict[str, float]]:
     "Run every configuration on every collection (Stage 0 shared); returns rows by (config, collection) and timings."
     from tqdm.auto import tqdm
@@ -412,25 +453,63 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
     timing = {"stage0_s": 0.0, **{f"{c.name}_s": 0.0 for c in configs}}
     results = {}
     for coll, ss in collections.items():
-        runs = {c.name: open_run(c, evidence, out_dir, coll, **build_kw) for c in configs}
+        runs = {c.name: open_run(c, evidence, out_dir, coll, max_attempts, **build_kw) for c in configs}
         bar = tqdm(total=len(ss) * len(configs), desc=f"triage {coll}", disable=not progress, dynamic_ncols=True)
         for i in range(0, len(ss), chunk):   # images of a chunk are loaded once and shared by every configuration
             part = ss[i:i + chunk]
             timing["stage0_s"] += stage0(part, evidence, workers, progress=False)
             for c in configs:
-                t0 = time.perf_counter(); run, one = runs[c.name]
+                t0 = time.perf_counter()
+                run, one = runs[c.name]
                 run.execute([Case(s.id, s) for s in part], one, workers=workers if c.offline else max(workers, 4), progress=False)
-                timing[f"{c.name}_s"] += time.perf_counter() - t0; bar.update(len(part))
+                timing[f"{c.name}_s"] += time.perf_counter() - t0
+                bar.update(len(part))
         bar.close()
         for c in configs:
             by_key = {r["key"]: r for r in runs[c.name][0].rows()}
-            bad = [by_key[s.id] for s in ss if s.id in by_key and by_key[s.id].get("status") != "ok"]
+            bad = [by_key[s.id] for s in ss if s.id in by_key and not _usable(by_key[s.id])]
             if bad:
                 warnings.warn(f"{coll}/{c.name}: {len(bad)} case(s) raised and are left out (a re-run retries them); "
                               f"first: {bad[0]['key']}: {bad[0].get('error')}")
-            results[(c.name, coll)] = [by_key[s.id] for s in ss if s.id in by_key and by_key[s.id].get("status") == "ok"]
+            results[(c.name, coll)] = [by_key[s.id] for s in ss if s.id in by_key and _usable(by_key[s.id])]
+            retry = [by_key[s.id] for s in ss if s.id in by_key and by_key[s.id].get("status") == "failed" and _usable(by_key[s.id])]
+            if retry:
+                warnings.warn(f"{coll}/{c.name}: {len(retry)} case(s) failed (counted as wrong here); a re-run retries them "
+                              f"up to {max_attempts} attempts in all; first: {retry[0]['key']}: {retry[0].get('failure')}")
     timing["agents_s"] = sum(v for k, v in timing.items() if k not in ("stage0_s", "agents_s"))
     return results, timing
+
+# %% ../../nbs/06b_triage.study.ipynb #14f6a072
+def _failure_kind(why: str | None) -> str | None:
+    return None if not why else why.split(":", 1)[0].strip() or "unknown"
+
+def run_totals(results: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
+    "Per (configuration, collection) and in all: cases, failures by kind, calls, tokens, cost and case wall time."
+    out = []
+    for (name, coll), rows in results.items():
+        u = [r.get("usage") or {} for r in rows]
+        kinds: dict[str, int] = {}
+        for r in rows:
+            k = _failure_kind(r.get("failure"))
+            if k: kinds[k] = kinds.get(k, 0) + 1
+        out.append(dict(config=name, collection=coll, cases=len(rows), failed=sum(kinds.values()),
+                        failures_by_kind="; ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "-",
+                        retried=sum(1 for r in rows if r.get("attempts", 1) > 1),
+                        calls=sum(x.get("calls", 0) for x in u), failed_calls=sum(x.get("failed_calls", 0) for x in u),
+                        cached_calls=sum(x.get("cached_calls", 0) for x in u),
+                        input_tokens=sum(x.get("input_tokens", 0) for x in u), output_tokens=sum(x.get("output_tokens", 0) for x in u),
+                        cost_usd=round(sum(x.get("cost_usd", 0.0) for x in u), 6),
+                        wall_s=round(sum(r.get("seconds", 0.0) for r in rows), 2)))
+    df = pd.DataFrame(out)
+    if len(df):
+        tot = {c: df[c].sum() for c in df.columns if c not in ("config", "collection", "failures_by_kind")}
+        kinds_all: dict[str, int] = {}
+        for s in df.failures_by_kind:
+            for part in s.split("; "):
+                if part != "-": k, v = part.rsplit(" ", 1); kinds_all[k] = kinds_all.get(k, 0) + int(v)
+        df.loc[len(df)] = dict(config="all", collection="all", failures_by_kind="; ".join(f"{k} {v}" for k, v in sorted(kinds_all.items())) or "-",
+                               **{k: (round(v, 6) if isinstance(v, float) else int(v)) for k, v in tot.items()})
+    return df
 
 # %% ../../nbs/06b_triage.study.ipynb #709dcb85
 RULE_GRID = dict(margin_min=(0.05, 0.1, 0.2), compact_min=(0.3, 0.5, 0.7), saturation_max=(0.25, 0.5),
@@ -443,7 +522,8 @@ def calibrate_rules(samples: list[Sample], evidence: Evidence, grid: dict | None
     from tqdm.auto import tqdm
     grid = grid or RULE_GRID
     ev = [evidence(s.image) for s in samples]
-    keys = list(grid); out = []
+    keys = list(grid)
+    out = []
     for vals in tqdm(list(product(*(grid[k] for k in keys))), desc="rule grid", disable=not progress):
         rp = RuleParams(**dict(zip(keys, vals)))
         pipe = TriagePipeline("rules", auditor=RuleAuditor(rp), judge=RuleJudge(True, rp), workers=1)
@@ -476,3 +556,19 @@ def open_bench(quick: bool, bench_root: str | Path = "", log=print) -> Path:
     if quick: return ensure_bench(bench_root or Path(tempfile.gettempdir()) / "forensicslab-quick" / "bench-tiny",
                                   sizes=BenchSizes.tiny(), log=log)
     return ensure_bench(bench_root or None, log=log)
+
+def quick_out_dir(out: str | Path, study: str, quick: bool, log=print) -> Path:
+    "`out`, except that a quick run never writes into the committed reference outputs `<repo>/outputs/<study>` (sent to a temp folder)."
+    import tempfile
+    from forensicslab.runs import project_root
+    out = Path(out)
+    if quick and out.resolve() == (project_root() / "outputs" / study).resolve():
+        alt = Path(tempfile.gettempdir()) / "forensicslab-quick" / study
+        alt.mkdir(parents=True, exist_ok=True)
+        log(f"quick run: writing to {alt}, not to the committed reference outputs in {out}")
+        return alt
+    return out
+
+def rows_written(out_dir: str | Path) -> int:
+    "How many case rows the runs under `out_dir/runs/` hold (appended lines): a second pass that adds none made no new call."
+    return sum(len(p.read_text().splitlines()) for p in sorted(Path(out_dir).glob("runs/*/*/rows.jsonl")))
