@@ -75,11 +75,65 @@ def test_turn_bound(image):
     assert ok.status == "ok" and ok.n_zooms == 1 and ok.prediction == 0
 
 
-def test_rule_policy_all_variants(image):
+def _texture(seed=0, size=(160, 200)):
+    from scipy import ndimage as ndi
+    tex = ndi.gaussian_filter(np.random.default_rng(seed).normal(128, 60, size), 1.2).clip(0, 255)
+    return np.repeat(tex[..., None], 3, 2).astype(np.uint8)
+
+
+def test_rule_policy_verdicts_follow_the_measured_cue():
+    clean = _texture()
+    copied = clean.copy()
+    copied[20:50, 130:160] = copied[20:50, 20:50]           # an exact repeat 110 px to the right
     for v in ("direct", "cot", "o3"):
-        r = run_zoom(RulePolicy(), image, v)
-        assert r.status == "ok", r.error
-        if v != "o3": assert r.n_zooms == 0
+        fake, real = run_zoom(RulePolicy(), copied, v), run_zoom(RulePolicy(), clean, v)
+        assert fake.status == real.status == "ok", (fake.error, real.error)
+        assert (fake.answer.verdict, real.answer.verdict) == ("fake", "real"), (v, fake.answer, real.answer)
+        kb = fake.answer.key_items[0].box
+        assert kb.x1 <= 22 and kb.x2 >= 158, kb                # the key box spans both copies
+        assert (fake.n_zooms >= 1) if v == "o3" else (fake.n_zooms == 0)
+    assert "rule-based" in RulePolicy.note and "ckpt:" in RulePolicy.note
+
+
+@pytest.mark.parametrize("shape", [(1, 20000), (20000, 1), (1, 1), (64, 1), (1, 64), (2, 2), (3, 3), (7, 9)])
+def test_rule_policy_on_degenerate_images(shape):
+    import warnings
+    rgb = np.random.default_rng(0).integers(0, 255, (*shape, 3), dtype=np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # numpy warnings (empty means) fail the test
+        for v in ("direct", "o3"):
+            r = run_zoom(RulePolicy(), rgb, v)
+            assert r.status == "ok" and r.answer.verdict == "real", r
+            assert "too small" in r.answer.global_text
+
+
+class Flaky:
+    "A policy whose first answer is broken, whose re-ask (it sees the error) is fine."
+    policy_id = "flaky"
+    def __init__(self): self.seen = []
+    def respond(self, ep):
+        self.seen.append(ep.feedback)
+        if ep.feedback is None: return "<answer>The image is fake.</answer>"
+        return render_turn("fixed", answer=answer("real"))
+
+
+def test_invalid_turn_is_reasked_once_then_invalid_format(image):
+    pol = Flaky()
+    r = run_zoom(pol, image, "o3")
+    assert (r.status, r.reasked, len(r.rejected), r.prediction) == ("ok", 1, 1, 0)
+    assert pol.seen[0] is None and "not valid JSON" in pol.seen[1]["error"]
+    assert r.rejected[0].kind == "invalid" and r.rejected[0].text.startswith("<answer>The image")
+    bad = run_zoom(Script(["no action here"]), image, "o3")
+    assert (bad.status, bad.reasked) == ("invalid_format", 1)
+    assert run_zoom(Script(["no action here"]), image, "o3", reask=0).reasked == 0
+
+
+def test_damaged_json_is_repaired_and_counted(image):
+    t = '<answer>{"verdict": "real", "evidence": [{"bbox": null, "text": "fine",}]</answer>'   # trailing comma, unclosed
+    act = parse_action(t, "o3", (320, 240))
+    assert act.kind == "answer" and act.repaired
+    r = run_zoom(Script([t]), image, "o3")
+    assert (r.status, r.repaired, r.reasked) == ("ok", 1, 0)
 
 
 # ---- rewards ----------------------------------------------------------------------------------
@@ -102,6 +156,15 @@ def test_reward_hand_cases():
     r = zoom_reward(answer("fake", *[([0, 0, 10, 10], "a")] * 4), 1, REF, verifier=const(1.0, 0.75, 0.1, 0.3),
                     cfg=RewardConfig(alpha_m=1.0))
     assert r.r_model == pytest.approx(-2 + 1 + 0.5 * 0.5)
+
+
+def test_item_reward_at_and_around_tau():
+    from forensicslab.zoom.rewards import item_reward
+    cfg = RewardConfig(tau=0.5, c_valid=1.0, c_invalid=1.0)
+    assert item_reward(0.5, cfg) == 0.0                       # exactly tau: valid, zero reward (not the penalty)
+    assert item_reward(0.5 - 1e-9, cfg) == -1.0               # just below: the full penalty
+    assert item_reward(0.75, cfg) == pytest.approx(0.5) and item_reward(1.0, cfg) == pytest.approx(1.0)
+    with pytest.raises(ValueError): item_reward(1.5, cfg)
 
 
 def test_text_and_box_overlap():

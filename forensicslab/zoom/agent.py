@@ -13,27 +13,27 @@ import re
 import time
 import zlib
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..core import Box, ChatFailure, ChatMessage, EvidenceItem
+from ..chat.prompts import load_prompt, render_prompt
+from ..core import Box, ChatFailure, ChatMessage, EvidenceItem, ForensicsLabError
 from ..imageio import LoadedImage, load_image
 
 # %% auto #0
 __all__ = ['MIN_CROP_SIDE', 'ZOOM_TARGET_SIDE', 'MAX_ZOOM', 'VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Status', 'CUES',
-           'DEFAULT_THRESHOLDS', 'BoxError', 'pixel_box', 'norm_to_box', 'box_to_norm', 'box_ints', 'Crop', 'crop_box',
-           'zoom', 'crop', 'ZoomEvidence', 'ZoomAnswer', 'Action', 'parse_action', 'render_tool_call', 'render_answer',
-           'render_turn', 'ZoomStep', 'ZoomResult', 'prompt_text', 'system_prompt', 'user_prompt', 'observation_text',
-           'prompt_messages', 'to_chat', 'steps_from_plan', 'Episode', 'ZoomPolicy', 'run_zoom', 'LLMZoomPolicy',
-           'cue_scores', 'duplicate_regions', 'candidates', 'region_cue', 'fit_rule_thresholds', 'RulePolicy',
-           'where_phrase']
+           'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'BoxError', 'pixel_box', 'norm_to_box',
+           'box_to_norm', 'box_ints', 'Crop', 'crop_box', 'zoom', 'crop', 'ZoomEvidence', 'ZoomAnswer', 'Action',
+           'parse_action', 'render_tool_call', 'render_answer', 'render_turn', 'ZoomStep', 'ZoomResult',
+           'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages', 'to_chat', 'steps_from_plan',
+           'Episode', 'ZoomPolicy', 'run_zoom', 'LLMZoomPolicy', 'cue_scores', 'duplicate_regions', 'candidates',
+           'region_cue', 'fit_rule_thresholds', 'RulePolicy', 'where_phrase']
 
 # %% ../../nbs/08_zoom.agent.ipynb #aa1f9168
-class BoxError(ValueError):
+class BoxError(ForensicsLabError, ValueError):
     "A box that is not four finite numbers in order, or that lies outside the image."
 
 def pixel_box(value, width: int | None = None, height: int | None = None) -> Box:
@@ -191,6 +191,7 @@ class Action(BaseModel):
     bbox: Optional[Box] = None
     answer: Optional[ZoomAnswer] = None
     error: Optional[str] = None
+    repaired: bool = False
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 _TOOL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
@@ -199,11 +200,19 @@ _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
 def _invalid(msg, think=""): return Action(kind="invalid", think=think, error=msg)
 
-def _json(s: str, what: str):
-    s = s.strip(); m = _FENCE.match(s)
+def _json(s: str, what: str, fixed: list | None = None):
+    "Parse JSON; on a syntax error try `chat.models.repair_json` once and note the repair in `fixed`."
+    s = s.strip()
+    m = _FENCE.match(s)
     if m: s = m.group(1)
     try: return json.loads(s)
-    except json.JSONDecodeError as e: raise ValueError(f"{what} is not valid JSON ({e.msg} at char {e.pos})") from None
+    except json.JSONDecodeError as e:
+        err = e
+    from forensicslab.chat.models import repair_json
+    try: out = json.loads(repair_json(s))
+    except json.JSONDecodeError: raise ValueError(f"{what} is not valid JSON ({err.msg} at char {err.pos})") from None
+    if fixed is not None: fixed.append(what)
+    return out
 
 def _errmsg(e: Exception) -> str:
     if hasattr(e, "errors"):
@@ -226,27 +235,28 @@ def parse_action(text: str, variant: str = "o3", size: tuple[int, int] | None = 
     if len(tools) > 1: return _invalid(f"{len(tools)} tool calls in one turn; one at a time", think)
     if len(answers) > 1: return _invalid(f"{len(answers)} answers in one turn", think)
     w, h = size if size is not None else (None, None)
+    fixed: list[str] = []
     if tools:
         if variant != "o3": return _invalid(f"the {variant!r} variant has no tool, but the turn calls one", think)
         try:
-            call = _json(tools[0], "the tool call")
+            call = _json(tools[0], "the tool call", fixed)
             if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
                 raise ValueError('a tool call must be {"name": ..., "arguments": {...}}')
             if call["name"] != TOOL_NAME: raise ValueError(f"unknown tool {call['name']!r}; the only tool is {TOOL_NAME!r}")
             args = call["arguments"]
-            if isinstance(args, str): args = _json(args, "the tool arguments")
+            if isinstance(args, str): args = _json(args, "the tool arguments", fixed)
             if not isinstance(args, dict) or set(args) != {"bbox"}:
                 raise ValueError(f'the crop tool takes exactly one argument "bbox", got {args!r}')
-            return Action(kind="crop", think=think, bbox=pixel_box(args["bbox"], w, h))
+            return Action(kind="crop", think=think, bbox=pixel_box(args["bbox"], w, h), repaired=bool(fixed))
         except ValueError as e: return _invalid(f"bad tool call: {_errmsg(e)}", think)
     try:
-        obj = _json(answers[0], "the answer")
+        obj = _json(answers[0], "the answer", fixed)
         if not isinstance(obj, dict): raise ValueError("the answer must be a JSON object")
         ans = ZoomAnswer.model_validate(obj)
         if size is not None and len(ans.evidence) > 1:
             ans = ZoomAnswer(verdict=ans.verdict, evidence=[ans.evidence[0]] + [
                 ZoomEvidence(bbox=pixel_box(e.bbox, w, h).as_list(), text=e.text) for e in ans.evidence[1:]])
-        return Action(kind="answer", think=think, answer=ans)
+        return Action(kind="answer", think=think, answer=ans, repaired=bool(fixed))
     except ValueError as e: return _invalid(f"bad answer: {_errmsg(e)}", think)
 
 # %% ../../nbs/08_zoom.agent.ipynb #cdc80216
@@ -291,6 +301,9 @@ class ZoomResult(BaseModel):
     seconds: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
+    repaired: int = 0                   # turns whose JSON parsed only after syntactic repair
+    reasked: int = 0                    # turns rejected once and asked again
+    rejected: list[ZoomStep] = Field(default_factory=list)   # the rejected turns (kind "invalid")
 
     @property
     def valid(self) -> bool: "True when the episode ended in a parsed final answer." ; return self.status == "ok"
@@ -309,25 +322,19 @@ class ZoomResult(BaseModel):
                 "output_tokens": self.output_tokens, "result": self.model_dump(mode="json")}
 
 # %% ../../nbs/08_zoom.agent.ipynb #55c253ca
-def prompt_text(name: str) -> str:
-    "The text of prompt template `forensicslab/zoom/prompts/<name>.txt`."
-    p = resources.files("forensicslab").joinpath("zoom", "prompts", f"{name}.txt")
-    if not p.is_file(): raise FileNotFoundError(f"no zoom prompt named {name!r} (looked for {p})")
-    return p.read_text()
-
 def system_prompt(variant: str = "o3", max_zooms: int = 5) -> str:
     "The system prompt of a variant (`direct`, `cot`, `o3`)."
     if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; use one of {VARIANTS}")
-    return prompt_text(f"system_{variant}").format(cues=prompt_text("cues").strip(), max_zooms=max_zooms).strip()
+    return render_prompt("zoom", f"system_{variant}", cues=load_prompt("zoom", "cues").strip(), max_zooms=max_zooms).strip()
 
 def user_prompt(width: int, height: int) -> str:
     "The user prompt that comes with the image."
-    return prompt_text("user").format(width=width, height=height).strip()
+    return render_prompt("zoom", "user", width=width, height=height).strip()
 
 def observation_text(box, scale: float) -> str:
     "The caption of a zoom observation."
     x1, y1, x2, y2 = box_ints(box)
-    return prompt_text("observation").format(x1=x1, y1=y1, x2=x2, y2=y2, scale=scale).strip()
+    return render_prompt("zoom", "observation", x1=x1, y1=y1, x2=x2, y2=y2, scale=f"{scale:.1f}").strip()
 
 # %% ../../nbs/08_zoom.agent.ipynb #d19a0da1
 def prompt_messages(variant: str, width: int, height: int, max_zooms: int = 5) -> list[dict]:
@@ -378,6 +385,7 @@ class Episode:
     crops: list[Crop] = field(default_factory=list)
     usage: dict = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
     scratch: dict = field(default_factory=dict)
+    feedback: Optional[dict] = None    # during a re-ask: {"text": the rejected turn, "error": why it was rejected}
 
     @property
     def turn(self) -> int: "Index of the turn about to be taken (0-based)." ; return len(self.steps)
@@ -390,23 +398,36 @@ class ZoomPolicy(Protocol):
     policy_id: str
     def respond(self, episode: Episode) -> str: ...
 
+def _ask_turn(policy, ep: Episode, size) -> tuple[str, Action, float]:
+    "One policy turn: `(text, parsed action, seconds)`; a backend failure propagates as `ChatFailure`."
+    t = time.perf_counter()
+    text = policy.respond(ep)
+    text = text if isinstance(text, str) else repr(text)
+    return text, parse_action(text, ep.variant, size), time.perf_counter() - t
+
 def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,
-             crop_kw: dict | None = None) -> ZoomResult:
-    "Run one episode of `policy` on `image` and return the result with its trajectory."
+             crop_kw: dict | None = None, reask: int = 1) -> ZoomResult:
+    "Run one episode of `policy` on `image`; an unusable turn is asked again `reask` times before `invalid_format`."
     if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; use one of {VARIANTS}")
     if max_turns < 1: raise ValueError("max_turns must be at least 1")
     img = load_image(image)
     ep = Episode(image=img, variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=sample_id)
     t0 = time.perf_counter()
-    status, answer, error = "turn_limit", None, None
+    status, answer, error, rejected, repaired = "turn_limit", None, None, [], 0
     while ep.turn < ep.max_turns:
-        t = time.perf_counter()
-        try: text = policy.respond(ep)
+        try:
+            text, act, dt = _ask_turn(policy, ep, img.size)
+            for _ in range(reask):
+                if act.kind != "invalid": break
+                rejected.append(ZoomStep(text=text, think=act.think, kind="invalid", error=act.error, seconds=dt))
+                ep.feedback = {"text": text, "error": act.error}
+                try: text, act, dt = _ask_turn(policy, ep, img.size)
+                finally: ep.feedback = None
         except ChatFailure as e:
-            status, error = "failed", f"backend gave no valid turn: {e}"; break
-        act = parse_action(text, variant, img.size)
-        step = ZoomStep(text=text if isinstance(text, str) else repr(text), think=act.think, kind=act.kind,
-                        error=act.error, seconds=time.perf_counter() - t)
+            status, error = "failed", f"backend gave no valid turn: {e}"
+            break
+        repaired += act.repaired
+        step = ZoomStep(text=text, think=act.think, kind=act.kind, error=act.error, seconds=dt)
         if act.kind == "invalid":
             ep.steps.append(step); status, error = "invalid_format", act.error; break
         if act.kind == "answer":
@@ -419,7 +440,8 @@ def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6,
         ep.steps.append(step); ep.crops.append(c)
     return ZoomResult(sample_id=sample_id, variant=variant, policy=policy.policy_id, status=status, answer=answer,
                       steps=ep.steps, width=img.width, height=img.height, error=error,
-                      seconds=time.perf_counter() - t0, **ep.usage)
+                      seconds=time.perf_counter() - t0, repaired=repaired, reasked=len(rejected), rejected=rejected,
+                      **ep.usage)
 
 # %% ../../nbs/08_zoom.agent.ipynb #d20e3b5a
 class LLMZoomPolicy:
@@ -440,7 +462,10 @@ class LLMZoomPolicy:
             msgs.append(ChatMessage.of("assistant", step.text))
             msgs.append(ChatMessage.of("user", c.image, observation_text(c.box, c.scale)))
         if ep.variant == "o3" and ep.last_turn and ep.steps:
-            msgs[-1] = ChatMessage.of("user", *msgs[-1].content, prompt_text("last_turn").strip())
+            msgs[-1] = ChatMessage.of("user", *msgs[-1].content, load_prompt("zoom", "last_turn").strip())
+        if ep.feedback:                 # a re-ask: the rejected turn and why
+            msgs.append(ChatMessage.of("assistant", ep.feedback["text"]))
+            msgs.append(ChatMessage.of("user", render_prompt("zoom", "reask", error=ep.feedback["error"]).strip()))
         return msgs
 
     def respond(self, ep: Episode) -> str:
@@ -456,13 +481,14 @@ _CUE_TEXT = {
     "dup": "Two patches {w} match each other exactly, a repetition a camera does not produce.",
     "smooth": "The region {w} has lost its fine detail while its shapes remain, as if warped or painted over.",
     "light": "The brightness {w} changes without any edge or visible cause, like a light or shadow with no source.",
-    "text": "The characters on the sign {w} do not line up into readable letters.",
+    "text": "High-contrast glyph-like marks {w} do not share a baseline or height, as garbled lettering does (the rule cannot tell letters from other marks).",
 }
 
 def _grey(rgb: np.ndarray) -> np.ndarray:
     return rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32) if rgb.ndim == 3 else rgb.astype(np.float32)
 
 def _detail_ratio(g: np.ndarray) -> float:
+    if min(g.shape[:2]) < 3: return 1.0             # too small for a gradient: neutral ratio
     lap = np.abs(ndi.laplace(g)).mean()
     gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
     return float((lap + 0.5) / (np.hypot(gx, gy).mean() + 0.5))
@@ -549,6 +575,8 @@ def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
 
 # %% ../../nbs/08_zoom.agent.ipynb #d880f3f4
 DEFAULT_THRESHOLDS = {"dup": 12.0, "smooth": 0.35, "light": 3.0, "text": 0.6}
+MIN_RULE_SIDE = 16
+"Images with a side below this (in the reduced view) get no candidate region: the cues need room to measure."
 "Fallback cue thresholds; `fit_rule_thresholds` measures them on real training images instead."
 
 def _resize_long(rgb, side):
@@ -577,7 +605,10 @@ def _integral(a): return np.pad(a.astype(np.float64), ((1, 0), (1, 0))).cumsum(0
 
 def candidates(rgb: np.ndarray, thresholds: dict = DEFAULT_THRESHOLDS, view_side: int = 224) -> list[dict]:
     "Candidate regions seen in the reduced view: `{cue, score, rel (score / threshold), box (full-res pixels)}`, best first."
-    view, s = _resize_long(rgb, view_side); H, W = view.shape[:2]; g = _grey(view)
+    view, s = _resize_long(rgb, view_side)
+    H, W = view.shape[:2]
+    if min(H, W) < MIN_RULE_SIDE: return []        # too small for any window: nothing can be measured
+    g = _grey(view)
     lap = _integral(np.abs(ndi.laplace(g)))
     gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5)); gb = _integral(np.hypot(gx, gy))
     gy, gx = np.gradient(ndi.gaussian_filter(g, 1.0)); e1 = _integral(np.hypot(gx, gy))
@@ -631,8 +662,16 @@ def fit_rule_thresholds(real_images, quantile: float = 0.95, view_side: int = 22
     return {c: float(max(np.quantile(per[c], quantile), 1e-3)) for c in CUES}
 
 # %% ../../nbs/08_zoom.agent.ipynb #4d5d90f6
+RULE_POLICY_NOTE = ("rule-based offline baseline, not a trained model: it measures four hand-made cues (exact repeats, "
+                    "lost detail, sourceless light, misaligned glyph-like marks) with thresholds fitted on the synthetic "
+                    "artifact benchmark; on ordinary photographs it raises false alarms and it misses every flaw outside "
+                    "those cues. For a learned verdict use --policy ckpt:<folder> (a trained checkpoint) or a chat "
+                    "backend (--policy openai:gpt-4o, hf:/path/to/model).")
+"What the rule policy is and is not, shown wherever its verdict is printed."
+
 class RulePolicy:
     "Offline zoom policy from measured cues (see above); `thresholds` per cue, `view_side` of the reduced view."
+    note = RULE_POLICY_NOTE
     def __init__(self, thresholds: dict | None = None, view_side: int = 224, max_zooms: int = 3):
         self.thresholds = dict(DEFAULT_THRESHOLDS, **(thresholds or {}))
         self.view_side, self.max_zooms = view_side, max_zooms
@@ -672,6 +711,8 @@ class RulePolicy:
             f"{c['cue']} {where_phrase(c['box'], W, H)} at {c['rel']:.2f} of its threshold" for c in top) + "."
 
     def _answer(self, hits: list[dict], W: int, H: int) -> ZoomAnswer:
+        if not hits and min(W, H) < MIN_RULE_SIDE:
+            return ZoomAnswer.build("real", f"The image is {W}x{H} pixels, too small for any cue to be measured; no evidence either way.")
         if not hits:
             return ZoomAnswer.build("real", "No measured cue (repeats, lost detail, sourceless light, misaligned lettering) passed its threshold anywhere in the image.")
         items = [EvidenceItem(text=_CUE_TEXT[c["cue"]].format(w=where_phrase(c["box"], W, H)), box=pixel_box(c["box"], W, H)) for c in hits]

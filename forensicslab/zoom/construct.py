@@ -16,9 +16,10 @@ from typing import Literal, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, Field, field_validator
 
+from ..chat.prompts import load_prompt, render_prompt
 from ..core import ChatMessage, EvidenceItem, Sample
 from ..imageio import load_image
-from .agent import (ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box, prompt_text,
+from .agent import (ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box,
                                render_turn)
 
 # %% auto #0
@@ -131,8 +132,8 @@ class LLMProposer:
         self.model, self.params, self.source = model, params, f"llm:{model.model_id}"
 
     def propose(self, sample: Sample) -> Annotation:
-        sys_ = prompt_text("annotate_system").format(cues=prompt_text("cues").strip())
-        user = prompt_text("annotate_user").format(label_word="AI-generated" if sample.label else "a real photograph")
+        sys_ = render_prompt("zoom", "annotate_system", cues=load_prompt("zoom", "cues").strip())
+        user = render_prompt("zoom", "annotate_user", label_word="AI-generated" if sample.label else "a real photograph")
         reply = self.model.chat([ChatMessage.of("system", sys_), ChatMessage.of("user", load_image(sample.image).pil(), user)],
                                 schema=Annotation, **self.params)
         ann = reply.parsed if isinstance(reply.parsed, Annotation) else Annotation.model_validate(reply.parsed)
@@ -145,7 +146,7 @@ class LLMRewriter:
     def __call__(self, sample: Sample, ann: Annotation, keep: list[Optional[bool]]) -> Annotation:
         marks = json.dumps([None] + [bool(k) for k in keep])
         cand = ann.model_copy(update={"evidence": [e.model_copy(update={"truth": None}) for e in ann.evidence]})
-        msgs = [ChatMessage.of("system", prompt_text("rewrite_system")),
+        msgs = [ChatMessage.of("system", load_prompt("zoom", "rewrite_system")),
                 ChatMessage.of("user", load_image(sample.image).pil(), "Analysis:\n" + cand.model_dump_json(exclude_none=True) + "\nReview marks:\n" + marks)]
         out = self.model.chat(msgs, schema=Annotation, **self.params).parsed
         out = out if isinstance(out, Annotation) else Annotation.model_validate(out)

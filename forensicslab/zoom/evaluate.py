@@ -19,13 +19,14 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from pydantic import BaseModel, Field, field_validator
 
+from ..chat.prompts import load_prompt, render_prompt
 from ..core import Box, ChatMessage, EvidenceItem, Sample
 from ..imageio import load_image
 from ..metrics import binary_metrics
 from .rewards import bleu, rouge_l, union_iou
 from ..runs import Case, Run
 from .agent import (CUES, LLMZoomPolicy, RulePolicy, ZoomResult, _detail_ratio, _grey, cue_scores, duplicate_regions,
-                               norm_to_box, prompt_text, run_zoom, DEFAULT_THRESHOLDS)
+                               norm_to_box, run_zoom, DEFAULT_THRESHOLDS)
 
 # %% auto #0
 __all__ = ['PERTURBATIONS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'Rating', 'JudgeVerdict',
@@ -141,17 +142,17 @@ class LLMJudge:
 
     def quality(self, image, item):
         im = load_image(image)
-        return self._ask(prompt_text("judge_quality"), marked(im, item) if self.mark_boxes else im.pil(),
+        return self._ask(load_prompt("zoom", "judge_quality"), marked(im, item) if self.mark_boxes else im.pil(),
                          evidence_text(item, im.width, im.height), Rating).rating
 
     def prior(self, image):
-        return self._ask(prompt_text("judge_prior"), load_image(image).pil(), "Here is the image.", JudgeVerdict).verdict
+        return self._ask(load_prompt("zoom", "judge_prior"), load_image(image).pil(), "Here is the image.", JudgeVerdict).verdict
 
     def persuaded(self, image, item, level):
         if level not in (1, 2, 3): raise ValueError("persuasion level must be 1, 2 or 3")
         im = load_image(image)
-        sys_ = prompt_text(f"persuade_{level}")
-        if level > 1: sys_ = sys_.format(cues=prompt_text("cues").strip())
+        cues = {"cues": load_prompt("zoom", "cues").strip()} if level > 1 else {}
+        sys_ = render_prompt("zoom", f"persuade_{level}", **cues) if level > 1 else load_prompt("zoom", "persuade_1")
         return self._ask(sys_, marked(im, item) if self.mark_boxes else im.pil(), evidence_text(item, im.width, im.height), JudgeVerdict).verdict
 
 # %% ../../nbs/08d_zoom.evaluate.ipynb #c80488d8
@@ -205,7 +206,7 @@ class RuleJudge:
 def split_explanation(text: str, model=None, **params) -> list[str]:
     "Split a plain-text explanation into evidence items: by a chat model, or (offline) into sentences."
     if model is not None:
-        out = model.chat([ChatMessage.of("user", prompt_text("split_evidence").format(text=text))], schema=SplitItems, **params).parsed
+        out = model.chat([ChatMessage.of("user", render_prompt("zoom", "split_evidence", explanation=text))], schema=SplitItems, **params).parsed
         return [str(e.get("text", "")).strip() for e in out.evidence if str(e.get("text", "")).strip()]
     sents = [s.strip() for s in re.split(r"(?<=[.!?;])\s+|\n+", text) if s.strip()]
     return [s for s in sents if len(re.findall(r"[A-Za-z]+", s)) >= 4 and not re.fullmatch(r"(?i)\W*(the image is )?(real|fake|ai-generated)\W*", s)]
