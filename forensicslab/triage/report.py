@@ -21,7 +21,8 @@ from ..imageio import LoadedImage, fit_within, load_image
 from .agents import CaseResult
 
 # %% auto #0
-__all__ = ['data_uri', 'case_report_html', 'write_case_report']
+__all__ = ['REGION_COLOURS', 'COLOUR_SCALE', 'GLOSSARY', 'OFFLINE_NOTE', 'data_uri', 'map_regions', 'regions_image',
+           'case_report_html', 'write_case_report']
 
 # %% ../../nbs/06c_triage.report.ipynb #0b50e0cc
 def data_uri(img, max_side: int = 900, fmt: str = "jpeg", quality: int = 88) -> str:
@@ -50,6 +51,9 @@ th{background:#f3f3f3} tr.fired td.score{color:#b3261e;font-weight:700} tr.dropp
 .aud{border:1px solid #ddd;border-radius:6px;padding:8px 12px;margin:8px 0}
 .reason{white-space:pre-wrap;font-size:13.5px;line-height:1.45} ol{margin:4px 0 4px 20px;font-size:13.5px}
 code{background:#f5f5f5;padding:0 3px}
+.note{background:#eef3fb;border:1px solid #b7c9e8;border-radius:6px;padding:8px 12px;font-size:13.5px}
+.scale{display:flex;align-items:center;gap:8px;font-size:12px;color:#444;margin:2px 0}
+.scale .bar{width:260px;height:12px;border:1px solid #999;background:linear-gradient(90deg,#00007f,#0000ff,#00ffff,#7fff7f,#ffff00,#ff0000,#7f0000)}
 """
 
 def _e(x) -> str: return html.escape(str(x), quote=True)
@@ -86,29 +90,105 @@ def _verdict_html(res: CaseResult, cards: dict[str, ToolCard]) -> str:
     path = "<ol>" + "".join(f"<li>{_e(s)}</li>" for s in v.decision_path) + "</ol>"
     return f'{head}{tab}<h3>Decision path</h3>{path}<h3>Reasoning</h3><div class="reason">{_e(v.reasoning)}</div>'
 
+# %% ../../nbs/06c_triage.report.ipynb #4b2f9672
+REGION_COLOURS = ((230, 25, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240))
+
+def map_regions(heatmap: np.ndarray, hot: float = 0.5, min_fraction: float = 1e-3) -> list[list[int]]:
+    "Boxes `[x1, y1, x2, y2]` of every hot region (>= `hot`) of a map covering at least `min_fraction` of it, largest first."
+    from scipy import ndimage
+    h = np.nan_to_num(np.asarray(heatmap, np.float32))
+    lab, n = ndimage.label(h >= hot, structure=np.ones((3, 3), bool))
+    boxes = []
+    for k, sl in enumerate(ndimage.find_objects(lab), 1):
+        if sl is None: continue
+        area = int((lab[sl] == k).sum())
+        if area >= max(1, min_fraction * h.size): boxes.append((area, [sl[1].start, sl[0].start, sl[1].stop, sl[0].stop]))
+    return [b for _, b in sorted(boxes, key=lambda t: -t[0])]
+
+def regions_image(image: LoadedImage, detections: dict[str, Detection], names: list[str],
+                  faces: list[list[int]] | None = None) -> tuple[np.ndarray, list[tuple[str, tuple, int]]]:
+    "The photograph with every hot region of each named map detector boxed in its own colour (and faces in thin white)."
+    from PIL import ImageDraw
+    im = Image.fromarray(image.rgb).convert("RGB")
+    dr = ImageDraw.Draw(im)
+    w = max(2, round(max(im.size) / 300))
+    legend = []
+    for j, k in enumerate(names):
+        d = detections[k]
+        if d.status != "ok" or d.heatmap is None: continue
+        col = REGION_COLOURS[j % len(REGION_COLOURS)]
+        boxes = map_regions(d.heatmap)
+        for b in boxes: dr.rectangle(b, outline=col, width=w)
+        legend.append((k, col, len(boxes)))
+    for b in faces or []: dr.rectangle(b, outline=(255, 255, 255), width=max(1, w // 2))   # the faces the auditors found
+    return np.asarray(im), legend
+
+COLOUR_SCALE = ("<div class='scale'><span>0 &middot; no evidence</span><div class='bar'></div><span>1 &middot; most suspicious</span></div>"
+                "<p class='meta'>Map colours (jet): blue = 0, green/yellow around the 0.5 threshold, red = 1. "
+                "A region counts as hot from 0.5.</p>")
+"The colour scale printed under every heatmap."
+
+GLOSSARY = [("score", "the detector's output mapped to [0, 1]; it <i>fires</i> above its threshold (0.5)"),
+            ("in scope", "the image can carry the trace the detector reads (e.g. a face for a face detector, a JPEG for "
+                         "a double-compression detector); a detector that reports itself not applicable is out of scope"),
+            ("margin", "how far above the threshold a score is, rescaled to [0, 1]: (score - 0.5) / 0.5"),
+            ("compactness", "the share of a map's hot mass held by its one or two largest regions: near 1 = a localised "
+                            "edit, low = heat scattered over the image"),
+            ("saturated", "a map hot over most of the image, which localises nothing"),
+            ("credibility", "margin x compactness, raised when another detector of the same scope also fires; the judge "
+                            "accepts the most credible claim if it reaches the acceptance level"),
+            ("lone positive", "a detector that fires while detectors of the same scope are confidently silent"),
+            ("kept / dropped", "the Stage 1 auditor's decision: only kept detectors reach the judge")]
+"Plain-words definitions of the terms the reports use."
+
+OFFLINE_NOTE = ("<b>Offline baseline.</b> This verdict comes from rule-based agents (no language model) over the built-in "
+                "detectors. Known weaknesses: the built-in detectors miss many real edits (splices and fills by capable "
+                "tools, unseen generators) and fire on some heavily processed authentic photos; the rules only weigh "
+                "scores and map shapes and cannot look at the content. Treat it as a screening aid, not a finding. "
+                "For a stronger analysis put a model on the roles (<code>--config complete --auditor-backend SPEC "
+                "--judge-backend SPEC</code>, e.g. <code>openai:gpt-4o</code>) and add stronger detectors through the "
+                "remote protocol (<code>FORENSICSLAB_REMOTE_DETECTORS=name=http://host:port</code>) or a plug-in "
+                "(<code>forensicslab.detectors.register</code>).")
+"The note every offline case report carries (see also `forensicslab analyze`)."
+
 # %% ../../nbs/06c_triage.report.ipynb #89336335
+def _image_section(img: LoadedImage, detections, res: CaseResult, panels: bool) -> list[str]:
+    "The photograph with every hot region drawn, and the composite panels of the detectors the judge saw."
+    kept = [k for k, a in res.audits.items() if a.keep] if res.audits else list(detections)
+    fired = [k for k in kept if detections[k].fired and detections[k].heatmap is not None]
+    faces = res.facts.faces.boxes if res.facts is not None and res.facts.faces is not None else []
+    pic, legend = regions_image(img, detections, fired, faces)
+    leg = "; ".join(f"<span style='color:rgb{c}'>&#9632;</span> <code>{_e(k)}</code>: {n} region(s)" for k, c, n in legend)
+    out = ["<h2>The image</h2>", f"<div class='imgs'><img class='orig' alt='image with regions' src='{data_uri(pic, 700)}'></div>",
+           f"<p class='meta'>Boxes: every hot region of each fired {'kept ' if res.audits else ''}map detector"
+           + (f" ({leg})" if leg else " (none)") + ("; white: faces found" if faces else "") + ".</p>"]
+    maps = {k: detections[k] for k in kept if detections[k].status == "ok" and detections[k].heatmap is not None}
+    if panels and maps:
+        from forensicslab.triage.agents import composite_images
+        over, raw = composite_images(img, maps)
+        who = "the kept detectors only: what the judge sees" if res.audits else "every map detector"
+        out += [f"<h3>Composite map panels ({who})</h3><div class='imgs'>",
+                f"<img alt='composite overlay' src='{data_uri(over, 1000)}'>",
+                f"<img alt='composite raw maps' src='{data_uri(raw, 1000)}'></div>", COLOUR_SCALE]
+    return out
+
 def case_report_html(image, detections: dict[str, Detection], cards: dict[str, ToolCard], res: CaseResult,
-                     title: str = "case", truth: Optional[str] = None, panels: bool = True) -> str:
-    "The HTML text of a case report (self-contained: images embedded)."
+                     title: str = "case", truth: Optional[str] = None, panels: bool = True,
+                     offline: Optional[bool] = None) -> str:
+    "The HTML text of a case report (self-contained: images embedded); `offline` (default: no model call) adds the baseline note."
     img = load_image(image)
+    offline = res.usage.calls == 0 if offline is None else offline
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)} - forensicslab triage</title>",
              f"<style>{_CSS}</style></head><body>",
              f"<h1>Triage case report: {_e(title)}</h1>",
              f"<div class='meta'>configuration <b>{_e(res.config)}</b> &middot; image {img.width}x{img.height} "
              f"{_e(img.format or '')} &middot; {len(detections)} detectors &middot; {res.seconds:.2f} s"
              + (f" &middot; truth: <b>{_e(truth)}</b>" if truth else "") + "</div>",
-             _verdict_html(res, cards),
-             "<h2>The image</h2>", f"<div class='imgs'><img class='orig' alt='original image' src='{data_uri(img.rgb, 700)}'></div>",
+             f"<p class='note'>{OFFLINE_NOTE}</p>" if offline else "",
+             _verdict_html(res, cards), *_image_section(img, detections, res, panels),
              "<h2>Stage 0: detector dispatch</h2>",
              "<p class='meta'>score = normalised manipulation score in [0, 1]; fired = score &gt; threshold (0.5).</p>",
              _dispatch_rows(detections, cards, res)]
-    maps = {k: d for k, d in detections.items() if d.status == "ok" and d.heatmap is not None}
-    if panels and maps:
-        from forensicslab.triage.agents import composite_images
-        over, raw = composite_images(img, maps)
-        parts += ["<h3>Composite map panels (what the judge sees for the kept ones)</h3><div class='imgs'>",
-                  f"<img alt='composite overlay' src='{data_uri(over, 1000)}'>",
-                  f"<img alt='composite raw maps' src='{data_uri(raw, 1000)}'></div>"]
     if res.audits:
         parts.append("<h2>Stage 1: auditors</h2>")
         for k, a in res.audits.items():
@@ -119,7 +199,7 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
             if panels and d is not None and d.status == "ok" and d.heatmap is not None:
                 from forensicslab.triage.agents import two_panel_image
                 parts.append(f"<details><summary>two-panel image this auditor saw</summary><div class='imgs'>"
-                             f"<img alt='two-panel map of {_e(k)}' src='{data_uri(two_panel_image(img, d), 900)}'></div></details>")
+                             f"<img alt='two-panel map of {_e(k)}' src='{data_uri(two_panel_image(img, d), 900)}'></div>{COLOUR_SCALE}</details>")
             parts.append("</div>")
     else:
         parts.append("<h2>Stage 1: auditors</h2><p class='meta'>This configuration has no per-detector auditors.</p>")
@@ -140,6 +220,7 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
     if u.calls:
         parts.append(f"<h2>Model usage</h2><p class='meta'>{u.calls} calls ({u.cached_calls} from cache) to {_e(', '.join(u.models))}; "
                      f"{u.input_tokens} input and {u.output_tokens} output tokens; ${u.cost_usd:.4f}; {u.latency_s:.1f} s of model time.</p>")
+    parts.append("<h2>How to read this report</h2><table>" + "".join(f"<tr><th>{a}</th><td>{b}</td></tr>" for a, b in GLOSSARY) + "</table>")
     parts.append("<p class='meta'>Generated by forensicslab (triage study). Rule-based agents are an offline baseline, not a language model.</p></body></html>")
     return "\n".join(parts)
 
