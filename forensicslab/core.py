@@ -216,11 +216,22 @@ class Reply(BaseModel):
     latency_s: float = 0.0
     cached: bool = False
     attempts: int = 1
+    calls: int = 1
+    usage_unknown: bool = False
+    notes: list[str] = []
+    dropped_images: int = 0
 
-class ChatFailure(Exception):
-    "A model call that gave no valid answer after repair and retries; the case records it as a failure."
-    def __init__(self, message: str, *, raw_text: str | None = None, model_id: str | None = None):
-        super().__init__(message); self.raw_text, self.model_id = raw_text, model_id
+class ChatFailure(ForensicsLabError):
+    """A model call that gave no valid answer after repair and retries; the case records it as a failure.
+    It carries the usage of every attempt made before it failed (`input_tokens`, `output_tokens`,
+    `cost_usd`, `attempts`, `calls`), so failed cases are charged what they cost."""
+    def __init__(self, message: str, *, raw_text: str | None = None, model_id: str | None = None,
+                 input_tokens: int = 0, output_tokens: int = 0, cost_usd: float = 0.0, attempts: int = 0,
+                 calls: int = 0, usage_unknown: bool = False):
+        super().__init__(message)
+        self.raw_text, self.model_id = raw_text, model_id
+        self.input_tokens, self.output_tokens, self.cost_usd = input_tokens, output_tokens, cost_usd
+        self.attempts, self.calls, self.usage_unknown = attempts, calls, usage_unknown
 
 @runtime_checkable
 class ChatModel(Protocol):

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 
 from forensicslab.chat.cache import CacheMiss, ChatCache
 from forensicslab.core import ChatFailure, ChatMessage, Reply
-from forensicslab.chat.models import PromptTemplate, get_model
+from forensicslab.chat.cache import template_hash
+from forensicslab.chat.models import get_model
 from forensicslab.chat.reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, RetryPolicy, read_trace)
 from forensicslab.runs import Case, Run
 from forensicslab.chat.testing import Delayed, Fault, gemini_server, openai_server
@@ -104,11 +105,12 @@ def test_openai_429_honours_retry_after():
 
 
 def test_openai_timeout_is_retried_then_succeeds():
-    with openai_server(scripted(Delayed(1.5, GOOD), GOOD)) as url:
-        t0 = time.perf_counter()
-        r = oai(url, timeout=0.3).chat("hi", schema=Verdict)
-        dt = time.perf_counter() - t0
-    assert r.attempts == 2 and dt < 1.4
+    late = '{"verdict": "authentic", "confidence": 0.1}'
+    with openai_server(scripted(Delayed(3.0, late), GOOD)) as url:
+        r = oai(url, timeout=10.0, attempt_timeout=0.5).chat("hi", schema=Verdict)
+        assert url.hits == 2
+    # the first attempt was abandoned at its deadline: the answer is the second attempt's, not the late one
+    assert r.attempts == 2 and r.parsed.verdict == "manipulated"
 
 
 def test_attempts_are_bounded():
@@ -149,7 +151,7 @@ def test_gemini_roundtrip_with_image_and_schema():
                                    Delayed(1.5, GOOD)], ids=["429", "500", "malformed-json", "truncated-body", "timeout"])
 def test_gemini_transient_faults_are_retried(fault):
     with gemini_server(scripted(fault, GOOD)) as url:
-        r = gem(url, timeout=0.5).chat("hi", schema=Verdict)
+        r = gem(url, timeout=10.0, attempt_timeout=0.5).chat("hi", schema=Verdict)
         assert url.hits == 2
     assert r.attempts == 2 and r.parsed.confidence == 0.8
 
@@ -268,15 +270,15 @@ def test_cache_off_always_calls(tmp_path):
 def test_cache_key_covers_images_params_and_template(tmp_path):
     with openai_server(lambda req: "x") as url:
         m = oai(url, cache="rw", cache_path=tmp_path / "c.sqlite")
-        tmpl = PromptTemplate("t", "Look for {what}.")
+        tmpl = template_hash("Look for {what}.")
         m.chat(MSGS, temperature=0, template=tmpl)
         m.chat(MSGS, temperature=0, template=tmpl)                                    # hit
         m.chat([MSGS[0], ChatMessage.of("user", "Is this image manipulated?", IMAGE.copy())], temperature=0,
-               template=tmpl.hash)                                                     # same pixels: hit
+               template=tmpl)                                                          # same pixels: hit
         m.chat([MSGS[0], ChatMessage.of("user", "Is this image manipulated?", 255 - IMAGE)], temperature=0,
                template=tmpl)                                                          # other pixels: miss
         m.chat(MSGS, temperature=0, max_tokens=7, template=tmpl)                       # other params: miss
-        m.chat(MSGS, temperature=0, template=PromptTemplate("t", "Look for {what} now."))  # edited template: miss
+        m.chat(MSGS, temperature=0, template=template_hash("Look for {what} now."))    # edited template: miss
         assert url.hits == 4
 
 

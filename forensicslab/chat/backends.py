@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import io
 import json
 import os
@@ -21,15 +22,18 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel
 
-from ..core import ChatMessage
+from fastcore.basics import patch
+
+from ..core import ChatMessage, ForensicsLabError
 from ..imageio import LoadedImage, fit_within, load_image, pixel_hash
 from .reliability import (BackendError, MissingKeyError, TransientError, parse_retry_after, redact,
                                        register_secret)
 
 # %% auto #0
 __all__ = ['STRUCTURED_MODES', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
-           'schema_json', 'schema_instruction', 'with_schema_instruction', 'Backend', 'OpenAIBackend', 'GeminiBackend',
-           'resolve_device', 'load_processor', 'HFBackend']
+           'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction', 'Backend', 'OpenAIBackend',
+           'GeminiBackend', 'resolve_device', 'load_processor', 'UnsafeWeightsError', 'check_safe_weights',
+           'gguf_checkpoint', 'grammar_available', 'json_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #a44d76f6
 _SEND_AS_IS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -66,7 +70,9 @@ def image_part(src: Any, max_side: Optional[int] = None) -> ImagePart:
     if scale == 1.0 and im.path is not None and im.format in _SEND_AS_IS and not im.exif_transposed and not im.had_alpha:
         data, mime = Path(im.path).read_bytes(), _SEND_AS_IS[im.format]
     else:
-        buf = io.BytesIO(); Image.fromarray(rgb).save(buf, format="PNG"); data, mime = buf.getvalue(), "image/png"
+        buf = io.BytesIO()
+        Image.fromarray(rgb).save(buf, format="PNG")
+        data, mime = buf.getvalue(), "image/png"
     h = im.hash if scale == 1.0 else pixel_hash(rgb)
     return ImagePart(h, rgb.shape[1], rgb.shape[0], mime, data, source, rgb)
 
@@ -114,15 +120,29 @@ def prepare_messages(messages: Any, max_side: Optional[int] = None) -> list[Prep
 # %% ../../nbs/05a_chat.backends.ipynb #c3ebd90e
 @dataclass
 class Completion:
-    "One backend answer: text, token usage, the model name the server reported, the finish reason."
+    """One backend answer: text, token usage (None where the server reported none), the model name the
+    server reported, the finish reason."""
     text: str
-    input_tokens: int = 0
-    output_tokens: int = 0
+    input_tokens: Optional[int] = 0
+    output_tokens: Optional[int] = 0
     served_model: Optional[str] = None
     finish_reason: Optional[str] = None
 
-STRUCTURED_MODES = ("json_schema", "json_object", "prompt")
-"How a schema reaches the model: the API's JSON-schema mode, its JSON mode plus an instruction, or only an instruction."
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend's model can do: read images (`vision`), follow an API-enforced JSON schema
+    (`json_schema`), decode under a grammar (`constrained`), call tools, and its `context_length`
+    in tokens (None: unknown, not checked)."""
+    vision: bool = True
+    json_schema: bool = False
+    constrained: bool = False
+    tools: bool = False
+    context_length: Optional[int] = None
+
+STRUCTURED_MODES = ("auto", "json_schema", "json_object", "prompt", "constrained")
+"""How a schema reaches the model: `auto` (the best the backend supports), the API's JSON-schema mode, its
+JSON mode plus an instruction, only an instruction in the prompt, or engine-constrained decoding (local
+grammar for `hf:`, vLLM guided decoding for OpenAI-compatible servers)."""
 
 @functools.lru_cache(maxsize=512)
 def schema_json(schema: type[BaseModel]) -> dict:
@@ -131,7 +151,7 @@ def schema_json(schema: type[BaseModel]) -> dict:
 
 @functools.lru_cache(maxsize=512)
 def schema_instruction(schema: type[BaseModel]) -> str:
-    "The instruction added to the prompt when the API cannot enforce the schema itself."
+    "The generic format instruction the chat layer appends to a schema-bound prompt (the schema inlined)."
     return ("Answer with a single JSON object and nothing else (no prose, no code fences). "
             "It must validate against this JSON schema:\n" + json.dumps(schema_json(schema), separators=(",", ":")))
 
@@ -142,8 +162,11 @@ def with_schema_instruction(messages: list[Prepared], schema: type[BaseModel]) -
         return [Prepared("system", messages[0].parts + [note]), *messages[1:]]
     return [Prepared("system", [note]), *messages]
 
+
+# %% ../../nbs/05a_chat.backends.ipynb #c3ebd910
 class Backend:
-    "Base class: `provider`, `model`, `model_id` (`provider:model`), `default_concurrency`, and `complete(...)`."
+    """Base class: `provider`, `model`, `model_id` (`provider:model`), `default_concurrency`, `structured`
+    mode, declared `capabilities`, and `complete(...)`."""
     provider: str = ""
     model: str = ""
     default_concurrency: int = 8
@@ -152,6 +175,19 @@ class Backend:
 
     @property
     def model_id(self) -> str: return f"{self.provider}:{self.model}"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        "What the model can do (subclasses declare it)."
+        return Capabilities()
+
+    def effective_structured(self) -> str:
+        "The structured mode actually used: `auto` resolved for this backend."
+        return "json_schema" if self.structured == "auto" else self.structured
+
+    def count_tokens(self, messages: list[Prepared]) -> Optional[int]:
+        "Prompt tokens of `messages`: an estimate (4 characters a token, 85 an image) unless a backend counts exactly."
+        return sum(len(m.text) // 4 + 4 + 85 * len(m.images) for m in messages)
 
     def check_params(self, params: dict) -> None:
         "Reject unknown generation parameters by name (a typo must not silently change a run)."
@@ -173,13 +209,22 @@ class Backend:
         "One attempt: send `messages` (with `schema` if given) and return the `Completion`, or raise."
         raise NotImplementedError
 
+def _check_structured(mode: str) -> str:
+    if mode not in STRUCTURED_MODES: raise ValueError(f"structured must be one of {STRUCTURED_MODES}, got {mode!r}")
+    return mode
+
 def _key_from_env(names: tuple[str, ...], explicit: Optional[str], what: str) -> str:
-    if explicit: register_secret(explicit); return explicit
+    if explicit:
+        register_secret(explicit)
+        return explicit
     for n in names:
         v = os.environ.get(n)
-        if v: register_secret(v); return v
+        if v:
+            register_secret(v)
+            return v
     raise MissingKeyError(f"{what} needs an API key: set the environment variable {' or '.join(names)} "
                           f"(or pass api_key=... to get_model)")
+
 
 # %% ../../nbs/05a_chat.backends.ipynb #27716c67
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
@@ -200,20 +245,36 @@ def _openai_error(e: Exception, model_id: str) -> Exception:
     return e
 
 class OpenAIBackend(Backend):
-    "The official `openai` client against OpenAI or any OpenAI-compatible server."
+    """The official `openai` client against OpenAI or any OpenAI-compatible server. `vision`,
+    `json_schema` (whether the server enforces `response_format`), `tools` and `context_length`
+    declare what the served model can do (defaults: OpenAI's models read images and follow schemas;
+    a compatible server is assumed to read images and is not trusted to enforce schemas)."""
     def __init__(self, model: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 provider: str = "openai", structured: str = "json_schema", image_detail: str = "high",
-                 concurrency: int = 8, timeout: float = 60.0):
+                 provider: str = "openai", structured: str = "auto", image_detail: str = "high",
+                 concurrency: int = 8, timeout: float = 60.0, vision: bool = True, json_schema: Optional[bool] = None,
+                 tools: Optional[bool] = None, context_length: Optional[int] = None):
         import openai
-        if structured not in STRUCTURED_MODES: raise ValueError(f"structured must be one of {STRUCTURED_MODES}, got {structured!r}")
         self.provider, self.model, self.base_url = provider, model, base_url
-        self.structured, self.image_detail, self.default_concurrency = structured, image_detail, concurrency
-        if provider == "openai": key = _key_from_env(("OPENAI_API_KEY",), api_key, f"openai:{model}")
+        self.structured, self.image_detail, self.default_concurrency = _check_structured(structured), image_detail, concurrency
+        official = provider == "openai"
+        self._caps = Capabilities(vision=bool(vision), json_schema=official if json_schema is None else bool(json_schema),
+                                  constrained=not official, tools=official if tools is None else bool(tools),
+                                  context_length=context_length)
+        if official: key = _key_from_env(("OPENAI_API_KEY",), api_key, f"openai:{model}")
         else:
             key = api_key or os.environ.get("OPENAI_COMPATIBLE_API_KEY") or "not-needed"
             register_secret(key if key != "not-needed" else None)
         self.client, self.timeout = openai.OpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout), timeout
         self.PARAMS = Backend.PARAMS + ("reasoning_effort", "extra_body")
+
+    @property
+    def capabilities(self) -> Capabilities: return self._caps
+
+    def effective_structured(self) -> str:
+        """`auto`: OpenAI's JSON-schema mode; for a compatible server `response_format` AND the prompt
+        instruction (servers such as `transformers serve` ignore `response_format`)."""
+        if self.structured != "auto": return self.structured
+        return "json_schema" if self.provider == "openai" or self._caps.json_schema else "json_schema+prompt"
 
     def is_sampled(self, params: dict) -> bool:
         "Reasoning models (o-series, GPT-5) always sample at their default temperature."
@@ -225,43 +286,51 @@ class OpenAIBackend(Backend):
         return [{"type": "text", "text": p} if isinstance(p, str) else
                 {"type": "image_url", "image_url": {"url": p.data_url(), "detail": self.image_detail}} for p in m.parts]
 
-    def request(self, messages: list[Prepared], schema: Optional[type[BaseModel]], params: dict) -> dict:
-        "The keyword arguments for `client.chat.completions.create` (images inlined)."
-        if schema is not None and self.structured != "json_schema": messages = with_schema_instruction(messages, schema)
-        wire = []
-        for m in messages:
-            if m.role == "system" and m.images: raise ValueError("images are not allowed in a system message; put them in a user turn")
-            role = "user" if m.role == "tool" else m.role
-            wire.append({"role": role, "content": self._content(m) if role == "user" else m.text})
-        kw: dict = {"model": self.model, "messages": wire}
-        p = dict(params)
-        reasoning = self.provider == "openai" and self.model.startswith(_REASONING_PREFIXES)
-        if reasoning:  # these models accept only their default sampling; max_tokens is called max_completion_tokens
-            p.pop("temperature", None); p.pop("top_p", None)
-        if "max_tokens" in p:
-            kw["max_completion_tokens" if self.provider == "openai" else "max_tokens"] = p.pop("max_tokens")
-        if "extra_body" in p: kw["extra_body"] = p.pop("extra_body")
-        kw.update(p)
-        if schema is not None:
-            if self.structured == "json_schema": kw["response_format"] = _json_schema_format(schema)
-            elif self.structured == "json_object": kw["response_format"] = {"type": "json_object"}
-        return kw
 
-    def complete(self, messages, schema, params, timeout) -> Completion:
-        kw = self.request(messages, schema, params)
-        client = self.client if timeout == self.timeout else self.client.with_options(timeout=timeout)
-        try: r = client.chat.completions.create(**kw)
-        except Exception as e:
-            err = _openai_error(e, self.model_id)
-            if err is e: raise
-            raise err from None
-        if not getattr(r, "choices", None):
-            raise TransientError(f"{self.model_id}: response has no choices")
-        ch = r.choices[0]
-        text = ch.message.content or getattr(ch.message, "refusal", None) or ""
-        u = r.usage
-        return Completion(text, getattr(u, "prompt_tokens", 0) or 0, getattr(u, "completion_tokens", 0) or 0,
-                          r.model, ch.finish_reason)
+# %% ../../nbs/05a_chat.backends.ipynb #27716c68
+@patch
+def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type[BaseModel]], params: dict) -> dict:
+    "The keyword arguments for `client.chat.completions.create` (images inlined, schema per structured mode)."
+    mode = self.effective_structured()
+    if schema is not None and mode != "json_schema": messages = with_schema_instruction(messages, schema)
+    wire = []
+    for m in messages:
+        if m.role == "system" and m.images: raise ValueError("images are not allowed in a system message; put them in a user turn")
+        role = "user" if m.role == "tool" else m.role
+        wire.append({"role": role, "content": self._content(m) if role == "user" else m.text})
+    kw: dict = {"model": self.model, "messages": wire}
+    p = dict(params)
+    if self.provider == "openai" and self.model.startswith(_REASONING_PREFIXES):
+        p.pop("temperature", None)   # these models accept only their default sampling
+        p.pop("top_p", None)
+    if "max_tokens" in p:
+        kw["max_completion_tokens" if self.provider == "openai" else "max_tokens"] = p.pop("max_tokens")
+    extra = dict(p.pop("extra_body", None) or {})
+    kw.update(p)
+    if schema is not None:
+        if mode in ("json_schema", "json_schema+prompt", "constrained"): kw["response_format"] = _json_schema_format(schema)
+        elif mode == "json_object": kw["response_format"] = {"type": "json_object"}
+        if mode == "constrained": extra.setdefault("guided_json", schema_json(schema))   # vLLM guided decoding
+    if extra: kw["extra_body"] = extra
+    return kw
+
+@patch
+def complete(self: OpenAIBackend, messages, schema, params, timeout) -> Completion:
+    "One attempt through the official client; usage is None where the server reported none."
+    kw = self.request(messages, schema, params)
+    client = self.client if timeout == self.timeout else self.client.with_options(timeout=timeout)
+    try: r = client.chat.completions.create(**kw)
+    except Exception as e:
+        err = _openai_error(e, self.model_id)
+        if err is e: raise
+        raise err from None
+    if not getattr(r, "choices", None):
+        raise TransientError(f"{self.model_id}: response has no choices")
+    ch = r.choices[0]
+    text = ch.message.content or getattr(ch.message, "refusal", None) or ""
+    u = r.usage
+    return Completion(text, getattr(u, "prompt_tokens", None), getattr(u, "completion_tokens", None),
+                      r.model, ch.finish_reason)
 
 @functools.lru_cache(maxsize=512)
 def _json_schema_format(schema: type[BaseModel]) -> dict:
@@ -273,6 +342,7 @@ def _json_schema_format(schema: type[BaseModel]) -> dict:
         return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": schema_json(schema),
                                                         "strict": False}}
 
+
 # %% ../../nbs/05a_chat.backends.ipynb #00e130e0
 def _is_httpx_transient(e: Exception) -> bool:
     names = {c.__name__ for c in type(e).__mro__ if c.__module__.split(".")[0].startswith("httpx")}
@@ -281,11 +351,11 @@ def _is_httpx_transient(e: Exception) -> bool:
 class GeminiBackend(Backend):
     "The official `google-genai` client (Gemini API)."
     def __init__(self, model: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
-                 structured: str = "json_schema", concurrency: int = 8, timeout: float = 60.0):
+                 structured: str = "auto", concurrency: int = 8, timeout: float = 60.0):
         from google import genai
         from google.genai import types
-        if structured not in STRUCTURED_MODES: raise ValueError(f"structured must be one of {STRUCTURED_MODES}, got {structured!r}")
-        self.provider, self.model, self.base_url, self.structured = "gemini", model, base_url, structured
+        self.provider, self.model, self.base_url = "gemini", model, base_url
+        self.structured = _check_structured(structured)
         self.default_concurrency, self._types = concurrency, types
         key = _key_from_env(("GEMINI_API_KEY", "GOOGLE_API_KEY"), api_key, f"gemini:{model}")
         self._clients: dict[float, Any] = {}
@@ -294,15 +364,28 @@ class GeminiBackend(Backend):
         self._lock = threading.Lock()
         self.PARAMS = Backend.PARAMS + ("thinking_budget",)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        "Gemini models read images, follow a response JSON schema and call tools; 1M-token context."
+        return Capabilities(vision=True, json_schema=True, tools=True, context_length=1_048_576)
+
+    def effective_structured(self) -> str:
+        "`auto` and `constrained` are the API's own JSON-schema mode."
+        return "json_schema" if self.structured in ("auto", "constrained") else self.structured
+
     def _client(self, timeout: float):
+        t = max(round(float(timeout), 1), 0.1)    # one client per timeout, to a tenth of a second
         with self._lock:
-            if timeout not in self._clients: self._clients[timeout] = self._make(timeout)
-            return self._clients[timeout]
+            if t not in self._clients:
+                if len(self._clients) > 64: self._clients.clear()
+                self._clients[t] = self._make(t)
+            return self._clients[t]
 
     def request(self, messages: list[Prepared], schema, params: dict):
         "`(contents, config)` for `client.models.generate_content`."
         t = self._types
-        if schema is not None and self.structured == "prompt": messages = with_schema_instruction(messages, schema)
+        mode = self.effective_structured()
+        if schema is not None and mode == "prompt": messages = with_schema_instruction(messages, schema)
         system = "\n".join(m.text for m in messages if m.role == "system") or None
         contents = []
         for m in messages:
@@ -316,14 +399,14 @@ class GeminiBackend(Backend):
             if k == "thinking_budget": cfg["thinking_config"] = t.ThinkingConfig(thinking_budget=v)
             elif k == "stop": cfg["stop_sequences"] = [v] if isinstance(v, str) else list(v)
             else: cfg[names.get(k, k)] = v
-        if schema is not None and self.structured != "prompt":
+        if schema is not None and mode != "prompt":
             cfg["response_mime_type"] = "application/json"
-            if self.structured == "json_schema": cfg["response_json_schema"] = schema_json(schema)
+            if mode == "json_schema": cfg["response_json_schema"] = schema_json(schema)
         return contents, t.GenerateContentConfig(**cfg)
 
     def complete(self, messages, schema, params, timeout) -> Completion:
         from google.genai import errors
-        if schema is not None and self.structured == "json_object": messages = with_schema_instruction(messages, schema)
+        if schema is not None and self.effective_structured() == "json_object": messages = with_schema_instruction(messages, schema)
         contents, config = self.request(messages, schema, params)
         try: r = self._client(timeout).models.generate_content(model=self.model, contents=contents, config=config)
         except errors.APIError as e:
@@ -344,7 +427,8 @@ class GeminiBackend(Backend):
         u = r.usage_metadata
         out = (getattr(u, "candidates_token_count", 0) or 0) + (getattr(u, "thoughts_token_count", 0) or 0)
         finish = r.candidates[0].finish_reason if r.candidates else None
-        return Completion(text, getattr(u, "prompt_token_count", 0) or 0, out, r.model_version or self.model,
+        tin = getattr(u, "prompt_token_count", None) if u is not None else None
+        return Completion(text, tin, out if u is not None else None, r.model_version or self.model,
                           str(getattr(finish, "value", finish)) if finish is not None else None)
 
 # %% ../../nbs/05a_chat.backends.ipynb #56d2566f
@@ -388,16 +472,117 @@ def load_processor(path: str | Path):
     if not tmpl: raise ValueError(f"{path}: no chat template (chat_template.jinja or in the tokenizer config)")
     return _image_only_processor_class(base)(image_processor=ip, tokenizer=tok, chat_template=tmpl)
 
+
+# %% ../../nbs/05a_chat.backends.ipynb #56d2566e
+class UnsafeWeightsError(ForensicsLabError):
+    "A checkpoint whose weights are pickle files (`.bin`, `.pt`): refused, since unpickling can run code."
+
+_PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+
+def check_safe_weights(path: str | Path) -> None:
+    "Refuse a local checkpoint folder that holds pickle weights and no safetensors (one-line `UnsafeWeightsError`)."
+    p = Path(path)
+    if not p.is_dir() or any(p.glob("*.safetensors")): return
+    bad = sorted(q.name for pat in _PICKLE_WEIGHTS for q in p.glob(pat))
+    if bad:
+        raise UnsafeWeightsError(f"hf:{p}: refusing to load {bad[0]}: pickle weights can run code when loaded; "
+                                 f"only safetensors checkpoints are loaded (save the model with "
+                                 f"save_pretrained(..., safe_serialization=True) to get model.safetensors)")
+
+def _model_cache_root() -> Path:
+    env = os.environ.get("FORENSICSLAB_MODEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "forensicslab" / "models"
+
+def gguf_checkpoint(folder: str | Path, gguf_file: str, cache_dir: str | Path | None = None) -> Path:
+    """A plain safetensors checkpoint converted once from `folder/gguf_file` and cached (in `cache_dir`,
+    `$FORENSICSLAB_MODEL_CACHE` or `~/.cache/forensicslab/models`, keyed by the file's content hash).
+    transformers dequantises a GGUF file on every load and refuses to save a GGUF-loaded model, so its
+    weights are copied into a plain model of the same config and saved in bfloat16."""
+    src = Path(folder) / gguf_file
+    if not src.is_file(): raise ForensicsLabError(f"hf:{folder}#{gguf_file}: no such GGUF file {src}")
+    h = hashlib.sha256()
+    with open(src, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""): h.update(block)
+    out = Path(cache_dir or _model_cache_root()) / f"{src.stem}-{h.hexdigest()[:12]}"
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")): return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    q = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(q.config)
+    plain.load_state_dict(q.state_dict())
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    plain.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try: os.replace(tmp, out)
+    except OSError:            # another process converted it first
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# %% ../../nbs/05a_chat.backends.ipynb #56d2566c
+_ENFORCER_DATA: dict = {}
+_ENFORCER_LOCK = threading.Lock()
+
+def grammar_available() -> bool:
+    "Whether the grammar library for constrained decoding (`lm-format-enforcer`) is installed."
+    import importlib.util
+    return importlib.util.find_spec("lmformatenforcer") is not None
+
+def _tokenizer_data(tok):
+    "lm-format-enforcer's view of a tokenizer's vocabulary, built once per tokenizer (a few seconds)."
+    from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
+    with _ENFORCER_LOCK:
+        key = id(tok)
+        if key not in _ENFORCER_DATA:
+            n, special, zero = len(tok), set(tok.all_special_ids), tok.encode("0")[-1]
+            regular = []
+            for i in range(n):
+                if i in special: continue
+                after0, alone = tok.decode([zero, i])[1:], tok.decode([i])
+                regular.append((i, after0, len(after0) > len(alone)))
+            decode = lambda ids: tok.decode(ids).rstrip("\ufffd")
+            _ENFORCER_DATA[key] = (tok, TokenEnforcerTokenizerData(regular, decode, tok.eos_token_id, False, n))
+        return _ENFORCER_DATA[key][1]
+
+def json_prefix_fn(tok, schema: type[BaseModel]):
+    """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a
+    prefix of a JSON document valid under `schema` (lm-format-enforcer's JSON-schema parser). Built on
+    the library's core classes: its transformers module imports a path transformers 5 removed."""
+    from lmformatenforcer import JsonSchemaParser, TokenEnforcer
+    enforcer = TokenEnforcer(_tokenizer_data(tok), JsonSchemaParser(schema_json(schema)))
+    def allowed(batch_id, sent):
+        out = enforcer.get_allowed_tokens(sent.tolist())
+        return getattr(out, "allowed_tokens", out)
+    return allowed
+
+
+# %% ../../nbs/05a_chat.backends.ipynb #56d2566b
 _LOADED: dict = {}
 _LOADED_LOCK = threading.Lock()
 
+def _load_net(path: str, dtype):
+    "`(model, is_vlm)`: a vision-language model if transformers knows one for the config, else a causal LM."
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    try: return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, use_safetensors=True), True
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e): raise
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True), False
+
 class HFBackend(Backend):
-    "A local `transformers` vision-language model (`AutoModelForImageTextToText` + processor + chat template)."
+    """A local `transformers` model: a vision-language model (`AutoModelForImageTextToText` + processor)
+    or a text-only causal LM (`AutoModelForCausalLM` + tokenizer), from a folder, a hub id, or a GGUF
+    file (`gguf_file`, converted once to safetensors). Schema-bound calls decode under the schema's
+    grammar (`structured='constrained'`, the default when lm-format-enforcer is installed)."""
     default_concurrency = 1
     def __init__(self, path: str, device: str = "auto", dtype: str = "auto", processor=None, model=None,
-                 max_new_tokens: int = 512, timeout: float = 600.0):
-        self.provider, self.path, self.structured = "hf", str(path), "prompt"
-        self.model = Path(path).name if Path(path).exists() else str(path)
+                 max_new_tokens: int = 512, timeout: float = 600.0, structured: str = "auto",
+                 gguf_file: Optional[str] = None, cache_dir: str | Path | None = None):
+        self.provider, self.path, self.gguf_file, self.cache_dir = "hf", str(path), gguf_file, cache_dir
+        self.structured = _check_structured(structured)
+        self.model = Path(gguf_file).stem if gguf_file else (Path(path).name if Path(path).exists() else str(path))
         self.device, self.dtype = resolve_device(device, dtype)
         self.max_new_tokens, self._proc, self._net = max_new_tokens, processor, model
         self.PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "seed", "repetition_penalty")
@@ -405,43 +590,96 @@ class HFBackend(Backend):
     def is_sampled(self, params: dict) -> bool:
         return float(params.get("temperature") or 0) > 0   # transformers decodes greedily by default
 
+    def effective_structured(self) -> str:
+        "`auto` and `json_schema` mean grammar-constrained decoding when the grammar library is installed."
+        if self.structured in ("auto", "json_schema", "constrained"):
+            if grammar_available(): return "constrained"
+            if self.structured == "constrained":
+                raise ForensicsLabError("structured='constrained' needs lm-format-enforcer: pip install 'forensicslab[tiny-llm]'")
+        return "prompt" if self.structured in ("auto", "json_schema") else self.structured
+
     def load(self):
-        "Load (once per folder, device and dtype) the weights and processor; returns `(model, processor, lock)`."
-        key = (self.path, self.device, str(self.dtype))
+        "Load (once per checkpoint, device and dtype) weights and processor; returns `(model, processor, lock, is_vlm)`."
         with _LOADED_LOCK:
+            path = self.path
+            if self.gguf_file and self._net is None: path = str(gguf_checkpoint(self.path, self.gguf_file, self.cache_dir))
+            key = (path, self.device, str(self.dtype), id(self._net))
             if key not in _LOADED:
-                from transformers import AutoModelForImageTextToText
-                if self._net is None and not Path(self.path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-                    raise FileNotFoundError(f"hf:{self.path}: no such folder and the hub is offline")
-                net = self._net or AutoModelForImageTextToText.from_pretrained(self.path, dtype=self.dtype)
+                if self._net is None and not Path(path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+                    raise ForensicsLabError(f"hf:{path}: no such folder and the hub is offline")
+                if self._net is None: check_safe_weights(path)
+                if self._net is not None: net, vlm = self._net, hasattr(self._proc, "image_processor")
+                else: net, vlm = _load_net(path, self.dtype)
                 net = net.to(self.device).eval()
-                proc = self._proc or load_processor(self.path)
-                _LOADED[key] = (net, proc, threading.Lock())
+                if self._proc is not None: proc = self._proc
+                elif vlm: proc = load_processor(path)
+                else:
+                    from transformers import AutoTokenizer
+                    proc = AutoTokenizer.from_pretrained(path)
+                _LOADED[key] = (net, proc, threading.Lock(), vlm and getattr(proc, "image_processor", None) is not None)
             return _LOADED[key]
 
-    def complete(self, messages, schema, params, timeout) -> Completion:
-        import torch
-        net, proc, lock = self.load()
-        if schema is not None: messages = with_schema_instruction(messages, schema)
-        conv = [{"role": "user" if m.role == "tool" else m.role,
-                 "content": [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p.pil()}
-                             for p in m.parts]} for m in messages]
-        gen = {"max_new_tokens": int(params.get("max_tokens") or self.max_new_tokens), "max_time": float(timeout)}
-        if self.is_sampled(params):
-            gen.update(do_sample=True, temperature=float(params["temperature"]))
-            for k in ("top_p", "top_k"):
-                if k in params: gen[k] = params[k]
-        else: gen["do_sample"] = False
-        if "repetition_penalty" in params: gen["repetition_penalty"] = params["repetition_penalty"]
+    @property
+    def capabilities(self) -> Capabilities:
+        "Loads the model to read them: vision for a VLM, grammar decoding when installed, tools from the chat template."
+        net, proc, _, vlm = self.load()
+        cfg = getattr(net.config, "text_config", None) or net.config
         tok = getattr(proc, "tokenizer", proc)
-        with lock, torch.no_grad():
-            batch = proc.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                             return_tensors="pt").to(net.device)
-            if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(net.dtype)
-            if "seed" in params: torch.manual_seed(int(params["seed"]))
-            ids = net.generate(**batch, pad_token_id=tok.pad_token_id, **gen)
-        n_in = batch["input_ids"].shape[1]
-        new = ids[0, n_in:]
-        text = tok.decode(new, skip_special_tokens=True)
-        finish = "length" if len(new) >= gen["max_new_tokens"] else "stop"
-        return Completion(text.strip(), int(n_in), int(len(new)), self.model, finish)
+        tmpl = getattr(proc, "chat_template", None) or getattr(tok, "chat_template", None) or ""
+        return Capabilities(vision=vlm, json_schema=False, constrained=grammar_available(), tools="tools" in tmpl,
+                            context_length=getattr(cfg, "max_position_embeddings", None))
+
+
+# %% ../../nbs/05a_chat.backends.ipynb #56d2566a
+_IMAGE_NOTE = "[image omitted: this model reads text only]"
+
+@patch
+def render(self: HFBackend, messages: list[Prepared], vlm: bool) -> list[dict]:
+    """The conversation in the form the chat template accepts: content parts for a VLM processor, one
+    string per turn for a text-only template (an image part there becomes an explicit note)."""
+    conv = []
+    for m in messages:
+        role = "user" if m.role == "tool" else m.role
+        if vlm: content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p.pil()}
+                           for p in m.parts]
+        else: content = "\n".join(p if isinstance(p, str) else _IMAGE_NOTE for p in m.parts)
+        conv.append({"role": role, "content": content})
+    return conv
+
+@patch
+def _encode(self: HFBackend, messages: list[Prepared], schema):
+    net, proc, lock, vlm = self.load()
+    if schema is not None: messages = with_schema_instruction(messages, schema)
+    conv = self.render(messages, vlm)
+    batch = proc.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+    return batch.to(net.device)
+
+@patch
+def count_tokens(self: HFBackend, messages: list[Prepared]) -> Optional[int]:
+    "Exact prompt tokens (the model's own chat template and tokenizer)."
+    return int(self._encode(messages, None)["input_ids"].shape[1])
+
+@patch
+def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
+    "Generate one reply; a schema-bound call decodes under the schema's grammar in constrained mode."
+    import torch
+    net, proc, lock, vlm = self.load()
+    gen = {"max_new_tokens": int(params.get("max_tokens") or self.max_new_tokens), "max_time": float(timeout)}
+    if self.is_sampled(params):
+        gen.update(do_sample=True, temperature=float(params["temperature"]))
+        gen.update({k: params[k] for k in ("top_p", "top_k") if k in params})
+    else: gen["do_sample"] = False
+    if "repetition_penalty" in params: gen["repetition_penalty"] = params["repetition_penalty"]
+    tok = getattr(proc, "tokenizer", proc)
+    if schema is not None and self.effective_structured() == "constrained": gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema)
+    with lock, torch.no_grad():
+        batch = self._encode(messages, schema)
+        if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(net.dtype)
+        if "seed" in params: torch.manual_seed(int(params["seed"]))
+        ids = net.generate(**batch, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, **gen)
+    n_in = batch["input_ids"].shape[1]
+    new = ids[0, n_in:]
+    text = tok.decode(new, skip_special_tokens=True)
+    finish = "length" if len(new) >= gen["max_new_tokens"] else "stop"
+    return Completion(text.strip(), int(n_in), int(len(new)), self.model, finish)
+

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from ..core import ForensicsLabError
+
 # %% auto #0
 __all__ = ['CACHE_MODES', 'CacheMiss', 'cache_key', 'template_hash', 'ChatCache', 'SampleCounter', 'default_cache_path']
 
@@ -24,7 +26,7 @@ __all__ = ['CACHE_MODES', 'CacheMiss', 'cache_key', 'template_hash', 'ChatCache'
 CACHE_MODES = ("off", "rw", "replay")
 "Cache modes: no cache, read-write (record), replay-only."
 
-class CacheMiss(LookupError):
+class CacheMiss(ForensicsLabError, LookupError):
     "Replay mode found no stored reply for a call; the message names the case, role and model."
 
 def _canonical(obj: Any) -> str:
@@ -46,7 +48,8 @@ def template_hash(text: str) -> str:
 class ChatCache:
     "A SQLite (WAL) store of replies keyed by `cache_key`; safe for concurrent threads and processes."
     def __init__(self, path: str | Path, busy_timeout_s: float = 60.0):
-        self.path = Path(path); self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.busy_timeout_s = busy_timeout_s
         self._local = threading.local()
         with self._conn() as c:
@@ -57,7 +60,8 @@ class ChatCache:
         c = getattr(self._local, "conn", None)
         if c is None:
             c = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
-            c.execute("PRAGMA journal_mode=WAL"); c.execute("PRAGMA synchronous=NORMAL")
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("PRAGMA synchronous=NORMAL")
             c.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             self._local.conn = c
         return c
@@ -80,7 +84,9 @@ class ChatCache:
     def close(self) -> None:
         "Close this thread's connection."
         c = getattr(self._local, "conn", None)
-        if c is not None: c.close(); self._local.conn = None
+        if c is not None:
+            c.close()
+            self._local.conn = None
 
     def __repr__(self): return f"ChatCache({str(self.path)!r})"
 
@@ -98,12 +104,14 @@ _SHARED_LOCK = threading.Lock()
 class SampleCounter:
     "Numbers the sampled calls of one model: the n-th call with the same content key gets index n-1."
     def __init__(self):
-        self._n: dict[str, int] = defaultdict(int); self._lock = threading.Lock()
+        self._n: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
 
     def next(self, base_key: str) -> int:
         "The next sample index for content key `base_key` (0, 1, 2, ...)."
         with self._lock:
-            i = self._n[base_key]; self._n[base_key] += 1
+            i = self._n[base_key]
+            self._n[base_key] += 1
             return i
 
     def reset(self) -> None:

@@ -7,40 +7,94 @@ Docs: https://forensicslab.github.io/forensicslab/chat.cli.html.md"""
 # %% ../../nbs/05e_chat.cli.ipynb #a355a06e
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .cache import CacheMiss, ChatCache, default_cache_path
-from .models import get_model
-from .reliability import MissingKeyError, PriceTable, redact
-from ..core import ChatFailure, ChatMessage
+from .cache import ChatCache, default_cache_path
+from .models import ModelControls, get_model
+from .reliability import PriceTable, redact
+from ..core import ChatMessage, ForensicsLabError
 
 
 # %% auto #0
-__all__ = ['models_app', 'ask_cmd', 'cache_info_cmd', 'prices_cmd']
+__all__ = ['models_app', 'controls_from_options', 'model_options', 'ask_cmd', 'cache_info_cmd', 'prices_cmd']
+
+# %% ../../nbs/05e_chat.cli.ipynb #e1b9e39b
+_OPTIONS = [
+    ("backend", list[str], [], "--backend", "model spec per role, ROLE=SPEC (repeatable); a bare SPEC is every role"),
+    ("max_tokens", Optional[int], None, "--max-tokens", "cap on reply tokens (overrides the roles' own)"),
+    ("temperature", Optional[float], None, "--temperature", "sampling temperature (overrides the roles' own)"),
+    ("timeout", Optional[float], None, "--timeout", "total seconds per model exchange, retries included"),
+    ("attempts", Optional[int], None, "--attempts", "attempts per exchange, within the timeout"),
+    ("structured", Optional[str], None, "--structured", "auto | json_schema | json_object | prompt | constrained"),
+    ("budget_usd", Optional[float], None, "--budget-usd", "stop the run when this much is spent"),
+    ("budget_tokens", Optional[int], None, "--budget-tokens", "stop the run after this many tokens"),
+    ("trace", Optional[Path], None, "--trace", "JSONL trace of every model exchange"),
+    ("cache", Optional[str], None, "--cache", "reply cache: off | rw | replay"),
+    ("model_controls", Optional[str], None, "--model-controls", "all of the above as JSON/YAML text or a .json/.yaml file"),
+]
+
+def controls_from_options(backend=(), model_controls=None, **flat) -> ModelControls:
+    "A `ModelControls` from the values of the options `model_options` adds (the flat ones win over --model-controls)."
+    c = ModelControls.of(model_controls)
+    roles = dict(c.backends)
+    for b in backend or ():
+        role, sep, spec = b.partition("=")
+        if sep and ":" not in role: roles[role.strip()] = spec.strip()
+        else: roles["*"] = b.strip()
+    flat = {k: (str(v) if isinstance(v, Path) else v) for k, v in flat.items()}
+    return ModelControls.of({**c.model_dump(), "backends": roles}, **flat)
+
+def model_options(fn):
+    """Decorator for a Typer command: adds the model run-control options (`--backend ROLE=SPEC`,
+    `--max-tokens`, `--temperature`, `--timeout`, `--attempts`, `--structured`, `--budget-usd`,
+    `--budget-tokens`, `--trace`, `--cache`, `--model-controls`) and calls `fn(..., controls=ModelControls)`.
+    A bad value is a one-line error, exit 2."""
+    sig = inspect.signature(fn)
+    kept = [p for name, p in sig.parameters.items() if name != "controls"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
+                               default=typer.Option(default, flag, help=help_)) for name, ann, default, flag, help_ in _OPTIONS]
+    names = [o[0] for o in _OPTIONS]
+    @functools.wraps(fn)
+    def wrapper(*args, **kw):
+        opts = {n: kw.pop(n, None) for n in names}
+        try: controls = controls_from_options(**opts)
+        except ForensicsLabError as e:
+            typer.echo(f"error: {redact(e)}", err=True)
+            raise typer.Exit(2)
+        return fn(*args, controls=controls, **kw)
+    wrapper.__signature__ = sig.replace(parameters=kept + added)
+    return wrapper
+
 
 # %% ../../nbs/05e_chat.cli.ipynb #e1b9e39d
 models_app = typer.Typer(help="Chat model backends: try a model, inspect the reply cache and the price table.",
                          no_args_is_help=True)
 
 @models_app.command("ask")
-def ask_cmd(spec: str = typer.Argument(..., help="e.g. openai:gpt-4o, openai-compatible:http://host:8000/v1#model, gemini:gemini-2.5-pro, hf:/path"),
+@model_options
+def ask_cmd(spec: str = typer.Argument(..., help="e.g. openai:gpt-4o, openai-compatible:http://host:8000/v1#model, gemini:gemini-2.5-pro, hf:/path, hf:/folder#model.gguf"),
             prompt: str = typer.Argument(..., help="the user message"),
             image: list[Path] = typer.Option([], "--image", "-i", help="image file(s) to attach"),
             system: Optional[str] = typer.Option(None, help="a system message"),
-            temperature: float = typer.Option(0.0), max_tokens: int = typer.Option(512),
             base_url: Optional[str] = typer.Option(None, help="override the endpoint"),
-            cache: str = typer.Option("off", help="off | rw | replay"), timeout: float = typer.Option(60.0)):
-    "Send one message to a model and print the reply, usage, cost and latency."
+            controls: ModelControls = None):
+    "Send one message to a model and print the reply, usage, cost and latency (cache off unless --cache is given)."
+    if controls.cache == "rw" and "cache" not in controls.model_fields_set: controls = ModelControls.of(controls, cache="off")
     try:
-        m = get_model(spec, cache=cache, base_url=base_url, timeout=timeout)
+        m = get_model(controls.spec_for("ask", spec), controls=controls, base_url=base_url)
         msgs = ([ChatMessage.of("system", system)] if system else []) + [ChatMessage.of("user", prompt, *image)]
-        r = m.chat(msgs, temperature=temperature, max_tokens=max_tokens)
-    except (MissingKeyError, ValueError, ChatFailure, CacheMiss, FileNotFoundError) as e:
-        typer.echo(f"error: {redact(e)}", err=True); raise typer.Exit(1)
+        r = m.chat(msgs, temperature=controls.temperature if controls.temperature is not None else 0.0,
+                   max_tokens=controls.max_tokens or 512)
+    except (ForensicsLabError, ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {redact(e)}", err=True)
+        raise typer.Exit(1)
     typer.echo(r.text)
+    for n in r.notes: typer.echo(f"note: {n}", err=True)
     typer.echo(f"[{r.model_id}] in={r.input_tokens} out={r.output_tokens} cost=${r.cost_usd:.6f} "
                f"latency={r.latency_s:.2f}s attempts={r.attempts} cached={r.cached}", err=True)
 
@@ -48,7 +102,9 @@ def ask_cmd(spec: str = typer.Argument(..., help="e.g. openai:gpt-4o, openai-com
 def cache_info_cmd(path: Optional[Path] = typer.Argument(None, help="cache file (default: $FORENSICSLAB_CACHE or .cache/chat.sqlite)")):
     "Count the stored replies per model id."
     p = path or default_cache_path()
-    if not Path(p).exists(): typer.echo(f"error: no cache at {p}", err=True); raise typer.Exit(1)
+    if not Path(p).exists():
+        typer.echo(f"error: no cache at {p}", err=True)
+        raise typer.Exit(1)
     rows = ChatCache(p)._conn().execute("SELECT model_id, COUNT(*), MIN(created), MAX(created) FROM replies "
                                        "GROUP BY model_id ORDER BY model_id").fetchall()
     typer.echo(f"{p}: {sum(r[1] for r in rows)} replies")
@@ -61,3 +117,4 @@ def prices_cmd():
     typer.echo(f"# {t.source}")
     for prov, rows in t.table.items():
         for m, r in (rows or {}).items(): typer.echo(f"{prov:18s} {m:26s} in {r['input']:>7.3f}  out {r['output']:>7.3f}")
+

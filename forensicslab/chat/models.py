@@ -7,36 +7,42 @@ Docs: https://forensicslab.github.io/forensicslab/chat.models.html.md"""
 # %% ../../nbs/05_chat.models.ipynb #f2dd659f
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Literal, Optional, Union
 
-from pydantic import BaseModel, ValidationError
+import yaml
+from fastcore.basics import patch
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
-from .backends import (Backend, Completion, GeminiBackend, HFBackend, OpenAIBackend, Prepared,
-                                   prepare_messages, schema_json)
-from .cache import (CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path,
-                                template_hash)
-from ..core import ChatFailure, ChatMessage, ChatModel, Reply
+from .backends import (Backend, Capabilities, Completion, GeminiBackend, HFBackend, OpenAIBackend,
+                                        Prepared, prepare_messages, schema_json, with_schema_instruction)
+from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
+from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Reply
 from .reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, PriceTable,
-                                       RetryPolicy, Tracer, call_with_retries, install_log_redaction, redact)
+                                           RetryPolicy, Tracer, call_with_retries, clean_usage, install_log_redaction,
+                                           redact)
 
 install_log_redaction()
 
+
 # %% auto #0
-__all__ = ['BACKENDS', 'ModelSpec', 'parse_spec', 'repair_json', 'SchemaError', 'parse_reply', 'Model', 'get_model',
-           'PromptTemplate']
+__all__ = ['BACKENDS', 'ModelSpec', 'parse_spec', 'repair_json', 'SchemaError', 'parse_reply', 'chat_context', 'current_context',
+           'usage_of', 'ReplyTooLarge', 'ContextTooLong', 'CapabilityError', 'Model', 'get_model', 'ControlsError',
+           'ModelControls']
 
 # %% ../../nbs/05_chat.models.ipynb #e199e767
 BACKENDS = ("openai", "openai-compatible", "gemini", "hf")
 "Backend kinds a spec may name."
 
-_SPEC_HELP = ("use 'openai:MODEL', 'openai-compatible:BASE_URL#MODEL', 'gemini:MODEL' or 'hf:PATH_OR_REPO', "
+_SPEC_HELP = ("use 'openai:MODEL', 'openai-compatible:BASE_URL#MODEL', 'gemini:MODEL', 'hf:PATH_OR_REPO' or 'hf:/folder#model.gguf', "
               "or a dict {'backend': ..., 'model': ..., 'base_url': ...}")
 
 @dataclass
@@ -47,7 +53,8 @@ class ModelSpec:
     base_url: Optional[str] = None
     options: dict = None
 
-    def __post_init__(self): self.options = dict(self.options or {})
+    def __post_init__(self):
+        self.options = dict(self.options or {})
 
 def parse_spec(spec: Union[str, dict, ModelSpec]) -> ModelSpec:
     "Parse `'kind:model'`, `'openai-compatible:URL#model'` or a dict into a `ModelSpec`."
@@ -67,6 +74,10 @@ def parse_spec(spec: Union[str, dict, ModelSpec]) -> ModelSpec:
             raise ValueError(f"bad spec {spec!r}: an OpenAI-compatible server is 'openai-compatible:http://host:port/v1#MODEL'")
         return ModelSpec(kind, model, url)
     if not rest: raise ValueError(f"bad model spec {spec!r}: the model name is missing; {_SPEC_HELP}")
+    if kind == "hf" and "#" in rest:   # hf:/folder#model.gguf: a GGUF file, converted once to safetensors
+        folder, _, gguf = rest.rpartition("#")
+        if not folder or not gguf.endswith(".gguf"): raise ValueError(f"bad spec {spec!r}: a GGUF model is 'hf:/folder#model.gguf'")
+        return ModelSpec(kind, folder, options={"gguf_file": gguf})
     return ModelSpec(kind, rest)
 
 # %% ../../nbs/05_chat.models.ipynb #9acc40ea
@@ -81,7 +92,8 @@ def _close(out: list[str], stack: list[str]) -> str:
             if s.endswith('"'):
                 i = s.rfind('"', 0, len(s) - 1)
                 s = s[:i].rstrip() if i >= 0 else s
-        else: s = s[:-1].rstrip()
+        else:
+            s = s[:-1].rstrip()
     return s + "".join(reversed(stack))
 
 def repair_json(text: str) -> str:
@@ -100,13 +112,21 @@ def repair_json(text: str) -> str:
                 if c == "'": out[-1] = "'"   # \' is not JSON: keep the bare quote
                 else: out.append(c)
                 esc = False
-            elif c == "\\": out.append(c); esc = True
-            elif c == quote: out.append('"'); quote = None
+            elif c == "\\":
+                out.append(c)
+                esc = True
+            elif c == quote:
+                out.append('"')
+                quote = None
             elif c == '"': out.append('\\"')
             elif c == "\n": out.append("\\n")
             else: out.append(c)
-        elif c in "\"'": quote = c; out.append('"')
-        elif c in "{[": stack.append("}" if c == "{" else "]"); out.append(c)
+        elif c in "\"'":
+            quote = c
+            out.append('"')
+        elif c in "{[":
+            stack.append("}" if c == "{" else "]")
+            out.append(c)
         elif c in "}]":
             while out and out[-1].isspace(): out.pop()
             if out and out[-1] == ",": out.pop()
@@ -116,14 +136,16 @@ def repair_json(text: str) -> str:
         elif c.isalpha() or c == "_":
             j = i
             while j < len(s) and (s[j].isalnum() or s[j] == "_"): j += 1
-            w = s[i:j]; out.append(_WORDS.get(w, w)); i = j; continue
+            out.append(_WORDS.get(s[i:j], s[i:j]))
+            i = j
+            continue
         else: out.append(c)
         i += 1
     if quote: out.append('"')
     return _close(out, stack) if stack else "".join(out)
 
 # %% ../../nbs/05_chat.models.ipynb #5c092b50
-class SchemaError(ValueError):
+class SchemaError(ForensicsLabError, ValueError):
     "A reply that does not validate against its schema, even after repair."
 
 def _describe(e: Exception) -> str:
@@ -141,8 +163,38 @@ def parse_reply(text: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
             if not fixed.strip().startswith(("{", "[")): raise SchemaError("the reply holds no JSON object") from None
             raise SchemaError(_describe(e)) from None
 
+# %% ../../nbs/05_chat.models.ipynb #eabd8216
+_CTX: contextvars.ContextVar = contextvars.ContextVar("forensicslab_chat_context", default={})
+
+@contextmanager
+def chat_context(**fields):
+    """Name the `case` (and `role`, `template`) of every model call made inside the block, for traces and
+    error messages, without passing them through each agent; explicit `chat(case=..., role=...)` wins.
+    A context variable: enter it in the thread that makes the calls (e.g. inside a run's case function)."""
+    tok = _CTX.set({**_CTX.get(), **{k: v for k, v in fields.items() if v is not None}})
+    try: yield
+    finally: _CTX.reset(tok)
+
+def current_context() -> dict:
+    "The fields set by the enclosing `chat_context` blocks."
+    return dict(_CTX.get())
+
+def usage_of(result: Any) -> dict:
+    """The usage of a `Reply` or a `ChatFailure` (every attempt, failed ones included) as row fields:
+    `calls`, `attempts`, `input_tokens`, `output_tokens`, `cost_usd`, `usage_unknown`."""
+    return {k: getattr(result, k, d) for k, d in (("calls", 0), ("attempts", 0), ("input_tokens", 0),
+                                                  ("output_tokens", 0), ("cost_usd", 0.0), ("usage_unknown", False))}
+
+
 # %% ../../nbs/05_chat.models.ipynb #18401bcd
-_BOOKKEEPING = ("case", "role", "template", "sample")
+class ReplyTooLarge(ChatFailure):
+    "A reply longer than the model's `max_reply_chars`: refused, nothing cached or traced of it."
+
+class ContextTooLong(ChatFailure):
+    "A prompt that does not fit the model's context length (reported before the call)."
+
+class CapabilityError(ChatFailure):
+    "A call the model cannot serve, e.g. images a role requires sent to a text-only model."
 
 def _reask_messages(prepared: list[Prepared], bad_text: str, error: str, schema: type[BaseModel]) -> list[Prepared]:
     note = ("Your previous answer could not be used because it does not match the required format: "
@@ -158,23 +210,59 @@ def _limiter(endpoint: str, n: int) -> threading.BoundedSemaphore:
     with _LIMITERS_LOCK:
         return _LIMITERS.setdefault((endpoint, n), threading.BoundedSemaphore(n))
 
+@dataclass
+class _Tally:
+    "Usage summed over every exchange of one `chat` call, failed and invalid ones included."
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    attempts: int = 0
+    calls: int = 0
+    latency_s: float = 0.0
+    unknown: bool = False
+
+    def add(self, info: dict) -> None:
+        "Add one exchange's `info` (tokens, cost, attempts, latency)."
+        self.input_tokens += info.get("input_tokens", 0)
+        self.output_tokens += info.get("output_tokens", 0)
+        self.cost_usd += info.get("cost_usd", 0.0)
+        self.attempts += info.get("attempts", 0)
+        self.calls += 1 if info.get("cache") != "hit" else 0
+        self.latency_s += info.get("latency_s", 0.0)
+        self.unknown = self.unknown or bool(info.get("usage_unknown"))
+
+    def fields(self) -> dict:
+        "As `Reply` / `ChatFailure` keyword arguments."
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens, "cost_usd": self.cost_usd,
+                "attempts": self.attempts, "calls": self.calls, "usage_unknown": self.unknown}
+
+    def charge(self, e: ChatFailure) -> ChatFailure:
+        "`e` with this tally's usage added to what it already carries."
+        for k in ("input_tokens", "output_tokens", "cost_usd", "calls"): setattr(e, k, getattr(self, k) + (getattr(e, k, 0) or 0))
+        e.attempts = self.attempts + (getattr(e, "attempts", 0) or 0)
+        e.usage_unknown = self.unknown or getattr(e, "usage_unknown", False)
+        return e
+
 class Model:
     "A chat model: a backend plus structured output, cache, retries, budget, cost and traces (thread-safe)."
     def __init__(self, backend: Backend, *, cache: str = "off", cache_path: str | Path | None = None,
                  trace_path: str | Path | None = None, run: Optional[str] = None, budget: Optional[Budget] = None,
                  prices: Any = None, retry: Optional[RetryPolicy] = None, timeout: float = 60.0,
-                 concurrency: Optional[int] = None, max_image_side: Optional[int] = None, defaults: dict | None = None):
+                 concurrency: Optional[int] = None, max_image_side: Optional[int] = None, defaults: dict | None = None,
+                 overrides: dict | None = None, max_reply_chars: int = 200_000, role: Optional[str] = None,
+                 attempt_timeout: Optional[float] = None):
         if cache not in CACHE_MODES: raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-        self.backend, self.cache_mode = backend, cache
+        self.backend, self.cache_mode, self.role = backend, cache, role
         self.cache = None if cache == "off" else ChatCache.shared(cache_path or default_cache_path())
         self.samples = SampleCounter()
         self.tracer = trace_path if isinstance(trace_path, Tracer) else Tracer(trace_path, run=run)
         self.budget, self.prices = budget, PriceTable.load(prices)
-        self.retry, self.timeout = retry or RetryPolicy(), timeout
+        self.retry, self.timeout, self.max_reply_chars = retry or RetryPolicy(), timeout, max_reply_chars
+        self.attempt_timeout = attempt_timeout
         self.concurrency = concurrency or backend.default_concurrency
         self._slots = _limiter(backend.endpoint, self.concurrency)
-        self.max_image_side, self.defaults = max_image_side, dict(defaults or {})
-        backend.check_params(self.defaults)
+        self.max_image_side, self.defaults, self.overrides = max_image_side, dict(defaults or {}), dict(overrides or {})
+        backend.check_params({**self.defaults, **self.overrides})
         self.stats = {"calls": 0, "network": 0, "hits": 0}
         self._stats_lock = threading.Lock()
 
@@ -183,128 +271,227 @@ class Model:
         "The backend's model id, e.g. `openai:gpt-4o` (what rows and caches record)."
         return self.backend.model_id
 
+    @property
+    def capabilities(self) -> Capabilities:
+        "What the backend's model declares it can do (vision, JSON schema, tools, context length)."
+        return self.backend.capabilities
+
     def __repr__(self):
         return f"Model({self.model_id!r}, cache={self.cache_mode!r}, concurrency={self.concurrency})"
 
     def _count(self, k: str):
         with self._stats_lock: self.stats[k] += 1
 
-    # one exchange with the backend, through cache, budget, concurrency limit and retries
-    def _exchange(self, prepared: list[Prepared], schema, params: dict, ctx: dict, step: str) -> tuple[Completion, dict]:
-        refs = [m.ref(for_key=True) for m in prepared]
-        sj = schema_json(schema) if schema is not None else None
-        info = {"cache": self.cache_mode if self.cache_mode == "off" else "miss", "attempts": 0, "sample": None}
-        key = None
-        if self.backend.is_sampled(params):
-            base = cache_key(self.model_id, refs, params, sj, ctx.get("template"))
-            info["sample"] = ctx["sample"] if ctx.get("sample") is not None else (
-                self.samples.next(base) if self.cache is not None else None)
-        if self.cache is not None:
-            key = cache_key(self.model_id, refs, params, sj, ctx.get("template"), info["sample"])
-            hit = self.cache.get(key)
-            if hit is not None:
-                self._count("hits")
-                info.update(cache="hit", key=key, attempts=0, latency_s=hit.get("latency_s", 0.0), cost_usd=hit.get("cost_usd", 0.0))
-                return Completion(hit["text"], hit.get("input_tokens", 0), hit.get("output_tokens", 0),
-                                  hit.get("served_model"), hit.get("finish_reason")), info
-            if self.cache_mode == "replay":
-                raise CacheMiss(f"replay cache miss for case {ctx.get('case')!r} (role {ctx.get('role')!r}, {step}) "
-                                f"with {self.model_id} in {self.cache.path}: key {key[:16]}; record it first "
-                                f"with cache='rw' or check that prompts, images and parameters are unchanged")
-        if self.budget is not None: self.budget.check(f"{self.model_id} call for case {ctx.get('case')!r}")
-        t0 = time.perf_counter()
+
+# %% ../../nbs/05_chat.models.ipynb #18401bd0
+@patch
+def _key(self: Model, refs: list, schema, params: dict, ctx: dict) -> tuple[Optional[str], Optional[int]]:
+    "The cache key of one exchange (None without a cache) and its sample index (sampled calls only)."
+    sj = None if schema is None else {"schema": schema_json(schema), "structured": self.backend.effective_structured()}
+    sample = None
+    if self.backend.is_sampled(params):
+        base = cache_key(self.model_id, refs, params, sj, ctx.get("template"))
+        sample = ctx["sample"] if ctx.get("sample") is not None else (self.samples.next(base) if self.cache is not None else None)
+    key = None if self.cache is None else cache_key(self.model_id, refs, params, sj, ctx.get("template"), sample)
+    return key, sample
+
+@patch
+def _check_context(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict) -> None:
+    "Raise `ContextTooLong` before the call when the prompt and the reply cannot fit the context length."
+    limit = self.capabilities.context_length
+    if not limit: return
+    sent = with_schema_instruction(prepared, schema) if schema is not None else prepared
+    n = self.backend.count_tokens(sent)
+    want = int(params.get("max_tokens") or getattr(self.backend, "max_new_tokens", 0) or 0)
+    if n is not None and n + want > limit:
+        raise ContextTooLong(f"{self.model_id}: prompt of case {ctx.get('case')!r} (role {ctx.get('role')!r}) is {n} tokens "
+                             f"+ {want} for the reply, over the model's context of {limit}; shorten it or use a "
+                             f"longer-context model", model_id=self.model_id)
+
+@patch
+def _call(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict) -> tuple[Completion, dict]:
+    "One live exchange: budget check, concurrency slot, retries within the time budget, usage and cost."
+    self._check_context(prepared, schema, params, ctx)
+    if self.budget is not None: self.budget.check(f"{self.model_id} call for case {ctx.get('case')!r}")
+    t0 = time.perf_counter()
+    try:
         with self._slots:
             self._count("network")
             comp, attempts = call_with_retries(
-                lambda: self.backend.complete(prepared, schema, params, self.timeout), self.retry,
-                describe=f"{self.model_id} call for case {ctx.get('case')!r}", model_id=self.model_id)
-        latency = time.perf_counter() - t0
-        priced = comp.served_model if self.prices.lookup(self.backend.provider, comp.served_model or "") else self.backend.model
-        cost = self.prices.cost(self.backend.provider, priced, comp.input_tokens, comp.output_tokens)
-        if self.budget is not None: self.budget.charge(comp.input_tokens, comp.output_tokens, cost)
-        info.update(attempts=attempts, latency_s=latency, cost_usd=cost, key=key)
-        if self.cache is not None and self.cache_mode == "rw":
-            self.cache.put(key, self.model_id, {"messages": refs, "params": params, "schema": schema.__name__ if schema else None,
-                                                "template": ctx.get("template"), "sample": info["sample"]},
-                           {"text": comp.text, "input_tokens": comp.input_tokens, "output_tokens": comp.output_tokens,
-                            "served_model": comp.served_model, "finish_reason": comp.finish_reason,
-                            "latency_s": latency, "cost_usd": cost, "attempts": attempts})
-        return comp, info
+                lambda left: self.backend.complete(prepared, schema, params, min(left, self.attempt_timeout or left)), self.retry,
+                describe=f"{self.model_id} call for case {ctx.get('case')!r} (role {ctx.get('role')!r})",
+                model_id=self.model_id, total_timeout=self.timeout)
+    except BackendError as e:
+        if self.budget is not None: self.budget.charge(0, 0, 0.0)
+        e.calls, e.usage_unknown = 1, True      # what the failed attempts cost is not reported
+        raise
+    latency = time.perf_counter() - t0
+    (tin, tout), unknown = clean_usage(comp.input_tokens, comp.output_tokens)
+    priced = comp.served_model if self.prices.lookup(self.backend.provider, comp.served_model or "") else self.backend.model
+    cost = self.prices.cost(self.backend.provider, priced, tin, tout)
+    if self.budget is not None: self.budget.charge(tin, tout, cost)
+    comp = Completion(redact(comp.text), tin, tout, comp.served_model, comp.finish_reason)   # one redaction, before anything is written
+    info = {"attempts": attempts, "latency_s": latency, "cost_usd": cost, "input_tokens": tin, "output_tokens": tout,
+            "usage_unknown": unknown or attempts > 1, "cache": "miss" if self.cache is not None else "off"}
+    if len(comp.text) > self.max_reply_chars:
+        raise ReplyTooLarge(f"{self.model_id}: reply for case {ctx.get('case')!r} is {len(comp.text)} characters, over "
+                            f"max_reply_chars={self.max_reply_chars}; not stored", model_id=self.model_id, calls=1, **{
+                                k: info[k] for k in ("attempts", "input_tokens", "output_tokens", "cost_usd", "usage_unknown")})
+    return comp, info
 
-    def _trace(self, ctx, step, prepared, params, schema, comp: Optional[Completion], info: dict, **extra):
-        if self.tracer.path is None: return
-        self.tracer.write({"case": ctx.get("case"), "role": ctx.get("role"), "backend": self.model_id,
-                           "served_model": comp.served_model if comp else None, "template": ctx.get("template"),
-                           "step": step, "messages": [m.ref() for m in prepared], "params": params,
-                           "schema": schema.__name__ if schema is not None else None,
-                           "reply": comp.text if comp else None, "finish_reason": comp.finish_reason if comp else None,
-                           "usage": {"input_tokens": comp.input_tokens, "output_tokens": comp.output_tokens} if comp else None,
-                           "cost_usd": info.get("cost_usd", 0.0), "latency_s": round(info.get("latency_s", 0.0), 4),
-                           "attempts": info.get("attempts", 0), "cache": info.get("cache"), "sample": info.get("sample"),
-                           **extra})
 
-    def _checked_exchange(self, prepared, schema, params, ctx, step):
-        try: return self._exchange(prepared, schema, params, ctx, step)
-        except (BackendError, CacheMiss, BudgetExceeded) as e:
-            self._trace(ctx, step, prepared, params, schema, None, {"attempts": getattr(e, "attempts", 0)},
-                        status="error", error=redact(f"{type(e).__name__}: {e}"))
-            raise
+# %% ../../nbs/05_chat.models.ipynb #18401bd3
+@patch
+def _exchange(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict, step: str) -> tuple[Completion, dict, Optional[str]]:
+    "One exchange through the cache (a hit costs nothing) or the backend; returns `(completion, info, key)`."
+    refs = [m.ref(for_key=True) for m in prepared]
+    key, sample = self._key(refs, schema, params, ctx)
+    if self.cache is not None:
+        hit = self.cache.get(key)
+        if hit is not None:
+            self._count("hits")
+            info = {"cache": "hit", "attempts": 0, "sample": sample, "latency_s": hit.get("latency_s", 0.0),
+                    "cost_usd": hit.get("cost_usd", 0.0), "input_tokens": hit.get("input_tokens", 0),
+                    "output_tokens": hit.get("output_tokens", 0), "reasked": hit.get("reasked", False)}
+            return Completion(hit["text"], hit.get("input_tokens", 0), hit.get("output_tokens", 0),
+                              hit.get("served_model"), hit.get("finish_reason")), info, key
+        if self.cache_mode == "replay":
+            raise CacheMiss(f"replay cache miss for case {ctx.get('case')!r} (role {ctx.get('role')!r}, {step}) "
+                            f"with {self.model_id} in {self.cache.path}: key {key[:16]}; record it first "
+                            f"with cache='rw' or check that prompts, images and parameters are unchanged")
+    comp, info = self._call(prepared, schema, params, ctx)
+    info["sample"] = sample
+    return comp, info, key
 
-    def chat(self, messages: Any, schema: Optional[type[BaseModel]] = None, *, case: Optional[str] = None,
-             role: Optional[str] = None, template: Any = None, sample: Optional[int] = None, **params) -> Reply:
-        """Send `messages` and return a `Reply`; with `schema`, `Reply.parsed` is a validated instance
-        (raises `ChatFailure` when even the repaired re-ask does not validate)."""
-        self._count("calls")
-        params = {**self.defaults, **params}
-        self.backend.check_params(params)
-        tmpl = getattr(template, "hash", template)
-        ctx = {"case": case, "role": role, "template": tmpl, "sample": sample}
-        prepared = prepare_messages(messages, self.max_image_side)
-        comp, info = self._checked_exchange(prepared, schema, params, ctx, "answer")
-        attempts, latency, cost = info["attempts"], info["latency_s"], info["cost_usd"]
-        tin, tout, cached = comp.input_tokens, comp.output_tokens, info["cache"] == "hit"
-        if schema is None:
-            self._trace(ctx, "answer", prepared, params, schema, comp, info, status="ok")
-            return Reply(text=comp.text, model_id=self.model_id, input_tokens=tin, output_tokens=tout, cost_usd=cost,
-                         latency_s=latency, cached=cached, attempts=attempts)
-        try:
-            parsed, repaired = parse_reply(comp.text, schema)
-            self._trace(ctx, "answer", prepared, params, schema, comp, info, status="ok", repaired=repaired)
-        except SchemaError as err:
-            self._trace(ctx, "answer", prepared, params, schema, comp, info, status="invalid", error=str(err))
-            again = _reask_messages(prepared, comp.text, str(err), schema)
-            comp, info2 = self._checked_exchange(again, schema, params, ctx, "reask")
-            attempts, latency, cost = attempts + info2["attempts"], latency + info2["latency_s"], cost + info2["cost_usd"]
-            tin, tout, cached = tin + comp.input_tokens, tout + comp.output_tokens, cached and info2["cache"] == "hit"
-            try:
-                parsed, repaired = parse_reply(comp.text, schema)
-                self._trace(ctx, "reask", again, params, schema, comp, info2, status="ok", repaired=repaired)
-            except SchemaError as err2:
-                self._trace(ctx, "reask", again, params, schema, comp, info2, status="invalid", error=str(err2))
-                raise ChatFailure(redact(f"{self.model_id}: reply for case {case!r} does not match {schema.__name__} "
-                                         f"after repair and one re-ask: {err2}"),
-                                  raw_text=comp.text, model_id=self.model_id) from None
-        return Reply(text=comp.text, parsed=parsed, model_id=self.model_id, input_tokens=tin, output_tokens=tout,
-                     cost_usd=cost, latency_s=latency, cached=cached, attempts=attempts)
+@patch
+def _store(self: Model, key: Optional[str], prepared: list[Prepared], params, schema, ctx, comp: Completion,
+           tally: "_Tally", reasked: bool = False) -> None:
+    "Cache a reply that validated (under the key of the first exchange, with the usage of the whole call)."
+    if key is None or self.cache_mode != "rw": return
+    self.cache.put(key, self.model_id, {"messages": [m.ref(for_key=True) for m in prepared], "params": params,
+                                        "schema": schema.__name__ if schema else None, "template": ctx.get("template"),
+                                        "sample": ctx.get("sample")},
+                   {"text": comp.text, "input_tokens": tally.input_tokens, "output_tokens": tally.output_tokens,
+                    "served_model": comp.served_model, "finish_reason": comp.finish_reason, "latency_s": tally.latency_s,
+                    "cost_usd": tally.cost_usd, "attempts": tally.attempts, "reasked": reasked})
 
-    def chat_many(self, requests: Iterable[dict], workers: Optional[int] = None,
-                  return_exceptions: bool = True) -> list:
-        """Run many `chat(**request)` calls on a thread pool (default: `concurrency` workers); results in
-        order, a failed call's exception in its place (or raised, with `return_exceptions=False`).
-        A `BudgetExceeded` is always raised. In replay mode the calls run inline (no I/O to overlap)."""
-        requests = list(requests)
-        def one(r):
-            try: return self.chat(**r)
-            except BudgetExceeded: raise
-            except Exception as e:
-                if not return_exceptions: raise
-                return e
-        if self.cache_mode == "replay":   # no I/O at all: threads would only add overhead
-            return [one(r) for r in requests]
-        n = workers or self.concurrency
-        if threading.current_thread().name.startswith("chat-pool"):   # nested: never wait on our own pool
-            with ThreadPoolExecutor(max_workers=n) as ex: return list(ex.map(one, requests))
-        return list(_pool(n).map(one, requests))
+@patch
+def _trace(self: Model, ctx, step, prepared, params, schema, comp: Optional[Completion], info: dict, **extra):
+    if self.tracer.path is None: return
+    self.tracer.write({"case": ctx.get("case"), "role": ctx.get("role"), "backend": self.model_id,
+                       "served_model": comp.served_model if comp else None, "template": ctx.get("template"),
+                       "step": step, "messages": [m.ref() for m in prepared], "params": params,
+                       "schema": schema.__name__ if schema is not None else None,
+                       "structured": self.backend.effective_structured() if schema is not None else None,
+                       "reply": comp.text if comp else None, "finish_reason": comp.finish_reason if comp else None,
+                       "usage": {"input_tokens": info.get("input_tokens", 0), "output_tokens": info.get("output_tokens", 0),
+                                 "unknown": bool(info.get("usage_unknown"))},
+                       "cost_usd": info.get("cost_usd", 0.0), "latency_s": round(info.get("latency_s", 0.0), 4),
+                       "attempts": info.get("attempts", 0), "cache": info.get("cache"), "sample": info.get("sample"),
+                       **extra})
+
+@patch
+def _checked_exchange(self: Model, prepared, schema, params, ctx, step):
+    "`_exchange`, tracing a failure (without any reply text) before it propagates."
+    try: return self._exchange(prepared, schema, params, ctx, step)
+    except (ChatFailure, CacheMiss, BudgetExceeded) as e:
+        info = {k: getattr(e, k, 0) for k in ("attempts", "input_tokens", "output_tokens", "cost_usd")}
+        self._trace(ctx, step, prepared, params, schema, None, {**info, "usage_unknown": getattr(e, "usage_unknown", False)},
+                    status="error", error=redact(f"{type(e).__name__}: {e}"))
+        raise
+
+
+# %% ../../nbs/05_chat.models.ipynb #18401bd5
+@patch
+def _prepare(self: Model, messages: Any, ctx: dict, require_images: bool) -> tuple[list[Prepared], list[str], int]:
+    "Prepared messages; for a text-only model every image becomes an explicit note (or a refusal when the role needs images)."
+    prepared = prepare_messages(messages, self.max_image_side)
+    n = sum(len(m.images) for m in prepared)
+    if not n or self.capabilities.vision: return prepared, [], 0
+    if require_images:
+        raise CapabilityError(f"{self.model_id} reads text only and role {ctx.get('role')!r} needs the image(s) of case "
+                              f"{ctx.get('case')!r}; use a vision-language model for it", model_id=self.model_id)
+    out = [Prepared(m.role, [p if isinstance(p, str) else
+                             f"[image {p.width}x{p.height} (pixel hash {p.hash[:12]}) omitted: this model reads text only; "
+                             f"judge from the text evidence]" for p in m.parts]) for m in prepared]
+    return out, [f"{n} image(s) replaced by a note: {self.model_id} reads text only"], n
+
+@patch
+def chat(self: Model, messages: Any, schema: Optional[type[BaseModel]] = None, *, case: Optional[str] = None,
+         role: Optional[str] = None, template: Any = None, sample: Optional[int] = None,
+         require_images: bool = False, **params) -> Reply:
+    """Send `messages` and return a `Reply`; with `schema`, `Reply.parsed` is a validated instance
+    (raises `ChatFailure` when even the repaired re-ask does not validate). `case`/`role` default to the
+    enclosing `chat_context`; the reply and every failure carry the usage of all their attempts."""
+    self._count("calls")
+    params = {**self.defaults, **params, **self.overrides}
+    self.backend.check_params(params)
+    outer = current_context()
+    ctx = {"case": case if case is not None else outer.get("case"), "role": role or outer.get("role") or self.role,
+           "template": getattr(template, "hash", template) or outer.get("template"), "sample": sample}
+    tally = _Tally()
+    prepared, notes, dropped = self._prepare(messages, ctx, require_images)
+    try: return self._answer(prepared, schema, params, ctx, tally, notes, dropped)
+    except ChatFailure as e: raise tally.charge(e)
+
+
+# %% ../../nbs/05_chat.models.ipynb #18401bd6
+@patch
+def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: list, dropped: int) -> Reply:
+    "Answer, validate, repair, re-ask once; only a reply that validated is cached."
+    comp, info, key = self._checked_exchange(prepared, schema, params, ctx, "answer")
+    tally.add(info)
+    hit = info["cache"] == "hit"
+    reply = lambda c, parsed=None: Reply(text=c.text, parsed=parsed, model_id=self.model_id, latency_s=tally.latency_s,
+                                         cached=hit, notes=notes, dropped_images=dropped, **tally.fields())
+    if schema is None:
+        self._trace(ctx, "answer", prepared, params, schema, comp, info, status="ok")
+        if not hit: self._store(key, prepared, params, schema, ctx, comp, tally)
+        return reply(comp)
+    try:
+        parsed, repaired = parse_reply(comp.text, schema)
+        self._trace(ctx, "answer", prepared, params, schema, comp, info, status="ok", repaired=repaired,
+                    reasked=info.get("reasked", False))
+        if not hit: self._store(key, prepared, params, schema, ctx, comp, tally)
+        return reply(comp, parsed)
+    except SchemaError as e:
+        err = str(e)
+        self._trace(ctx, "answer", prepared, params, schema, comp, info, status="invalid", error=err)
+    again = _reask_messages(prepared, comp.text, err, schema)
+    comp, info2, _ = self._checked_exchange(again, schema, params, ctx, "reask")
+    tally.add(info2)
+    hit = hit and info2["cache"] == "hit"
+    try: parsed, repaired = parse_reply(comp.text, schema)
+    except SchemaError as err2:
+        self._trace(ctx, "reask", again, params, schema, comp, info2, status="invalid", error=str(err2))
+        raise ChatFailure(f"{self.model_id}: reply for case {ctx.get('case')!r} (role {ctx.get('role')!r}) does not "
+                          f"match {schema.__name__} after repair and one re-ask: {err2}",
+                          raw_text=comp.text, model_id=self.model_id) from None
+    self._trace(ctx, "reask", again, params, schema, comp, info2, status="ok", repaired=repaired)
+    self._store(key, prepared, params, schema, ctx, comp, tally, reasked=True)
+    return reply(comp, parsed)
+
+
+# %% ../../nbs/05_chat.models.ipynb #18401bd8
+@patch
+def chat_many(self: Model, requests: Iterable[dict], workers: Optional[int] = None, return_exceptions: bool = True) -> list:
+    """Run many `chat(**request)` calls on a thread pool (default: `concurrency` workers); results in
+    order, a failed call's exception in its place (or raised, with `return_exceptions=False`).
+    A `BudgetExceeded` is always raised. In replay mode the calls run inline (no I/O to overlap)."""
+    requests = list(requests)
+    ctx = contextvars.copy_context()
+    def one(r):
+        try: return ctx.copy().run(self.chat, **r)        # the caller's chat_context reaches the workers
+        except BudgetExceeded: raise
+        except Exception as e:
+            if not return_exceptions: raise
+            return e
+    if self.cache_mode == "replay":   # no I/O at all: threads would only add overhead
+        return [one(r) for r in requests]
+    n = workers or self.concurrency
+    if threading.current_thread().name.startswith("chat-pool"):   # nested: never wait on our own pool
+        with ThreadPoolExecutor(max_workers=n) as ex: return list(ex.map(one, requests))
+    return list(_pool(n).map(one, requests))
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
@@ -315,21 +502,29 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         if workers not in _POOLS: _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"chat-pool-{workers}")
         return _POOLS[workers]
 
+
 # %% ../../nbs/05_chat.models.ipynb #eabd8213
-def get_model(spec: Union[str, dict, ModelSpec], cache: str = "off", cache_path: str | Path | None = None,
-              trace_path: str | Path | None = None, *, run: Optional[str] = None, budget: Optional[Budget] = None,
-              prices: Any = None, timeout: float = 60.0, max_attempts: int = 5, retry: Optional[RetryPolicy] = None,
+def get_model(spec: Union[str, dict, ModelSpec], cache: Optional[str] = None, cache_path: str | Path | None = None,
+              trace_path: str | Path | None = None, *, controls: Any = None, role: Optional[str] = None,
+              run: Optional[str] = None, budget: Optional[Budget] = None, prices: Any = None,
+              timeout: Optional[float] = None, attempt_timeout: Optional[float] = None,
+              max_attempts: Optional[int] = None, retry: Optional[RetryPolicy] = None,
               concurrency: Optional[int] = None, api_key: Optional[str] = None, base_url: Optional[str] = None,
               max_image_side: Optional[int] = None, defaults: dict | None = None, **backend_options) -> Model:
-    """Build a `Model` from a spec. `cache`: 'off' | 'rw' | 'replay'; `trace_path`: JSONL trace;
-    `budget`: shared `Budget`; `timeout` seconds per attempt; `max_attempts` per call; `concurrency`:
-    calls in flight at once; `api_key`/`base_url` override the environment; `defaults`: generation
-    parameters used when a call gives none; other keyword arguments go to the backend
-    (e.g. `structured='prompt'`, `image_detail='low'`, `device='cuda'`, `dtype='bfloat16'`)."""
+    """Build a `Model` from a spec. Studies and CLI commands pass only `controls` (a `ModelControls` or
+    anything `ModelControls.of` reads): cache mode and path, trace, shared budget, total timeout,
+    attempts, structured mode, `max_tokens`/`temperature` overrides, reply cap, concurrency. The other
+    keyword arguments are the low-level layer (explicit ones win over `controls`): `cache` 'off' |
+    'rw' | 'replay' (default 'off' without controls), `timeout` seconds per exchange, retries
+    included (`attempt_timeout` caps one attempt inside it); `api_key`/`base_url` override the environment; `defaults`: parameters used when a call
+    gives none; the rest go to the backend (e.g. `structured='prompt'`, `device='cuda'`)."""
+    c = ModelControls.of(controls) if controls is not None else None
     s = parse_spec(spec)
     opts = {**s.options, **backend_options}
+    if c is not None: opts.setdefault("structured", c.structured)
     url = base_url or s.base_url
-    conc = concurrency or opts.pop("concurrency", None)
+    conc = concurrency or opts.pop("concurrency", None) or (c.concurrency if c else None)
+    timeout = timeout if timeout is not None else (c.timeout if c else 60.0)
     if s.backend in ("openai", "openai-compatible"):
         be = OpenAIBackend(s.model, base_url=url, api_key=api_key, provider=s.backend, timeout=timeout, **opts)
     elif s.backend == "gemini":
@@ -337,31 +532,94 @@ def get_model(spec: Union[str, dict, ModelSpec], cache: str = "off", cache_path:
     else:
         if url: raise ValueError("hf: models are local; base_url does not apply")
         be = HFBackend(s.model, **opts)
-    return Model(be, cache=cache, cache_path=cache_path, trace_path=trace_path, run=run, budget=budget, prices=prices,
-                 retry=retry or RetryPolicy(max_attempts=max_attempts), timeout=timeout, concurrency=conc,
-                 max_image_side=max_image_side, defaults=defaults)
+    attempts = max_attempts if max_attempts is not None else (c.attempts if c else 5)
+    return Model(be, cache=cache or (c.cache if c else "off"), cache_path=cache_path or (c.cache_path if c else None),
+                 trace_path=trace_path or (c.trace if c else None), run=run,
+                 budget=budget if budget is not None else (c.budget if c else None), prices=prices,
+                 retry=retry or RetryPolicy(max_attempts=attempts), timeout=timeout, concurrency=conc,
+                 max_image_side=max_image_side, defaults=defaults, overrides=c.generation() if c else None,
+                 max_reply_chars=c.max_reply_chars if c else 200_000, role=role,
+                 attempt_timeout=attempt_timeout if attempt_timeout is not None else (c.attempt_timeout if c else None))
 
-# %% ../../nbs/05_chat.models.ipynb #8c81845b
-@dataclass(frozen=True)
-class PromptTemplate:
-    "A prompt template's `name`, `text` and content `hash`; `render(**fields)` fills `{field}` slots."
-    name: str
-    text: str
 
-    @property
-    def hash(self) -> str: return template_hash(self.text)
+# %% ../../nbs/05_chat.models.ipynb #eabd8215
+class ControlsError(ForensicsLabError, ValueError):
+    "Model run controls that cannot be read (unknown key, bad value)."
+
+_STRUCTURED = Literal["auto", "json_schema", "json_object", "prompt", "constrained"]
+
+class ModelControls(BaseModel):
+    """The run controls of every model call of a study or CLI command, in one place: the backend spec
+    per role (`backends`, key `*` for every role), `max_tokens` and `temperature` (they override what
+    the role's code asks), `timeout` (the total wall budget of one exchange, retries included),
+    `attempt_timeout` (one attempt's cap inside it; default: all that is left), `attempts`, `structured` mode, a shared budget (`budget_usd`, `budget_tokens`), the `trace` path,
+    the `cache` mode and path, `max_reply_chars` and `concurrency`. Build it with `ModelControls.of`."""
+    model_config = ConfigDict(extra="forbid")
+    backends: dict[str, Any] = {}
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    timeout: float = 120.0
+    attempt_timeout: Optional[float] = None
+    attempts: int = 3
+    structured: _STRUCTURED = "auto"
+    budget_usd: Optional[float] = None
+    budget_tokens: Optional[int] = None
+    trace: Optional[str] = None
+    cache: Literal["off", "rw", "replay"] = "rw"
+    cache_path: Optional[str] = None
+    max_reply_chars: int = 200_000
+    concurrency: Optional[int] = None
+    _budget: Optional[Budget] = PrivateAttr(default=None)
+    _models: dict = PrivateAttr(default_factory=dict)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    @field_validator("timeout", "attempts", "max_reply_chars")
+    @classmethod
+    def _positive(cls, v, info):
+        if v is None or v <= 0: raise ValueError(f"{info.field_name} must be > 0, got {v!r}")
+        return v
 
     @classmethod
-    def load(cls, name: str, root: str | Path | None = None) -> "PromptTemplate":
-        "Read `<root or forensicslab/prompts>/<name>.txt`."
-        base = Path(root) if root else Path(__file__).parent / "prompts"
-        p = base / (name if name.endswith(".txt") else f"{name}.txt")
-        if not p.exists():
-            have = sorted(str(q.relative_to(base))[:-4] for q in base.rglob("*.txt"))
-            raise FileNotFoundError(f"prompt template {name!r} not found under {base}; available: {have}")
-        return cls(name, p.read_text(encoding="utf-8"))
+    def of(cls, controls: Any = None, **overrides) -> "ModelControls":
+        """From None, a dict, a `ModelControls`, a JSON/YAML string or a `.json`/`.yaml` file path, with flat
+        `overrides` on top (None values ignored); unknown keys are a one-line `ControlsError`."""
+        if isinstance(controls, ModelControls) and not any(v is not None for v in overrides.values()): return controls
+        if isinstance(controls, ModelControls): base = controls.model_dump()
+        elif controls is None or controls == "": base = {}
+        elif isinstance(controls, dict): base = dict(controls)
+        elif isinstance(controls, (str, Path)):
+            p = Path(str(controls)) if len(str(controls)) < 4096 else None
+            text = p.read_text(encoding="utf-8") if p is not None and p.suffix in (".json", ".yaml", ".yml") and p.is_file() else str(controls)
+            try: base = yaml.safe_load(text) or {}
+            except yaml.YAMLError as e: raise ControlsError(f"model controls are not JSON or YAML: {e}") from None
+            if not isinstance(base, dict): raise ControlsError(f"model controls must be a mapping, got {text[:80]!r}")
+        else: raise ControlsError(f"model controls must be a dict, got {type(controls).__name__}")
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        try: return cls(**base)
+        except ValidationError as e: raise ControlsError(f"bad model controls: {_describe(e)}") from None
 
-    def render(self, **fields) -> str:
-        "The text with `{field}` slots filled (`{{`/`}}` for literal braces); a missing field is an error."
-        try: return self.text.format(**fields)
-        except KeyError as e: raise KeyError(f"prompt template {self.name!r} needs field {e.args[0]!r}") from None
+    def spec_for(self, role: Optional[str], default: Any = None) -> Any:
+        "The backend spec of `role`: `backends[role]`, else `backends['*']`, else `default`."
+        return self.backends.get(role or "", self.backends.get("*", default))
+
+    @property
+    def budget(self) -> Optional[Budget]:
+        "The one `Budget` shared by every model built from these controls (None without limits)."
+        with self._lock:
+            if self._budget is None and (self.budget_usd is not None or self.budget_tokens is not None):
+                self._budget = Budget(max_usd=self.budget_usd, max_tokens=self.budget_tokens)
+            return self._budget
+
+    def generation(self) -> dict:
+        "The generation parameters these controls impose on every call (`max_tokens`, `temperature` when set)."
+        return {k: v for k, v in (("max_tokens", self.max_tokens), ("temperature", self.temperature)) if v is not None}
+
+    def model(self, role: Optional[str] = None, default_spec: Any = None) -> "Model":
+        "The model of `role` (`spec_for(role, default_spec)`), built once per role and spec."
+        spec = self.spec_for(role, default_spec)
+        if spec is None: raise ControlsError(f"no model spec for role {role!r}: set model_controls['backends'][{role!r}]")
+        key = (role, json.dumps(spec, sort_keys=True, default=str))
+        with self._lock:
+            if key not in self._models: self._models[key] = get_model(spec, controls=self, role=role)
+            return self._models[key]
+

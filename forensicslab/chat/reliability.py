@@ -23,13 +23,13 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from ..core import ChatFailure
+from ..core import ChatFailure, ForensicsLabError
 from ..runs import StopRun
 
 # %% auto #0
 __all__ = ['KEY_VARIABLES', 'log', 'register_secret', 'redact', 'RedactingFilter', 'install_log_redaction', 'TransientError',
            'BackendError', 'MissingKeyError', 'BudgetExceeded', 'parse_retry_after', 'RetryPolicy', 'call_with_retries',
-           'PriceTable', 'Budget', 'Tracer', 'read_trace']
+           'PriceTable', 'clean_usage', 'Budget', 'Tracer', 'read_trace']
 
 # %% ../../nbs/05c_chat.reliability.ipynb #aa7aa5ee
 KEY_VARIABLES = ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "OPENAI_COMPATIBLE_API_KEY", "HF_TOKEN")
@@ -82,20 +82,22 @@ def install_log_redaction(extra: tuple[str, ...] = ()) -> None:
 log = logging.getLogger("forensicslab.chat.models")
 
 # %% ../../nbs/05c_chat.reliability.ipynb #ddb7041a
-class TransientError(Exception):
+class TransientError(ForensicsLabError):
     "A failure worth retrying; `retry_after` is the server's requested wait in seconds, if any."
     def __init__(self, message: str, *, status: Optional[int] = None, retry_after: Optional[float] = None):
-        super().__init__(redact(message)); self.status, self.retry_after = status, retry_after
+        super().__init__(redact(message))
+        self.status, self.retry_after = status, retry_after
 
 class BackendError(ChatFailure):
     "A call that failed for good (a permanent error, or transient ones beyond the attempt limit)."
     def __init__(self, message: str, *, status: Optional[int] = None, attempts: int = 1, model_id: Optional[str] = None):
-        super().__init__(redact(message), model_id=model_id); self.status, self.attempts = status, attempts
+        super().__init__(redact(message), model_id=model_id, attempts=attempts)
+        self.status = status
 
-class MissingKeyError(RuntimeError):
+class MissingKeyError(ForensicsLabError, RuntimeError):
     "The environment variable holding an API key is not set."
 
-class BudgetExceeded(StopRun):
+class BudgetExceeded(StopRun, ForensicsLabError):
     "The run's token or cost budget is spent: the run stops cleanly and keeps its finished rows."
 
 def parse_retry_after(headers) -> Optional[float]:
@@ -134,20 +136,31 @@ class RetryPolicy:
         d = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
         return d * (1 + self.jitter * (2 * (rng or random).random() - 1))
 
-def call_with_retries(fn: Callable[[], Any], policy: RetryPolicy, *, describe: str = "call",
-                      sleep: Callable[[float], None] = time.sleep, model_id: Optional[str] = None) -> tuple[Any, int]:
-    "Run `fn()` retrying `TransientError`s per `policy`; returns `(result, attempts)` or raises `BackendError`."
+def call_with_retries(fn: Callable[..., Any], policy: RetryPolicy, *, describe: str = "call",
+                      sleep: Callable[[float], None] = time.sleep, model_id: Optional[str] = None,
+                      total_timeout: Optional[float] = None, clock: Callable[[], float] = time.monotonic,
+                      min_attempt_s: float = 0.5) -> tuple[Any, int]:
+    """Run `fn()` retrying `TransientError`s per `policy`; returns `(result, attempts)` or raises `BackendError`.
+    With `total_timeout`, the attempts and the waits between them share that wall budget: `fn(remaining)`
+    gets the seconds left, and no retry starts once fewer than `min_attempt_s` would remain after the wait."""
+    deadline = None if total_timeout is None else clock() + float(total_timeout)
     for attempt in range(1, policy.max_attempts + 1):
-        try: return fn(), attempt
+        try:
+            if deadline is None: return fn(), attempt
+            return fn(max(deadline - clock(), 0.0)), attempt
         except TransientError as e:
-            if attempt == policy.max_attempts:
-                raise BackendError(f"{describe} failed after {attempt} attempts: {e}", status=e.status,
-                                   attempts=attempt, model_id=model_id) from None
             wait = policy.delay(attempt, e.retry_after)
+            spent = deadline is not None and deadline - clock() - wait < min_attempt_s
+            if attempt == policy.max_attempts or spent:
+                why = f"its {total_timeout:g} s time budget" if spent and attempt < policy.max_attempts else f"{attempt} attempts"
+                raise BackendError(f"{describe} failed after {attempt} attempts (stopped at {why}): {e}",
+                                   status=e.status, attempts=attempt, model_id=model_id) from None
             log.info("%s: attempt %d failed (%s); retrying in %.2fs", describe, attempt, redact(e), wait)
             sleep(wait)
         except BackendError as e:
-            e.attempts = attempt; raise
+            e.attempts = attempt
+            raise
+
 
 # %% ../../nbs/05c_chat.reliability.ipynb #662c15da
 @dataclass
@@ -184,6 +197,17 @@ class PriceTable:
         return (input_tokens * float(row["input"]) + output_tokens * float(row["output"])) / 1e6
 
 # %% ../../nbs/05c_chat.reliability.ipynb #129329a4
+def clean_usage(*counts: Any) -> tuple[tuple[int, ...], bool]:
+    """Token counts as non-negative ints, and whether any was unknown: a missing, negative, non-integer
+    or absurd (> 1e9) count from a server becomes 0 and marks the usage unknown (a negative count must
+    never refund a budget)."""
+    out, unknown = [], False
+    for n in counts:
+        ok = isinstance(n, (int, float)) and not isinstance(n, bool) and n == n and 0 <= n <= 1e9 and float(n).is_integer()
+        out.append(int(n) if ok else 0)
+        unknown = unknown or not ok
+    return tuple(out), unknown
+
 class Budget:
     "A thread-safe token and USD budget for one run; `None` limits are unlimited."
     def __init__(self, max_usd: Optional[float] = None, max_tokens: Optional[int] = None):
@@ -202,9 +226,13 @@ class Budget:
                                      f"{self.calls} calls; {what} not made")
 
     def charge(self, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
-        "Add one finished call's usage."
+        "Add one finished call's usage (negative or invalid numbers count as 0: see `clean_usage`)."
+        (tin, tout), _ = clean_usage(input_tokens, output_tokens)
+        c = float(cost_usd) if isinstance(cost_usd, (int, float)) and cost_usd == cost_usd and cost_usd >= 0 else 0.0
         with self._lock:
-            self.spent_tokens += int(input_tokens) + int(output_tokens); self.spent_usd += float(cost_usd); self.calls += 1
+            self.spent_tokens += tin + tout
+            self.spent_usd += c
+            self.calls += 1
 
     def __repr__(self):
         return (f"Budget(spent ${self.spent_usd:.4f}/{self.max_usd}, {self.spent_tokens}/{self.max_tokens} tokens, "
