@@ -7,13 +7,18 @@ Docs: https://forensicslab.github.io/forensicslab/cli.html.md"""
 # %% ../nbs/09_cli.ipynb #4326f2d9
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from .core import ForensicsLabError
 from .runs import project_root
+from .studies import (STUDY_ORDER, StudyError, UnknownStudy, list_studies, parse_param_args, run_batch,
+                                  run_study, study_parameters, check_parameters)
 from .chat.cli import models_app
 from .data.cli import bench_app
 from .debate.cli import debate_app
@@ -22,70 +27,87 @@ from .triage.cli import analyze_cmd
 from .zoom.cli import zoom_cmd
 
 # %% auto #0
-__all__ = ['STUDY_ORDER', 'app', 'list_studies', 'run_study', 'study_cmd', 'reproduce_cmd', 'main']
+__all__ = ['app', 'study_cmd', 'reproduce_cmd', 'batch_cmd', 'main']
 
 # %% ../nbs/09_cli.ipynb #5290a3e3
-STUDY_ORDER = ("triage", "detectors", "debate", "zoom")
-"Reproduction order by study prefix: the triage study first; within a study, training, then tables, then figures."
+_PARAM_HELP = ("Parameters: -p KEY VALUE (repeatable; True/False/None/numbers as papermill reads them, "
+               "else a string) and -y KEY YAML (lists, mappings), given after the study name.")
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-def _study_rank(stem: str) -> tuple:
-    prefix = stem.split("_")[0]
-    rank = STUDY_ORDER.index(prefix) if prefix in STUDY_ORDER else len(STUDY_ORDER)
-    return (rank, "training" not in stem, "figure" in stem, stem)
-
-def list_studies(root: str | Path | None = None) -> dict[str, Path]:
-    "Study notebooks by name (file stem), from `nbs/studies/`, in reproduction order."
-    d = project_root(root) / "nbs" / "studies"
-    if not d.is_dir(): raise FileNotFoundError(f"no study notebooks at {d}: run this from a forensicslab checkout")
-    return {p.stem: p for p in sorted(d.glob("*.ipynb"), key=lambda p: _study_rank(p.stem))}
-
-def run_study(name: str, params: dict | None = None, out_root: str | Path | None = None,
-              kernel: str = "python3", progress: bool = True) -> Path:
-    "Execute one study notebook with papermill (full configuration by default); returns the executed notebook."
-    import papermill as pm
-    studies = list_studies()
-    if name not in studies:
-        raise KeyError(f"unknown study {name!r}; available: {', '.join(studies) or 'none'}")
-    out_root = Path(out_root) if out_root else project_root() / "outputs"
-    out_dir = out_root / name; out_dir.mkdir(parents=True, exist_ok=True)
-    p = {"quick": False, "out_dir": str(out_dir.resolve()), **(params or {})}
-    executed = out_dir / f"{name}.ipynb"
-    pm.execute_notebook(str(studies[name]), str(executed), parameters=p, kernel_name=kernel, language="python",
-                        cwd=str(studies[name].parent), progress_bar=progress, log_output=False)
-    return executed
+def _execution_failed(e: Exception) -> str:
+    "One line for a study notebook that stopped in a cell (papermill's error carries the cell's exception)."
+    ename, evalue = getattr(e, "ename", type(e).__name__), getattr(e, "evalue", str(e))
+    return " ".join(f"{ename}: {evalue}".split())[:600]
 
 # %% ../nbs/09_cli.ipynb #def5d905
 app = typer.Typer(help="forensicslab: a lab for agentic image forensics. Every command has --help.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
-@app.command("study")
-def study_cmd(name: Optional[str] = typer.Argument(None, help="Study notebook name; omit to list them."),
+@app.command("study", context_settings=_EXTRA, epilog=_PARAM_HELP)
+def study_cmd(ctx: typer.Context,
+              name: Optional[str] = typer.Argument(None, help="Study notebook name; omit to list them."),
               quick: bool = typer.Option(False, help="Run the quick smoke configuration instead of the full one."),
-              out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/).")):
-    "Run one study notebook with papermill, or list the studies."
+              out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/)."),
+              params: bool = typer.Option(False, "--params", help="List the study's parameters and defaults, run nothing.")):
+    "Run one study notebook with papermill (`-p key value`, `-y key yaml`), or list the studies."
     if name is None:
         for n, p in list_studies().items(): typer.echo(f"{n}\t{p}")
         return
+    if params:
+        for k, v in study_parameters(name).items(): typer.echo(f"{k} = {v['default']}" + (f"   # {v['help']}" if v["help"] else ""))
+        return
+    given = {"quick": quick, **parse_param_args(ctx.args)}
     t0 = time.time()
-    nb = run_study(name, {"quick": quick}, out)
+    try: nb = run_study(name, given, out)
+    except StudyError: raise
+    except Exception as e:
+        if type(e).__name__ != "PapermillExecutionError": raise
+        typer.echo(f"error: study {name} failed in a cell: {_execution_failed(e)}", err=True)
+        raise typer.Exit(1)
     typer.echo(f"{name}: done in {time.time()-t0:.0f} s; executed notebook and outputs in {nb.parent}")
 
-@app.command("reproduce")
-def reproduce_cmd(only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these studies (repeatable)."),
+# %% ../nbs/09_cli.ipynb #677218eb
+@app.command("reproduce", context_settings=_EXTRA, epilog=_PARAM_HELP + " Each parameter goes to the studies that declare it.")
+def reproduce_cmd(ctx: typer.Context,
+                  only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these studies (repeatable)."),
                   quick: bool = typer.Option(False, help="Quick smoke configuration."),
                   out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/).")):
     "Re-run every study notebook (tables and figures) into outputs/."
     names = list(only or list_studies())
+    given = parse_param_args(ctx.args)
+    declared = {n: set(study_parameters(n)) for n in names}
+    unused = sorted(k for k in given if not any(k in d for d in declared.values()))
+    if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
     failed = []
     for n in names:
-        t0 = time.time(); typer.echo(f"== {n}")
-        try: nb = run_study(n, {"quick": quick}, out); typer.echo(f"   ok in {time.time()-t0:.0f} s -> {nb.parent}")
+        t0 = time.time()
+        typer.echo(f"== {n}")
+        p = {"quick": quick, **{k: v for k, v in given.items() if k in declared[n]}}
+        try:
+            nb = run_study(n, p, out)
+            typer.echo(f"   ok in {time.time()-t0:.0f} s -> {nb.parent}")
         except Exception as e:
-            failed.append(n); typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {type(e).__name__}: {str(e)[:2000]}", err=True)
+            failed.append(n)
+            typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {_execution_failed(e)}", err=True)
     root = Path(out) if out else project_root() / "outputs"
     typer.echo(f"\nResults: {root.resolve()}")
-    if failed: typer.echo(f"failed studies: {', '.join(failed)}", err=True); raise typer.Exit(1)
+    if failed:
+        typer.echo(f"failed studies: {', '.join(failed)}", err=True)
+        raise typer.Exit(1)
 
+@app.command("batch")
+def batch_cmd(grid: Path = typer.Argument(..., help="Grid file (YAML): study, params, grid, out, summary; see grids/."),
+              progress: bool = typer.Option(True, help="Show the progress bar over cells.")):
+    "Run studies over a grid of parameters, each cell into its own folder; finished cells are skipped on a re-run."
+    r = run_batch(grid, progress=progress, log=lambda m: typer.echo(m, err=True))
+    typer.echo(r["table"].to_markdown(index=False))
+    if r["summary"] is not None: typer.echo(f"\nsummary: {r['out'] / 'summary.csv'}")
+    failed = [c["cell"] for c in r["cells"] if c["status"] != "ok"]
+    typer.echo(f"{len(r['cells']) - len(failed)} of {len(r['cells'])} cells done; total cost ${r['cost_usd']:.4f}; "
+               f"cells in {r['out']}")
+    if failed: raise typer.Exit(1)
+
+# %% ../nbs/09_cli.ipynb #15b5f3b0
 app.add_typer(bench_app, name="bench")
 app.command("detect")(detect_cmd)
 app.command("serve-detector")(serve_detector)
@@ -94,6 +116,24 @@ app.command("analyze")(analyze_cmd)
 app.add_typer(debate_app, name="debate")
 app.command("zoom")(zoom_cmd)
 
-def main():
-    "Entry point of the `forensicslab` console script."
-    app()
+# %% ../nbs/09_cli.ipynb #d8c00f51
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:1000] or type(e).__name__
+
+def main(argv: list[str] | None = None):
+    "Entry point of the `forensicslab` console script: typed errors print as one line (exit 2), never a traceback."
+    debug = bool(os.environ.get("FORENSICSLAB_DEBUG"))
+    try:
+        app(args=argv, prog_name="forensicslab")
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except (ForensicsLabError, ImportError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
+        if debug: raise
+        typer.echo(f"error: {_one_line(e)}", err=True)
+        sys.exit(2)
+    except Exception as e:
+        if debug: raise
+        typer.echo(f"error: unexpected {type(e).__name__}: {_one_line(e)} (a bug: set FORENSICSLAB_DEBUG=1 "
+                   "to see the traceback and report it)", err=True)
+        sys.exit(1)

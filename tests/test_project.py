@@ -72,3 +72,15 @@ def test_console_script_installed():
 def test_readme_is_rendered_from_index_notebook():
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "make_readme.py"), "--check"], capture_output=True)
     assert r.returncode == 0, "README.md is out of date: run `python scripts/make_readme.py`"
+
+
+def test_study_notebooks_name_the_registered_kernel():
+    "Issue 13: papermill runs a study as written (`papermill nb out.ipynb`) only if the notebook names its kernel."
+    import json
+    import papermill as pm
+    makefile = (REPO / "Makefile").read_text()
+    assert "ipykernel install --sys-prefix --name python3" in makefile
+    for nb in sorted((REPO / "nbs" / "studies").glob("*.ipynb")):
+        ks = json.loads(nb.read_text())["metadata"].get("kernelspec", {})
+        assert ks.get("name") == "python3" and ks.get("language") == "python", f"{nb.name}: kernelspec {ks}"
+        assert "quick" in pm.inspect_notebook(str(nb)), f"{nb.name}: papermill cannot read its parameters"
