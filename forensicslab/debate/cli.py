@@ -7,60 +7,113 @@ Docs: https://forensicslab.github.io/forensicslab/debate.cli.html.md"""
 # %% ../../nbs/07c_debate.cli.ipynb #1b835711
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from ..core import Sample
-from .engine import STRATEGIES, DebateConfig, DebateInput, models_from_spec, run_debate
+from ..core import ForensicsLabError, Sample
+from .engine import STRATEGIES, DebateConfig, DebateInput, DebateResult, models_from_spec, run_debate
 from .retrieval import LocalIndex, PageHit, make_retriever
+from ..imageio import load_image
 from ..runs import project_root
 
-
 # %% auto #0
-__all__ = ['debate_app', 'debate_pair_cmd', 'debate_index_cmd']
+__all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd']
 
 # %% ../../nbs/07c_debate.cli.ipynb #0a0f27cd
 debate_app = typer.Typer(help="MAD-Sherlock debate: debate one image-caption pair, or build a local retrieval index.",
                          no_args_is_help=True, add_completion=False)
 
-@debate_app.command("pair")
-def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
-                    caption: str = typer.Argument(..., help="The caption published with it."),
-                    backend: str = typer.Option(..., help="Chat backend spec, e.g. openai:gpt-4o or openai-compatible:URL#model."),
-                    strategy: str = typer.Option("async_human", help=f"One of {', '.join(STRATEGIES)}."),
-                    retrieval: str = typer.Option("none", help="none, local:<index.json>, google[@url] or bing[@url]."),
-                    rounds: int = typer.Option(3, help="Debate rounds at most (k)."),
-                    agents: int = typer.Option(2, help="Number of debaters."),
-                    as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON.")):
-    "Debate whether CAPTION puts IMAGE in a false context."
-    if not image.is_file(): raise typer.BadParameter(f"no image file at {image}", param_hint="IMAGE")
-    try: cfg = DebateConfig(strategy=strategy, retrieval=retrieval != "none", n_agents=agents, max_rounds=rounds)
-    except ValueError as e: raise typer.BadParameter(str(e), param_hint="--strategy") from None
-    retr = make_retriever(retrieval, cache_dir=project_root() / ".cache" / "debate" / "retrieval")
-    ctx = retr.retrieve(image) if retr else None
-    sample = Sample(id=image.stem, image=str(image.resolve()), caption=caption, label=0)
-    res = run_debate(DebateInput(sample, ctx), models_from_spec(backend, n=cfg.n_agents), cfg)
-    if as_json: typer.echo(res.model_dump_json(indent=2)); return
+def _fail(msg: str) -> None:
+    "One line on stderr, exit status 2."
+    typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
+    raise typer.Exit(2)
+
+def _retriever(spec: str, cache: Path, chat=None):
+    if spec == "teaching":
+        from forensicslab.debate.data import build_teaching_set
+        spec = f"local:{build_teaching_set(cache / 'teaching').info['index']}"
+    return make_retriever(spec, cache_dir=cache / "retrieval", chat=chat)
+
+def print_result(res: DebateResult, offline: bool) -> None:
+    "The transcript, the sources, the unresolved flag, both scoring conventions and the total cost of one debate."
     for t in res.turns:
         verdict = "" if t.answer is None else ("misinformation" if t.answer else "not misinformation")
         typer.echo(f"[round {t.round}] {t.agent} ({t.kind}) {verdict}: {t.failure or t.explanation}")
-    if res.status == "failed": typer.echo(f"FAILED: {res.failure}", err=True); raise typer.Exit(1)
-    typer.echo(f"\nfinal: {'MISINFORMATION' if res.final else 'NOT misinformation'}; converged at round {res.converged_round}; "
-               f"cost ${res.cost_usd:.4f}; {res.latency_s:.1f} s")
+    typer.echo("\nsources:" if res.sources else "\nsources: none (no retrieval, or nothing found)")
+    for d in res.sources:
+        typer.echo(f"  - {d.get('title') or '(untitled)'} <{d.get('url')}>" + ("" if d.get("used", True) else f" [not used: {d.get('reason')}]"))
+    if res.retrieval_error: typer.echo(f"retrieval error: {res.retrieval_error}")
+    if offline:
+        typer.echo("offline: rule-based context and entities debaters calibrated on the teaching set; a baseline that shows "
+                   "the protocol, not a fact-checker (use --backend SPEC for the paper's LLM debate)")
+        if res.failure: typer.echo(f"note: {res.failure}")
+    verdict = "MISINFORMATION" if res.final else "NOT misinformation"
+    flag = " UNRESOLVED (agents disagree; tie broken by the first agent; the authors' convention counts it as misinformation)" if res.unresolved else ""
+    typer.echo(f"\nfinal: {verdict};{flag} converged at round {res.converged_round}; total cost ${res.cost_usd:.4f}; {res.latency_s:.1f} s")
 
+# %% ../../nbs/07c_debate.cli.ipynb #1415a5b3
+@debate_app.command("pair")
+def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
+                    caption: str = typer.Argument(..., help="The caption published with it."),
+                    backend: str = typer.Option("", help="Chat backend spec (openai:gpt-4o, openai-compatible:URL#model, hf:...); "
+                                                         "empty: the offline rule-based debaters."),
+                    strategy: str = typer.Option("async_human", help=f"One of {', '.join(STRATEGIES)} (LLM backends)."),
+                    retrieval: str = typer.Option("none", help="none, teaching, local:<index.json>, google[@url] or bing[@url]."),
+                    rounds: int = typer.Option(3, help="Debate rounds at most (k)."),
+                    agents: int = typer.Option(2, help="Number of debaters (LLM backends)."),
+                    temperature: float = typer.Option(0.0, help="Sampling temperature of every call."),
+                    max_tokens: int = typer.Option(512, help="Reply length cap of every call."),
+                    budget: Optional[float] = typer.Option(None, "--budget", help="Cost budget in USD for the whole debate."),
+                    budget_tokens: Optional[int] = typer.Option(None, help="Token budget for the whole debate."),
+                    sample: int = typer.Option(0, help="Sample index of sampled calls (temperature > 0)."),
+                    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the reply cache."),
+                    as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON.")):
+    "Debate whether CAPTION puts IMAGE in a false context; prints the transcript, sources, unresolved flag and total cost."
+    if not image.is_file(): raise typer.BadParameter(f"no image file at {image}", param_hint="IMAGE")
+    try:
+        load_image(image)
+        cfg = DebateConfig(strategy=strategy, retrieval=retrieval != "none", n_agents=agents, max_rounds=rounds, sample=sample)
+        cache = project_root() / ".cache" / "debate"
+        models = models_from_spec(backend, n=cfg.n_agents, cache="off" if no_cache else "rw", temperature=temperature,
+                                  max_tokens=max_tokens, budget_usd=budget, budget_tokens=budget_tokens) if backend else None
+        retr = _retriever(retrieval, cache, chat=models[0] if models else None)
+        ctx = retr.retrieve(image) if retr else None
+        sample_ = Sample(id=image.stem, image=str(image.resolve()), caption=caption, label=0)
+        if models is None:
+            from forensicslab.debate.offline import OfflinePairDebate
+            res = OfflinePairDebate(cache, max_rounds=rounds).debate(image.stem, caption, ctx)
+        else:
+            res = run_debate(DebateInput(sample_, ctx), models, cfg)
+    except (ForensicsLabError, ValueError, ImportError) as e: _fail(e)
+    if as_json:
+        typer.echo(res.model_dump_json(indent=2))
+        return
+    print_result(res, offline=models is None)
+    if res.status == "failed":
+        typer.echo(f"FAILED: {res.failure}", err=True)
+        raise typer.Exit(1)
+
+# %% ../../nbs/07c_debate.cli.ipynb #879fdec2
 @debate_app.command("index")
 def debate_index_cmd(sources: Path = typer.Argument(..., help="JSONL: one {image, url, title, text} object per line."),
                      out: Path = typer.Argument(..., help="Where to write the index (JSON).")):
     "Build a local reverse-image-search index (pHash + dHash) over images and their source pages."
-    import json as _json
     if not sources.is_file(): raise typer.BadParameter(f"no file at {sources}", param_hint="SOURCES")
     ix, by_image = LocalIndex(), {}
     for i, line in enumerate(sources.read_text().splitlines(), 1):
         if not line.strip(): continue
-        try: d = _json.loads(line); img = Path(d["image"]); page = PageHit(url=d["url"], title=d.get("title", ""), text=d.get("text", ""))
+        try:
+            d = json.loads(line)
+            img = Path(d["image"])
+            page = PageHit(url=d["url"], title=d.get("title", ""), text=d.get("text", ""))
         except (ValueError, KeyError) as e: raise typer.BadParameter(f"{sources}, line {i}: {e}", param_hint="SOURCES") from None
         img = img if img.is_absolute() else sources.parent / img
         by_image.setdefault(str(img), []).append(page)
-    for img, pages in by_image.items(): ix.add(img, pages, key=Path(img).name)
-    ix.save(out); typer.echo(f"indexed {len(ix)} images ({sum(map(len, by_image.values()))} pages) -> {out}")
+    try:
+        for img, pages in by_image.items(): ix.add(img, pages, key=Path(img).name)
+    except ForensicsLabError as e: _fail(e)
+    ix.save(out)
+    typer.echo(f"indexed {len(ix)} images ({sum(map(len, by_image.values()))} pages) -> {out}")

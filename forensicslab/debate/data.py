@@ -16,14 +16,15 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..core import FAMILIES, Sample, register_family
+from ..core import FAMILIES, ForensicsLabError, Sample, register_family
+from ..data.datasets import MissingData
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['DOWNLOADS', 'VERITE_SUBSETS', 'LOADERS', 'DatasetMissing', 'OOCDataset', 'dataset_root', 'load_verite',
-           'load_verite_articles', 'write_verite_fixture', 'article_split', 'load_newsclippings',
-           'write_newsclippings_fixture', 'load_mmfakebench', 'write_mmfakebench_fixture', 'load_ooc',
-           'build_source_index']
+__all__ = ['DOWNLOADS', 'FETCH_NAMES', 'VERITE_SUBSETS', 'FETCH', 'TEACHING_KINDS', 'LOADERS', 'OOCDataset', 'dataset_root',
+           'load_verite', 'load_verite_articles', 'write_verite_fixture', 'article_split', 'load_newsclippings',
+           'write_newsclippings_fixture', 'load_mmfakebench', 'write_mmfakebench_fixture', 'build_source_index',
+           'FetchError', 'fetch_dataset', 'teaching_captions', 'build_teaching_set', 'load_ooc']
 
 # %% ../../nbs/07b_debate.data.ipynb #da467bd4
 _DEBATE_FAMILIES = {
@@ -36,9 +37,6 @@ for _k, _v in _DEBATE_FAMILIES.items():
     if _k not in FAMILIES: register_family(_k, _v)
 
 # %% ../../nbs/07b_debate.data.ipynb #1409f321
-class DatasetMissing(FileNotFoundError):
-    "A dataset file or folder is absent; the message names the path and how to get the data."
-
 @dataclass
 class OOCDataset:
     "Image-caption pairs with optional row-aligned image and text embeddings (L2-normalised)."
@@ -94,6 +92,8 @@ DOWNLOADS = {
         "  (<root>/real/..., <root>/fake/...) sit together."),
 }
 
+FETCH_NAMES = ("verite", "newsclippings")
+
 def dataset_root(name: str, root: str | Path | None = None) -> Path:
     "The folder of dataset `name`: `root`, `$FORENSICSLAB_<NAME>`, `<repo>/data/<name>` or `<repo>/../shared/data/<name>`."
     tried = []
@@ -105,10 +105,11 @@ def dataset_root(name: str, root: str | Path | None = None) -> Path:
         p = Path(c).expanduser()
         if p.is_dir(): return p
         tried.append(str(p))
-    raise DatasetMissing(f"dataset {name!r} not found (tried: {', '.join(tried)}).\n{DOWNLOADS.get(name, '')}")
+    raise MissingData(tried[0] if tried else name, name, f"a folder at one of: {', '.join(tried)}",
+                      DOWNLOADS.get(name, "") + ("\n  Or: forensicslab data fetch " + name if name in FETCH_NAMES else ""))
 
 def _need(path: Path, name: str) -> Path:
-    if not path.exists(): raise DatasetMissing(f"{name}: missing {path}\n{DOWNLOADS[name]}")
+    if not path.exists(): raise MissingData(path, name, f"{path.name} in {path.parent}", DOWNLOADS[name])
     return path
 
 # %% ../../nbs/07b_debate.data.ipynb #71304a54
@@ -137,8 +138,7 @@ def load_verite(root: str | Path | None = None, subset: str = "all", embeddings:
         img, txt = _unit(np.load(fi)), _unit(np.load(ft))
     ds = OOCDataset("verite", samples, root, img, txt, {"embeddings": "CLIP ViT-L/14" if img is not None else None})
     if img is None and not (root / "images").is_dir():
-        raise DatasetMissing(f"verite: neither images ({root/'images'}) nor CLIP embeddings ({fi.name}, {ft.name}) "
-                             f"in {root}\n{DOWNLOADS['verite']}")
+        raise MissingData(root / "images", "verite", f"images/ or the CLIP embeddings {fi.name}, {ft.name} in {root}", DOWNLOADS["verite"])
     articles = root / "VERITE_articles.csv"
     if articles.exists(): ds.info["articles"] = articles
     return ds.subset(np.isin(df.label.values, VERITE_SUBSETS[subset]))
@@ -151,7 +151,8 @@ def load_verite_articles(root: str | Path | None = None) -> pd.DataFrame:
 # %% ../../nbs/07b_debate.data.ipynb #45367994
 def write_verite_fixture(root: str | Path, n_articles: int = 2, dim: int = 8, seed: int = 0) -> Path:
     "Write a miniature VERITE (CSV in the published layout plus random embeddings) for tests."
-    root = Path(root); root.mkdir(parents=True, exist_ok=True)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in range(n_articles):
         rows += [(f"True caption {k}.", f"images/true_{k}.jpg", "true"),
@@ -211,7 +212,8 @@ def load_newsclippings(root: str | Path | None = None, split: str = "test", vari
 def write_newsclippings_fixture(root: str | Path, n: int = 4) -> Path:
     "Write a miniature NewsCLIPpings + VisualNews layout (`n` entries, half falsified pairs) with small distinct images."
     from PIL import Image
-    root = Path(root); origin = root / "visual_news" / "origin"
+    root = Path(root)
+    origin = root / "visual_news" / "origin"
     (origin / "bbc" / "images").mkdir(parents=True, exist_ok=True)
     entries = []
     for i in range(n):
@@ -223,7 +225,8 @@ def write_newsclippings_fixture(root: str | Path, n: int = 4) -> Path:
     (origin / "data.json").write_text(json.dumps(entries))
     anns = [{"id": i, "image_id": i if i % 2 == 0 else (i + 1) % n, "similarity_score": 0.5,
              "falsified": i % 2 == 1, "source_dataset": 0} for i in range(n)]
-    d = root / "news_clippings" / "data" / "merged_balanced"; d.mkdir(parents=True, exist_ok=True)
+    d = root / "news_clippings" / "data" / "merged_balanced"
+    d.mkdir(parents=True, exist_ok=True)
     for s in ("train", "val", "test"): (d / f"{s}.json").write_text(json.dumps({"annotations": anns}))
     return root
 
@@ -236,7 +239,7 @@ def load_mmfakebench(root: str | Path | None = None, split: str = "val", limit: 
     root = dataset_root("mmfakebench", root)
     cands = [root / f"MMFakeBench_{split}.json", root / f"MMFakeBench_{split}" / f"MMFakeBench_{split}.json", root / f"{split}.json"]
     path = next((c for c in cands if c.exists()), None)
-    if path is None: raise DatasetMissing(f"mmfakebench: none of {', '.join(map(str, cands))} exists\n{DOWNLOADS['mmfakebench']}")
+    if path is None: raise MissingData(cands[0], "mmfakebench", f"one of {', '.join(map(str, cands))}", DOWNLOADS["mmfakebench"])
     recs = json.loads(path.read_text())
     if isinstance(recs, dict): recs = recs.get("data", recs.get("annotations", []))
     if limit: recs = recs[:limit]
@@ -256,7 +259,8 @@ def load_mmfakebench(root: str | Path | None = None, split: str = "val", limit: 
 
 def write_mmfakebench_fixture(root: str | Path, split: str = "val") -> Path:
     "Write a miniature MMFakeBench (four records, one per class) for tests."
-    root = Path(root); root.mkdir(parents=True, exist_ok=True)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
     recs = [{"text": t, "image_path": f"/{'real' if g == 'True' else 'fake'}/src/{i}.jpg", "gt_answers": g, "fake_cls": c,
              "text_source": "fixture", "image_source": "fixture"}
             for i, (t, g, c) in enumerate([("A real story.", "True", "original"), ("A repurposed photo.", "Fake", "mismatch"),
@@ -264,14 +268,6 @@ def write_mmfakebench_fixture(root: str | Path, split: str = "val") -> Path:
                                            ("An edited photo.", "Fake", "visual_veracity_distortion")])]
     (root / f"MMFakeBench_{split}.json").write_text(json.dumps(recs))
     return root
-
-# %% ../../nbs/07b_debate.data.ipynb #f5b1b06d
-LOADERS = {"verite": load_verite, "newsclippings": load_newsclippings, "mmfakebench": load_mmfakebench}
-
-def load_ooc(name: str, root: str | Path | None = None, **kw) -> OOCDataset:
-    "Load an out-of-context dataset by name (`verite`, `newsclippings`, `mmfakebench`)."
-    if name not in LOADERS: raise ValueError(f"unknown dataset {name!r}; known: {sorted(LOADERS)}")
-    return LOADERS[name](root, **kw)
 
 # %% ../../nbs/07b_debate.data.ipynb #bb47e103
 def build_source_index(ds: OOCDataset, path: str | Path | None = None):
@@ -290,3 +286,144 @@ def build_source_index(ds: OOCDataset, path: str | Path | None = None):
         seen.add(img)
     if path is not None: ix.save(path)
     return ix
+
+# %% ../../nbs/07b_debate.data.ipynb #89de9a07
+FETCH = {
+    "verite": {"base_url": "https://raw.githubusercontent.com/stevejpapad/image-text-verification/HEAD/VERITE",
+               "files": ["VERITE.csv", "VERITE_articles.csv", "VERITE_clip_image_embeddings_ViTL14.npy",
+                         "VERITE_clip_text_embeddings_ViTL14.npy"],
+               "note": "images are not included: run the repository's download script into <root>/images/ for the LLM setups"},
+    "newsclippings": {"base_url": "https://huggingface.co/g-luo/news-clippings/resolve/main",
+                      "files": [f"data/merged_balanced/{s}.json" for s in ("train", "val", "test")], "dest": "news_clippings",
+                      "note": "VisualNews (images, captions) must be requested at https://github.com/FuxiaoLiu/VisualNews-Repository"},
+}
+
+class FetchError(ForensicsLabError, RuntimeError):
+    "A dataset download failed (HTTP error, a cap exceeded, or a file that is not what it should be)."
+
+def _check_file(path: Path, name: str) -> None:
+    head = path.read_bytes()[:4096]
+    if name.endswith(".csv") and b"," not in head.split(b"\n")[0]: raise FetchError(f"{name}: not a CSV file")
+    if name.endswith(".npy") and not head.startswith(b"\x93NUMPY"): raise FetchError(f"{name}: not a NumPy array file")
+    if name.endswith(".json"):
+        try: d = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e: raise FetchError(f"{name}: not JSON ({e})") from None
+        if not isinstance(d, dict) or "annotations" not in d: raise FetchError(f"{name}: no 'annotations' in the JSON object")
+
+# %% ../../nbs/07b_debate.data.ipynb #8eb984c7
+def _download(client, url: str, dest: Path, max_bytes: int) -> int:
+    tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    try:
+        with client.stream("GET", url, follow_redirects=True) as r:
+            if r.status_code >= 400: raise FetchError(f"HTTP {r.status_code} for {url}")
+            with open(tmp, "wb") as f:
+                for chunk in r.iter_bytes(1 << 16):
+                    n += len(chunk)
+                    if n > max_bytes: raise FetchError(f"{url}: larger than the cap of {max_bytes} bytes")
+                    f.write(chunk)
+        _check_file(tmp, dest.name)
+        tmp.replace(dest)
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, FetchError): raise
+        raise FetchError(f"download of {url} failed: {type(e).__name__}: {e}") from None
+    return n
+
+def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[str] = None, force: bool = False,
+                  max_bytes: int = 500_000_000, timeout: float = 60.0, log=print) -> Path:
+    "Download dataset `name`'s public files into `root` (default: `$FORENSICSLAB_<NAME>` or `<repo>/data/<name>`); returns the root."
+    import httpx
+    if name not in FETCH: raise FetchError(f"no download for {name!r}; fetchable: {', '.join(FETCH)}. {DOWNLOADS.get(name, '')}")
+    spec = FETCH[name]
+    root = Path(root or os.environ.get(f"FORENSICSLAB_{name.upper()}") or project_root() / "data" / name).expanduser()
+    base = (base_url or spec["base_url"]).rstrip("/")
+    with httpx.Client(timeout=timeout, headers={"User-Agent": "forensicslab-fetch/1.0"}) as client:
+        for f in spec["files"]:
+            dest = root / spec.get("dest", "") / f
+            if dest.exists() and not force:
+                log(f"{dest}: present")
+                continue
+            size = _download(client, f"{base}/{f}", dest, max_bytes)
+            log(f"{dest}: {size} bytes")
+    log(f"{name}: {spec['note']}")
+    return root
+
+# %% ../../nbs/07b_debate.data.ipynb #e5b743fb
+TEACHING_KINDS = ("true", "true_paraphrase", "swap", "entity", "place", "date")
+
+def _teaching_spec() -> dict:
+    import yaml
+    import forensicslab
+    p = Path(forensicslab.__file__).resolve().parent / "debate" / "teaching.yaml"
+    return yaml.safe_load(p.read_text(encoding="utf-8"))
+
+def _fill(tpl: str, f: dict) -> str:
+    return tpl.format(**{k: f[k] for k in ("person", "place", "year", "event")})
+
+def teaching_captions(seed: int = 0) -> list[dict]:
+    "Every pair of the teaching set: photo, kind (`TEACHING_KINDS`), caption, label, and the page of the photo's source."
+    photos = _teaching_spec()["photos"]
+    names = sorted(photos)
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in names:
+        f = photos[n]
+        others = [m for m in names if m != n]
+        pick = lambda: photos[others[int(rng.integers(len(others)))]]
+        year = int(f["year"]) + int(rng.choice([-9, -7, -5, 5, 7, 9]))
+        other = photos[others[int(rng.integers(len(others)))]]
+        caps = {"true": _fill(f["caption"], f), "true_paraphrase": _fill(f["paraphrase"], f), "swap": _fill(other["caption"], other),
+                "entity": _fill(f["caption"], {**f, "person": pick()["person"]}),
+                "place": _fill(f["caption"], {**f, "place": pick()["place"]}),
+                "date": _fill(f["caption"], {**f, "year": year})}
+        for kind in TEACHING_KINDS:
+            out.append({"photo": n, "kind": kind, "caption": caps[kind], "label": int(not kind.startswith("true")),
+                        "page": _fill(f["page"], f), "page_title": f"{f['event']} ({f['place']}, {f['year']})"})
+    return out
+
+# %% ../../nbs/07b_debate.data.ipynb #e45de1eb
+def _photo(name: str) -> np.ndarray:
+    from skimage import data as skdata
+    a = np.asarray(getattr(skdata, name)())
+    return np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
+
+def _republish(rgb: np.ndarray, k: int):
+    "A re-published copy: cropped by 4-8% on one side and re-compressed."
+    from PIL import Image
+    h, w = rgb.shape[:2]
+    c = int(round((0.04 + 0.01 * (k % 5)) * min(h, w)))
+    box = [(c, 0, w, h), (0, c, w, h), (0, 0, w - c, h), (0, 0, w, h - c)][k % 4]
+    return Image.fromarray(rgb).crop(box)
+
+def build_teaching_set(root: str | Path | None = None, seed: int = 0) -> OOCDataset:
+    """The out-of-context teaching set (`TEACHING_KINDS` per photograph), with its images written under `root`
+    (default `.cache/debate/teaching` in the checkout) and a local retrieval index of the originals' source pages."""
+    from PIL import Image
+    from forensicslab.debate.retrieval import LocalIndex, PageHit
+    root = Path(root) if root else project_root() / ".cache" / "debate" / "teaching"
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    caps = teaching_captions(seed)
+    ix = LocalIndex()
+    for k, name in enumerate(sorted({c["photo"] for c in caps})):
+        rgb = _photo(name)
+        c0 = next(c for c in caps if c["photo"] == name)
+        ix.add(rgb, [PageHit(url=f"teaching://{name}", title=c0["page_title"], text=c0["page"])], key=name)
+        img = root / "images" / f"{name}.jpg"
+        if not img.exists(): _republish(rgb, k).save(img, quality=80)
+    ix.save(root / "index.json")
+    samples = [Sample(id=f"teaching-{c['photo']}-{c['kind']}", image=f"images/{c['photo']}.jpg", caption=c["caption"],
+                      label=c["label"], family="out_of_context" if c["label"] else None, dataset="teaching", split="test",
+                      provenance={"photo": c["photo"], "kind": c["kind"], "article": c["photo"]}) for c in caps]
+    return OOCDataset("teaching", samples, root, info={"index": str(root / "index.json"), "kind": "teaching set",
+                                                       "source": _teaching_spec()["source"]})
+
+# %% ../../nbs/07b_debate.data.ipynb #f5b1b06d
+LOADERS = {"verite": load_verite, "newsclippings": load_newsclippings, "mmfakebench": load_mmfakebench,
+           "teaching": lambda root=None, **kw: build_teaching_set(root, **kw)}
+
+def load_ooc(name: str, root: str | Path | None = None, **kw) -> OOCDataset:
+    "Load an out-of-context dataset by name (`verite`, `newsclippings`, `mmfakebench`, or the built `teaching` set)."
+    if name not in LOADERS: raise ValueError(f"unknown dataset {name!r}; known: {sorted(LOADERS)}")
+    return LOADERS[name](root, **kw)

