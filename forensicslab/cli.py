@@ -20,7 +20,7 @@ from .runs import project_root
 from .studies import (STUDY_ORDER, StudyError, UnknownStudy, list_studies, parse_param_args, run_batch,
                                   run_study, study_parameters, check_parameters)
 from .chat.cli import models_app
-from .data.cli import bench_app
+from .data.cli import bench_app, data_app
 from .debate.cli import debate_app
 from .detectors.cli import detect_cmd, serve_detector
 from .triage.cli import analyze_cmd
@@ -109,6 +109,7 @@ def batch_cmd(grid: Path = typer.Argument(..., help="Grid file (YAML): study, pa
 
 # %% ../nbs/09_cli.ipynb #15b5f3b0
 app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
 app.command("detect")(detect_cmd)
 app.command("serve-detector")(serve_detector)
 app.add_typer(models_app, name="models")

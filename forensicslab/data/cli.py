@@ -18,7 +18,7 @@ from .bench import (COLLECTIONS, IMAGE_FAMILIES, _TRAIN_FAKE, _TRAIN_REAL, Bench
 
 
 # %% auto #0
-__all__ = ['bench_app', 'build_cmd', 'info_cmd']
+__all__ = ['bench_app', 'data_app', 'build_cmd', 'info_cmd', 'data_group', 'fetch_cmd']
 
 # %% ../../nbs/03c_data.cli.ipynb #17d422a0
 bench_app = typer.Typer(help="The offline forgery benchmark: build it, inspect it.", no_args_is_help=True)
@@ -62,3 +62,24 @@ def info_cmd(root: Optional[Path] = typer.Option(None, help="Benchmark folder (d
     r = Path(root or default_root())
     if bench_info(r) is None: typer.echo(f"no benchmark at {r}; run `forensicslab bench build`", err=True); raise typer.Exit(1)
     _print_info(r)
+
+# %% ../../nbs/03c_data.cli.ipynb #9dd5e7d1
+data_app = typer.Typer(help="Datasets: download the public files of the out-of-context benchmarks.", no_args_is_help=True)
+
+@data_app.callback()
+def data_group():
+    "Datasets: download the public files of the out-of-context benchmarks."
+
+@data_app.command("fetch")
+def fetch_cmd(name: str = typer.Argument(..., help="verite or newsclippings."),
+              root: Optional[Path] = typer.Option(None, help="Destination (default: $FORENSICSLAB_<NAME> or data/<name>)."),
+              base_url: Optional[str] = typer.Option(None, help="Download from this base URL instead of the authors' repository."),
+              force: bool = typer.Option(False, help="Download again even when the files are there.")):
+    "Download dataset NAME's public files (annotations, embeddings) into data/NAME."
+    from forensicslab.core import ForensicsLabError
+    from forensicslab.debate.data import fetch_dataset
+    try: r = fetch_dataset(name, root, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
+    except ForensicsLabError as e:
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{name}: {r}")
