@@ -404,3 +404,137 @@ def test_study_llm_path_with_local_server(tmp_path, monkeypatch):
     table = (tmp_path / "out" / "table1_llm.md").read_text(); print(table)
     assert hits > 0 and "async_human" in table and "single-noretr" in table and "judged" in table
     assert "| 4 |" in table or "|   4 |" in table  # four samples per setup, none failed
+
+
+# ---------- issue 15: distinct agents, reasoning first, summaries, sources, run controls ----------
+
+def test_each_agent_round0_call_reaches_the_server_at_temperature_0(tmp_path):
+    "Two agents, identical prompts, temperature 0, reply cache on: two round-0 requests (not one plus a cache hit)."
+    with openai_server(scripted) as url:
+        m = get_model(f"openai-compatible:{url}#no", cache="rw", cache_path=tmp_path / "c.sqlite", defaults={"temperature": 0})
+        r = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1))
+        round0 = url.calls[:2]
+        assert url.hits == 2 and r.converged_round == 0                     # both agents said no: converged, but both asked
+        assert [c.json["messages"] for c in round0][0] == [c.json["messages"] for c in round0][1]  # same prompt, two calls
+        assert all(c.json.get("temperature") == 0 for c in round0)
+        again = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1))
+        assert url.hits == 2 and all(t.cached for t in again.turns)         # a re-run replays each agent's own reply
+        other = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_ai", max_rounds=1))
+        assert url.hits == 4 and not any(t.cached for t in other.turns)     # another strategy is another identity
+
+
+def test_schema_sent_to_the_backend_lists_reasoning_before_the_verdict():
+    seen = {}
+    def responder(req):
+        js = req["response_format"]["json_schema"]
+        seen[js["name"]] = list(js["schema"]["properties"])
+        return scripted(req)
+    with openai_server(responder) as url:
+        m = get_model(f"openai-compatible:{url}#persuadable")
+        for st in ("async_human", "disambiguation", "judged", "actor_skeptic"):
+            run_debate(DebateInput(_sample(), CTX), m, DebateConfig(strategy=st, max_rounds=1))
+    assert seen["DebateAnswer"] == ["explanation", "misinformation"]             # debaters, judge, actor
+    assert seen["DisambiguationAnswer"] == ["explanation", "questions", "misinformation"]
+    assert seen["Critique"] == ["flaws", "questions", "satisfied"]               # skeptic
+
+
+def test_chat_backend_summarises_and_answers_questions(tmp_path, nc_fixture):
+    from forensicslab.debate.engine import study_retriever
+    from forensicslab.debate.retrieval import ChatQA
+    ds, ix = nc_fixture
+    def responder(req):
+        name = _schema(req)
+        if name == "ContextSummary": return json.dumps({"facts": ["2016"], "summary": "A 2016 staff photograph."})
+        if name == "QAAnswer": return json.dumps({"evidence": "taken in 2016", "page": 1, "answer": "In 2016, per page 1."})
+        return scripted(req)
+    with openai_server(responder) as url:
+        m = get_model(f"openai-compatible:{url}#persuadable")
+        retr = study_retriever("source-index", ds, tmp_path, chat=m)
+        ctx = retr.retrieve(ds.samples[0].image)
+        assert ctx.summary == "A 2016 staff photograph." and ctx.summarizer.startswith("chat:")
+        n = url.hits
+        Retriever(retr.backend, summarizer=retr.summarizer, cache_dir=tmp_path / "retrieval", k=3).summarize(ctx.pages)
+        assert url.hits == n                                                   # summaries cached by page hash
+        r = run_debate(DebateInput(ds.samples[0], ctx), m, DebateConfig(strategy="disambiguation", max_rounds=1), qa=ChatQA(m))
+    assert r.qa and r.qa[0]["answer"] == "In 2016, per page 1." and r.qa[0]["answered_by"].startswith("chat-qa:")
+    assert study_retriever("source-index", ds, tmp_path / "x").summarizer.name == "extractive-tfidf"   # offline default
+
+
+def test_fetch_page_streams_and_stops_at_the_cap():
+    import httpx
+    sent = {"n": 0}
+    def body():
+        yield b"<html lang='en'><body><p>" + b"word " * 20
+        for _ in range(10_000):                    # 10,000 x 64 KiB = 640 MB if read whole
+            sent["n"] += 1
+            yield b"x" * 65536
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, headers={"content-type": "text/html"}, content=body()))
+    from forensicslab.debate.retrieval import fetch_page
+    title, text, lang = fetch_page("http://big.example/", httpx.Client(transport=transport), max_bytes=200_000)
+    assert "word" in text and sent["n"] < 10 and len(text) <= 200_000
+
+
+def test_fetch_newsclippings_annotations_from_a_local_server(tmp_path):
+    from forensicslab.debate.data import fetch_dataset
+    fx = write_newsclippings_fixture(tmp_path / "src")
+    ann = fx / "news_clippings" / "data" / "merged_balanced"
+    routes = {f"/data/merged_balanced/{s}.json": (lambda p: lambda *a: (200, "application/json", p.read_bytes()))(ann / f"{s}.json")
+              for s in ("train", "val", "test")}
+    with local_web_server(routes) as (base, log):
+        root = fetch_dataset("newsclippings", tmp_path / "nc", base_url=base, log=lambda m: None)
+    got = root / "news_clippings" / "data" / "merged_balanced" / "test.json"
+    assert got.read_bytes() == (ann / "test.json").read_bytes() and len(log) == 3
+
+
+def _cli(*args, env=None):
+    import subprocess, sys, os
+    return subprocess.run([str(Path(sys.executable).parent / "forensicslab"), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_debate_pair_offline_shows_sources_and_flags(tmp_path):
+    from typer.testing import CliRunner
+    from forensicslab.debate.cli import debate_app
+    from forensicslab.debate.data import build_teaching_set
+    ts = build_teaching_set(Path(__file__).resolve().parents[1] / ".cache" / "debate" / "teaching")
+    img = ts.samples[0].image_path(ts.root)
+    swap = next(s for s in ts.samples if s.provenance["photo"] == ts.samples[0].provenance["photo"] and s.provenance["kind"] == "swap")
+    r = CliRunner().invoke(debate_app, ["pair", str(img), swap.caption, "--retrieval", "teaching"])
+    assert r.exit_code == 0, r.output
+    assert "sources:" in r.output and "teaching://" in r.output and "offline: rule-based" in r.output
+    assert "final: MISINFORMATION" in r.output and "total cost $0.0000" in r.output
+    r = CliRunner().invoke(debate_app, ["pair", str(img), ts.samples[0].caption])   # no retrieval: no evidence, said so
+    assert r.exit_code == 0 and "no evidence" in r.output and "sources: none" in r.output
+
+
+@pytest.mark.parametrize("content", [b"", b"not an image at all", b"\xff\xd8\xff\xe0\x00\x10JFIF truncated"])
+def test_debate_pair_on_unreadable_images_is_one_line(tmp_path, content):
+    p = tmp_path / "bad.jpg"
+    p.write_bytes(content)
+    r = _cli("debate", "pair", str(p), "a caption")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_debate_pair_missing_key_is_one_line(tmp_path):
+    from PIL import Image
+    Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(tmp_path / "a.png")
+    r = _cli("debate", "pair", str(tmp_path / "a.png"), "cap", "--backend", "openai:gpt-4o",
+             env={"OPENAI_API_KEY": "", "FORENSICSLAB_CACHE": str(tmp_path / "c.sqlite")})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    r = _cli("debate", "pair", str(tmp_path / "a.png"), "cap", "--retrieval", "google", env={"GOOGLE_VISION_API_KEY": "", "GOOGLE_API_KEY": ""})
+    assert r.returncode == 2 and "API key" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_debate_pair_run_controls_reach_the_server(tmp_path):
+    from typer.testing import CliRunner
+    from forensicslab.debate.cli import debate_app
+    from PIL import Image
+    Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(tmp_path / "a.png")
+    with openai_server(scripted) as url:
+        r = CliRunner().invoke(debate_app, ["pair", str(tmp_path / "a.png"), CAPTION, "--backend", f"openai-compatible:{url}#no",
+                                            "--temperature", "0.7", "--max-tokens", "123", "--no-cache", "--rounds", "1"])
+        reqs = [c.json for c in url.calls]
+    assert r.exit_code == 0, r.output
+    assert reqs and all(q.get("temperature") == 0.7 and q.get("max_tokens", q.get("max_completion_tokens")) == 123 for q in reqs)
+    assert "final: NOT misinformation" in r.output and "total cost $" in r.output
