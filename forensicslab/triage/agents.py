@@ -243,7 +243,8 @@ class Usage(BaseModel):
 
     def add_failure(self, err: ChatFailure) -> "Usage":
         "Count the attempts of a call that failed (a `ChatFailure` carries their usage)."
-        self.calls += max(1, int(getattr(err, "calls", 0) or 0)); self.failed_calls += 1
+        self.calls += max(1, int(getattr(err, "calls", 0) or getattr(err, "attempts", 0) or 0))   # every attempt made
+        self.failed_calls += 1
         self.input_tokens += int(getattr(err, "input_tokens", 0) or 0)
         self.output_tokens += int(getattr(err, "output_tokens", 0) or 0)
         self.cost_usd += float(getattr(err, "cost_usd", 0.0) or 0.0)
