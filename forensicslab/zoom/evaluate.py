@@ -27,12 +27,13 @@ from .rewards import bleu, rouge_l, union_iou
 from ..runs import Case, Run
 from .agent import (CUES, LLMZoomPolicy, RulePolicy, ZoomResult, _detail_ratio, _grey, cue_scores, duplicate_regions,
                                norm_to_box, run_zoom, DEFAULT_THRESHOLDS)
+from ..data.datasets import load_folder   # the one folder loader (real/ + fake/)
 
 # %% auto #0
 __all__ = ['PERTURBATIONS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'Rating', 'JudgeVerdict',
            'SplitItems', 'Judge', 'evidence_text', 'marked', 'LLMJudge', 'specificity', 'RuleJudge',
            'split_explanation', 'answer_items', 'judge_protocol', 'perturb_image', 'throughput', 'load_groundfake',
-           'load_folder', 'load_study_data', 'fitted_thresholds', 'find_checkpoints', 'checkpoint_info', 'make_policy']
+           'load_study_data', 'fitted_thresholds', 'find_checkpoints', 'checkpoint_info', 'make_policy']
 
 # %% ../../nbs/08d_zoom.evaluate.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -260,8 +261,6 @@ def throughput(policy, images: Sequence, variant: str = "o3", max_turns: int = 6
                 turns=float(np.mean([len(r.steps) for r in res])), output_tokens=float(np.mean([r.output_tokens for r in res])))
 
 # %% ../../nbs/08d_zoom.evaluate.ipynb #95354ce3
-_IMG_EXT = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff"}
-
 def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", split: str | None = None,
                     dataset: str = "groundfake") -> list[Sample]:
     "Samples from a GroundFake-format folder (see above); `split` keeps only that split."
@@ -287,19 +286,6 @@ def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", sp
                           provenance={k: r[k] for k in ("generator", "category", "exploration_trajectory") if k in r}))
     return out
 
-def load_folder(root: str | Path, dataset: str | None = None) -> list[Sample]:
-    "Samples from `root/real/**` (label 0) and `root/fake/**` (label 1); the first sub-folder under `fake/` is the generator."
-    root = Path(root); out = []
-    for lab, sub in ((0, "real"), (1, "fake")):
-        d = root / sub
-        if not d.is_dir(): raise FileNotFoundError(f"{d} is missing: a folder benchmark needs real/ and fake/")
-        for p in sorted(d.rglob("*")):
-            if p.suffix.lower() not in _IMG_EXT: continue
-            rel = p.relative_to(d)
-            out.append(Sample(id=f"{sub}/{rel.as_posix()}", image=str(p.resolve()), label=lab, family="synthesis" if lab else None,
-                              dataset=dataset or root.name, provenance={"generator": rel.parts[0]} if lab and len(rel.parts) > 1 else {}))
-    return out
-
 # %% ../../nbs/08d_zoom.evaluate.ipynb #6b637433
 def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, seed: int = 0) -> list[Sample]:
     "Samples for a study: `artifacts`, `groundfake:<folder>` or `folder:<root>`; `n` > 0 keeps a balanced subset."
@@ -307,7 +293,7 @@ def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, se
         from forensicslab.zoom.artifacts import load_artifacts
         samples = load_artifacts(split)
     elif spec.startswith("groundfake:"): samples = load_groundfake(spec.split(":", 1)[1], split=split)
-    elif spec.startswith("folder:"): samples = load_folder(spec.split(":", 1)[1])
+    elif spec.startswith("folder:"): samples = load_folder(spec.split(":", 1)[1], family="synthesis")
     else: raise ValueError(f"unknown data spec {spec!r}; use artifacts, groundfake:<folder> or folder:<root>")
     if not samples: raise ValueError(f"data {spec!r} split {split!r} holds no samples")
     if n and n < len(samples):
