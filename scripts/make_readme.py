@@ -4,10 +4,16 @@ Markdown cells are copied; code cells become fenced Python blocks followed by th
 Usage: python scripts/make_readme.py [--check]   (--check exits 1 when README.md is out of date)
 """
 import json
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _from_nbs(md: str) -> str:
+    "Links in the index are relative to nbs/ (so they work in JupyterLab and on the site); README sits one level up."
+    return re.sub(r"\]\((?![a-z]+:|/|#|\.\./)([^)]+\.ipynb)\)", r"](nbs/\1)", md)
 
 
 def render(nb_path: Path = ROOT / "nbs" / "index.ipynb") -> str:
@@ -16,7 +22,7 @@ def render(nb_path: Path = ROOT / "nbs" / "index.ipynb") -> str:
         src = "".join(cell["source"]).strip()
         if not src or src.startswith("#|") and "hide" in src.splitlines()[0]: continue
         if cell["cell_type"] == "markdown":
-            parts.append(src)
+            parts.append(_from_nbs(src))
         elif cell["cell_type"] == "code":
             code = "\n".join(l for l in src.splitlines() if not l.startswith("#|"))
             parts.append(f"```python\n{code}\n```")
