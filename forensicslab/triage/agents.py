@@ -26,10 +26,10 @@ from ..imageio import LoadedImage, fit_within, load_image
 
 # %% auto #0
 __all__ = ['FACTS_VERSION', 'AuditVerdict', 'Verdict', 'FaceFacts', 'detect_faces', 'MapFacts', 'map_facts', 'describe_region',
-           'CaseFacts', 'measure_facts', 'render', 'card_text', 'detection_text', 'two_panel_image', 'composite_images',
-           'Usage', 'TriageError', 'LLMAuditor', 'RuleParams', 'RuleAuditor', 'run_auditors', 'make_card',
-           'audit_table', 'fenced_audits', 'LLMJudge', 'credibility', 'RuleJudge', 'LLMSingleAgent', 'RuleSingleAgent',
-           'CaseResult', 'TriagePipeline']
+           'CaseFacts', 'measure_facts', 'render', 'card_text', 'card_summary', 'detection_text', 'two_panel_image',
+           'composite_images', 'jpeg_image', 'Usage', 'TriageError', 'LLMAuditor', 'RuleParams', 'RuleAuditor',
+           'run_auditors', 'make_card', 'audit_table', 'fenced_audits', 'LLMJudge', 'credibility', 'RuleJudge',
+           'LLMSingleAgent', 'RuleSingleAgent', 'CaseResult', 'TriagePipeline']
 
 # %% ../../nbs/06_triage.agents.ipynb #e5bc5678
 class AuditVerdict(BaseModel):
@@ -191,6 +191,21 @@ def card_text(card: ToolCard) -> str:
     if card.map_reading: lines.append(f"How to read the map: {card.map_reading}")
     return "\n".join(lines)
 
+def _first_sentence(text: str | None, limit: int) -> str:
+    "The first sentence of `text`, at most `limit` characters."
+    t = " ".join((text or "").split())
+    m = re.search(r"(?<=[.!?])\s", t)
+    t = t[:m.start()] if m else t
+    return t if len(t) <= limit else t[:limit - 3].rstrip() + "..."
+
+def card_summary(card: ToolCard) -> str:
+    "A card as the judge and the single agent read it: scope, threshold and the first sentence of each reading guide."
+    lines = [f"Detector: {card.name} (id {card.id})", f"Declared scope: {', '.join(card.scope)}"
+             + (f" ({', '.join(card.attack_classes)})" if card.attack_classes else ""),
+             f"Fires above {card.threshold:g}. Score: {_first_sentence(card.score_reading, 260)}"]
+    if card.map_reading: lines.append(f"Map: {_first_sentence(card.map_reading, 200)}")
+    return "\n".join(lines)
+
 def _native(det: Detection) -> str:
     raw = det.raw if isinstance(det.raw, dict) else {"value": det.raw}
     items = [f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in raw.items()
@@ -220,7 +235,23 @@ def composite_images(image: LoadedImage, detections: dict[str, Detection]) -> tu
     over, raw = composite_panels(image, maps)
     return np.asarray(over.convert("RGB")), np.asarray(raw.convert("RGB"))
 
-def _small(rgb: np.ndarray, max_side: int) -> np.ndarray: return fit_within(rgb, max_side)[0]
+def jpeg_image(rgb: np.ndarray, quality: int = 90) -> LoadedImage:
+    "`rgb` as a JPEG file (content-addressed in a temp folder), so the chat layer sends JPEG bytes instead of a large PNG."
+    import hashlib
+    import os
+    import tempfile
+    a = np.ascontiguousarray(rgb, np.uint8)
+    h = hashlib.sha1(a.tobytes() + str(a.shape).encode()).hexdigest()[:20]
+    p = Path(tempfile.gettempdir()) / "forensicslab-jpeg" / f"{h}-q{quality}.jpg"
+    if not p.is_file():
+        from PIL import Image
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        Image.fromarray(a).save(tmp, format="JPEG", quality=quality)
+        tmp.replace(p)
+    return load_image(p)
+
+def _small(rgb: np.ndarray, max_side: int) -> LoadedImage: return jpeg_image(fit_within(rgb, max_side)[0])
 
 # %% ../../nbs/06_triage.agents.ipynb #43fb08c8
 class Usage(BaseModel):
@@ -438,7 +469,7 @@ class LLMJudge:
         "Chat messages for the judge: kept cards and audit rows only, composite panels of kept map detectors."
         kept = [k for k, a in audits.items() if a.keep]
         rejected = [k for k, a in audits.items() if not a.keep]
-        text = render(self.template, cards="\n\n".join(card_text(cards[k]) for k in kept) or "(none)",
+        text = render(self.template, cards="\n\n".join(card_summary(cards[k]) for k in kept) or "(none)",
                       audits=fenced_audits(audits, detections), rejected=", ".join(rejected) or "none")
         parts: list[Any] = [text, "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
         over, raw = composite_images(image, {k: detections[k] for k in kept})
@@ -551,7 +582,7 @@ class LLMSingleAgent:
 
     def messages(self, image, detections, cards) -> list[ChatMessage]:
         "Chat messages for the single agent: every card and output, composite panels of every map detector."
-        blocks = [f"--- {k} ---\n{card_text(cards[k])}\nOutput: {detection_text(d)}\nRaw: {_raw_json(d, 400)}"
+        blocks = [f"--- {k} ---\n{card_summary(cards[k])}\nOutput: {detection_text(d)}\nRaw: {_raw_json(d, 160)}"
                   for k, d in detections.items()]
         parts: list[Any] = [render("single_agent", detectors="\n\n".join(blocks)),
                             "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
