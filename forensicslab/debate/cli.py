@@ -54,7 +54,7 @@ def print_result(res: DebateResult, offline: bool) -> None:
     flag = " UNRESOLVED (agents disagree; tie broken by the first agent; the authors' convention counts it as misinformation)" if res.unresolved else ""
     typer.echo(f"\nfinal: {verdict};{flag} converged at round {res.converged_round}; total cost ${res.cost_usd:.4f}; {res.latency_s:.1f} s")
 
-# %% ../../nbs/07c_debate.cli.ipynb #1415a5b3
+# %% ../../nbs/07c_debate.cli.ipynb #5d70c62e
 @debate_app.command("pair")
 def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
                     caption: str = typer.Argument(..., help="The caption published with it."),
@@ -96,7 +96,7 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
         typer.echo(f"FAILED: {res.failure}", err=True)
         raise typer.Exit(1)
 
-# %% ../../nbs/07c_debate.cli.ipynb #879fdec2
+# %% ../../nbs/07c_debate.cli.ipynb #a3a3c8df
 @debate_app.command("index")
 def debate_index_cmd(sources: Path = typer.Argument(..., help="JSONL: one {image, url, title, text} object per line."),
                      out: Path = typer.Argument(..., help="Where to write the index (JSON).")):

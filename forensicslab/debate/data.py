@@ -287,7 +287,7 @@ def build_source_index(ds: OOCDataset, path: str | Path | None = None):
     if path is not None: ix.save(path)
     return ix
 
-# %% ../../nbs/07b_debate.data.ipynb #89de9a07
+# %% ../../nbs/07b_debate.data.ipynb #7b4ecd5e
 FETCH = {
     "verite": {"base_url": "https://raw.githubusercontent.com/stevejpapad/image-text-verification/HEAD/VERITE",
                "files": ["VERITE.csv", "VERITE_articles.csv", "VERITE_clip_image_embeddings_ViTL14.npy",
@@ -310,7 +310,7 @@ def _check_file(path: Path, name: str) -> None:
         except (ValueError, UnicodeDecodeError) as e: raise FetchError(f"{name}: not JSON ({e})") from None
         if not isinstance(d, dict) or "annotations" not in d: raise FetchError(f"{name}: no 'annotations' in the JSON object")
 
-# %% ../../nbs/07b_debate.data.ipynb #8eb984c7
+# %% ../../nbs/07b_debate.data.ipynb #b90b99a3
 def _download(client, url: str, dest: Path, max_bytes: int) -> int:
     tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -350,7 +350,7 @@ def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[
     log(f"{name}: {spec['note']}")
     return root
 
-# %% ../../nbs/07b_debate.data.ipynb #e5b743fb
+# %% ../../nbs/07b_debate.data.ipynb #9f1826b5
 TEACHING_KINDS = ("true", "true_paraphrase", "swap", "entity", "place", "date")
 
 def _teaching_spec() -> dict:
@@ -383,7 +383,7 @@ def teaching_captions(seed: int = 0) -> list[dict]:
                         "page": _fill(f["page"], f), "page_title": f"{f['event']} ({f['place']}, {f['year']})"})
     return out
 
-# %% ../../nbs/07b_debate.data.ipynb #e45de1eb
+# %% ../../nbs/07b_debate.data.ipynb #638eeb5f
 def _photo(name: str) -> np.ndarray:
     from skimage import data as skdata
     a = np.asarray(getattr(skdata, name)())

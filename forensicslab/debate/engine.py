@@ -218,7 +218,7 @@ class DebateInput:
     def image_note(self) -> str:
         return "" if self.image() is not None else "\n(The image file is not available to you: judge from the caption and the context.)\n"
 
-# %% ../../nbs/07_debate.engine.ipynb #0d8b52af
+# %% ../../nbs/07_debate.engine.ipynb #dc0d85c9
 _OPPONENT = {"async_human": "human fact-checker", "async_ai": "AI model", "disambiguation": "AI model", "judged": "opposing debater"}
 _PERSONA = {"async_human": "persona_human", "async_ai": "persona_ai", "disambiguation": "persona_ai", "judged": "persona_ai",
             "actor_skeptic": "persona_none", "single": "persona_none"}
@@ -258,7 +258,7 @@ def _record(res: DebateResult, latest: dict, rnd: int, agent: str, kind: str, an
     latest[agent] = ans
     res.turns.append(_turn(rnd, agent, kind, ans, rep))
 
-# %% ../../nbs/07_debate.engine.ipynb #0436c8b8
+# %% ../../nbs/07_debate.engine.ipynb #31964ead
 def _async(inp, models, cfg, res, qa):
     dis = cfg.strategy == "disambiguation"
     schema = DisambiguationAnswer if dis else DebateAnswer
@@ -297,7 +297,7 @@ def _answer_questions(res: DebateResult, rnd: int, pages: Sequence[PageHit], qa)
     body = "\n".join(f"Q: {f['question']}\nA: {f['answer']}" for f in found)
     return _prompt("answers", answers=fence(body, "retrieval answers"))
 
-# %% ../../nbs/07_debate.engine.ipynb #e405407c
+# %% ../../nbs/07_debate.engine.ipynb #d7db13e9
 def _judged(inp, models, cfg, res, judge_model):
     stances = {"agent1": (True, "is misinformation"), "agent2": (False, "is not misinformation")}
     agents = [_agent(n, models[i % len(models)], _system("judged", _prompt("stance", stance=s[1])), cfg, inp)
@@ -323,7 +323,7 @@ def _judged(inp, models, cfg, res, judge_model):
     res.turns.append(_turn(cfg.max_rounds + 1, "judge", "judge", ans, rep))
     res.final = ans.misinformation
 
-# %% ../../nbs/07_debate.engine.ipynb #e5c87fbf
+# %% ../../nbs/07_debate.engine.ipynb #bbec0a25
 def _skeptic_prompt(inp, cfg, ans, first: bool) -> str:
     if first:
         return _prompt("skeptic", context=inp.context_text(cfg.retrieval), caption=inp.caption_text(),
@@ -456,7 +456,7 @@ def backend_status(backend: str, ds) -> Optional[str]:
     if n_img == 0: return f"{ds.name}: images are absent (only embeddings); the LLM debaters need the image files"
     return None
 
-# %% ../../nbs/07_debate.engine.ipynb #211d9c33
+# %% ../../nbs/07_debate.engine.ipynb #25db38d9
 def publish_table(df, out: str | Path, name: str, caption: str, why_not: Optional[str] = None) -> Optional[Path]:
     """Write `df` as `name.{csv,md,tex}` under `out`; when the part could not run (`why_not`, or no rows), remove the
     stale files of an earlier run and write `name.md` saying why, so no output survives that this run did not make."""
@@ -469,7 +469,7 @@ def publish_table(df, out: str | Path, name: str, caption: str, why_not: Optiona
     print(f"{name}: not run: {why_not or 'no rows'} (stale files removed)")
     return None
 
-# %% ../../nbs/07_debate.engine.ipynb #8a1de98e
+# %% ../../nbs/07_debate.engine.ipynb #502c0faf
 def llm_rows(backend: str, ds, setups: Sequence[tuple], runs_dir: str | Path, cache_dir: str | Path, retrieval_spec: str = "none",
              controls: dict | None = None, limit: Optional[int] = 20, workers: int = 4, paper=None, n_boot: int = 1000) -> tuple[list[dict], Optional[str]]:
     "A study's LLM rows `(rows, None)`, or `([], reason)` when they cannot run (no backend, no data, no images)."
