@@ -15,12 +15,28 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['FAMILIES', 'ForensicsLabError', 'register_family', 'Box', 'EvidenceItem', 'Sample', 'save_samples', 'load_samples',
-           'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
+__all__ = ['FAMILIES', 'ForensicsLabError', 'jsonable', 'register_family', 'Box', 'EvidenceItem', 'Sample', 'save_samples',
+           'load_samples', 'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
 
 # %% ../nbs/00_core.ipynb #9839d780
 class ForensicsLabError(Exception):
     "Base of the errors forensicslab raises for bad input, missing data or a failed dependency (printed as one line by the CLI)."
+
+# %% ../nbs/00_core.ipynb #dafd81cc
+def jsonable(x: Any, digits: Optional[int] = None) -> Any:
+    """Plain JSON types from numpy scalars and arrays, tuples and paths (dict keys as str); a non-finite Python
+    float becomes None, a numpy scalar its Python value (as detectors have always stored it)."""
+    if isinstance(x, dict): return {str(k): jsonable(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [jsonable(v, digits) for v in x]
+    if isinstance(x, np.ndarray): return jsonable(x.tolist(), digits)
+    if isinstance(x, np.generic):
+        v = x.item()
+        return round(v, digits) if digits is not None and isinstance(v, float) else v
+    if isinstance(x, float):
+        if x != x or x in (float("inf"), float("-inf")): return None
+        return x if digits is None else round(x, digits)
+    if isinstance(x, Path): return str(x)
+    return x
 
 # %% ../nbs/00_core.ipynb #acb8ed9a
 FAMILIES: dict[str, str] = {

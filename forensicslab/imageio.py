@@ -23,8 +23,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from .core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['MAX_PIXELS', 'ImageSource', 'ImageError', 'ImageNotFound', 'ImageUnreadable', 'ImageTruncated', 'ImageTooLarge',
-           'LoadedImage', 'pixel_hash', 'load_image', 'fit_within']
+__all__ = ['MAX_PIXELS', 'LUMA_WEIGHTS', 'ImageSource', 'ImageError', 'ImageNotFound', 'ImageUnreadable', 'ImageTruncated',
+           'ImageTooLarge', 'LoadedImage', 'luma', 'pixel_hash', 'load_image', 'fit_within']
 
 # %% ../nbs/01_imageio.ipynb #2a370799
 class ImageError(ForensicsLabError, ValueError):
@@ -74,12 +74,21 @@ class LoadedImage:
     @property
     def grey(self) -> np.ndarray:
         "Luma (ITU-R BT.601) as float32 in [0, 255]."
-        return (self.rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32))
+        return luma(self.rgb)
+
+LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114], np.float32)
+"ITU-R BT.601 weights of R, G and B in luma."
+
+def luma(rgb: np.ndarray) -> np.ndarray:
+    "ITU-R BT.601 luma of an RGB (or RGBA) array as float32 in [0, 255]; a 2-D array is returned as float32."
+    a = np.asarray(rgb)
+    return a.astype(np.float32) if a.ndim == 2 else a[..., :3].astype(np.float32) @ LUMA_WEIGHTS
 
 def pixel_hash(rgb: np.ndarray) -> str:
     "Content hash of a pixel array: SHA-256 over shape, dtype and bytes."
     a = np.ascontiguousarray(rgb)
-    h = hashlib.sha256(f"{a.shape}{a.dtype}".encode()); h.update(a.tobytes())
+    h = hashlib.sha256(f"{a.shape}{a.dtype}".encode())
+    h.update(a.tobytes())
     return h.hexdigest()
 
 # %% ../nbs/01_imageio.ipynb #d8a0a555

@@ -347,3 +347,46 @@ def test_load_memory_bounded_and_nothing_lost(tmp_path):
         p.terminate(); p.wait(10)
     assert out["ok"] == 48, out["failures"]
     assert peak - base_peak < 600, f"server peak RSS grew by {peak - base_peak:.0f} MB"
+
+
+# ---- the field's detectors through the protocol (issue 14 item 4) ----
+IMDL_PYTHON = Path(os.environ.get("FORENSICSLAB_IMDL_PYTHON", "/work/venvs/imdl/bin/python"))
+
+
+@pytest.mark.slow
+def test_imdl_trufor_through_the_protocol(tmp_path):
+    """TruFor built by IMDL-BenCo (numpy<2, its own venv, random weights) served by `python -m
+    forensicslab.detectors.cli` and called from the lab's environment (numpy 2)."""
+    if not IMDL_PYTHON.is_file():
+        pytest.skip(f"no IMDL-BenCo environment at {IMDL_PYTHON} (see nbs/04m_detectors.imdl.ipynb; FORENSICSLAB_IMDL_PYTHON)")
+    env = dict(os.environ, FORENSICSLAB_IMDL_SIDE="256")
+    env.pop(R.REMOTE_ENV, None)
+    p = subprocess.Popen([str(IMDL_PYTHON), "-m", "forensicslab.detectors.cli", "trufor", "--plugin",
+                          "forensicslab.detectors.imdl", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, cwd=str(tmp_path))
+    try:
+        url, t0 = None, time.time()
+        while url is None and time.time() - t0 < 300:
+            line = p.stdout.readline()
+            if not line: raise RuntimeError(f"server exited: {p.stderr.read()[-2000:]}")
+            if line.startswith("serving"): url = line.split(" on ")[1].split()[0]
+        threading.Thread(target=p.stderr.read, daemon=True).start()
+        R.register_remote("trufor_imdl", url, timeout=300)
+        try:
+            card = D.get_card("trufor_imdl")
+            assert card.id == "trufor_imdl" and card.version == "imdlbenco-random-init" and card.has_map
+            jpg = photo_jpeg(tmp_path / "t.jpg")
+            res = D.run_pool(jpg, ["trufor_imdl"], timeout=300)
+            d = res["trufor_imdl"]
+            assert d.status == "ok", d.error
+            assert d.heatmap.shape == (192, 256) and 0 <= d.heatmap.min() <= d.heatmap.max() <= 1
+            assert d.raw["random_weights"] is True and d.raw["working_size"] == [256, 192]
+            assert d.raw["numpy"].startswith("1.") and np.__version__.startswith("2.")   # two environments
+            again = D.get_detector("trufor_imdl").detect(jpg)
+            assert again.score == d.score and np.array_equal(again.heatmap, d.heatmap)
+        finally:
+            D.unregister("trufor_imdl")
+    finally:
+        p.terminate()
+        try: p.wait(10)
+        except subprocess.TimeoutExpired: p.kill()

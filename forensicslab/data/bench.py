@@ -22,43 +22,26 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..core import FAMILIES, Sample, load_samples, save_samples
+from ..core import FAMILIES, ForensicsLabError, Sample, load_samples, save_samples
+from .photos import FACE_BOXES, shipped_photos
 from ..imageio import load_image
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'FACE_BOXES', 'GROUPS', 'IMAGE_FAMILIES', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS',
-           'shipped_photos', 'lfw_faces', 'Crop', 'random_crop', 'blob_mask', 'poisson_blend', 'Edit',
-           'classic_inpaint', 'copy_move', 'splice', 'face_edit', 'jpeg_roundtrip', 'camera_demosaic', 'BenchSizes',
-           'spread', 'default_root', 'contact_sheet', 'shortcut_checks', 'write_card', 'build_bench', 'bench_info',
-           'ensure_bench', 'load_bench', 'mask_leak']
+__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS', 'lfw_faces', 'Crop',
+           'random_crop', 'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice', 'face_edit',
+           'jpeg_roundtrip', 'camera_demosaic', 'BenchSizes', 'spread', 'default_root', 'contact_sheet',
+           'shortcut_checks', 'write_card', 'BenchError', 'BenchMissing', 'build_bench', 'bench_info', 'ensure_bench',
+           'load_bench', 'mask_leak']
 
 # %% ../../nbs/03_data.bench.ipynb #3373238e
 ID_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "motorcycle_left", "motorcycle_right", "hubble")
 OOD_PHOTOS = ("china", "flower", "grace_hopper", "retina", "camera", "coins")
-FACE_BOXES = {"astronaut": (175, 70, 93, 93), "grace_hopper": (169, 125, 196, 196)}
-"Face boxes `(x, y, w, h)` in the full photographs, found with scikit-image's LBP frontal-face cascade."
 GROUPS = {"spectral": "synthesis", "npr": "synthesis", "face_blend": "face", "inpaint_net": "gen_inpaint",
           "noise": "classic_inpaint", "adq": "splice", "copymove": "splice", "cfa": "splice"}
 "Built-in detector id -> the family of the images made in its regime (the `id` collection's groups)."
 IMAGE_FAMILIES = tuple(f for f in FAMILIES if f in set(GROUPS.values()))
 "The manipulation families this benchmark makes, in taxonomy order (other studies may register more families)."
-
-@functools.lru_cache(maxsize=None)
-def shipped_photos() -> dict[str, np.ndarray]:
-    "All photographs available offline, by name (HxWx3 uint8; grey ones replicated to 3 channels)."
-    from skimage import data
-    import matplotlib.cbook as cbook
-    from sklearn.datasets import load_sample_images
-    out = {n: getattr(data, n)() for n in ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "retina", "camera", "coins")}
-    out["hubble"] = data.hubble_deep_field()
-    out["motorcycle_left"], out["motorcycle_right"] = data.stereo_motorcycle()[:2]
-    s = load_sample_images(); out["china"], out["flower"] = s.images
-    with Image.open(cbook.get_sample_data("grace_hopper.jpg")) as im: out["grace_hopper"] = np.asarray(im.convert("RGB"))
-    for k, v in out.items():
-        v = np.repeat(v[..., None], 3, 2) if v.ndim == 2 else v[..., :3]
-        out[k] = np.ascontiguousarray(v, dtype=np.uint8); out[k].setflags(write=False)
-    return out
 
 @functools.lru_cache(maxsize=None)
 def lfw_faces() -> np.ndarray:
@@ -87,7 +70,8 @@ class Crop:
     def face_box(self) -> Optional[tuple[float, float, float, float]]:
         "The photo's face box mapped into this crop `(x, y, w, h)`, or None when the photo has none."
         if self.photo not in FACE_BOXES: return None
-        fx, fy, fw, fh = FACE_BOXES[self.photo]; s = self.size / self.side
+        fx, fy, fw, fh = FACE_BOXES[self.photo]
+        s = self.size / self.side
         x = (fx - self.x) * s
         if self.flip: x = self.size - x - fw * s
         return (x, (fy - self.y) * s, fw * s, fh * s)
@@ -116,27 +100,35 @@ def random_crop(rng: np.random.Generator, photos: tuple[str, ...], size: int, fa
 def blob_mask(h: int, w: int, rng: np.random.Generator, area: tuple[float, float] = (0.03, 0.08),
               center: Optional[tuple[int, int]] = None, margin: int = 8) -> np.ndarray:
     "A random object-shaped mask (HxW bool) covering about `area` of the image, inside a `margin`."
-    frac = rng.uniform(*area); r = np.sqrt(frac * h * w / np.pi)
+    frac = rng.uniform(*area)
+    r = np.sqrt(frac * h * w / np.pi)
     r = min(r, (min(h, w) - 2 * margin) / 2.2)
     if center is None:
         center = (int(rng.integers(margin + r, w - margin - r + 1)), int(rng.integers(margin + r, h - margin - r + 1)))
-    n = int(rng.integers(7, 13)); ang = np.sort(rng.uniform(0, 2 * np.pi, n))
+    n = int(rng.integers(7, 13))
+    ang = np.sort(rng.uniform(0, 2 * np.pi, n))
     rad = r * rng.uniform(0.65, 1.15, n) * rng.uniform(0.8, 1.25)
     pts = np.stack([center[0] + rad * np.cos(ang), center[1] + rad * np.sin(ang)], 1)
-    m = np.zeros((h, w), np.uint8); cv2.fillPoly(m, [np.round(pts).astype(np.int32)], 255)
+    m = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(m, [np.round(pts).astype(np.int32)], 255)
     k = max(3, int(r / 3) | 1)
     m = cv2.GaussianBlur(m, (k, k), 0) > 127
-    m[:margin // 2] = m[-(margin // 2):] = False; m[:, :margin // 2] = m[:, -(margin // 2):] = False
+    m[:margin // 2] = m[-(margin // 2):] = False
+    m[:, :margin // 2] = m[:, -(margin // 2):] = False
     return m
 
 def poisson_blend(src: np.ndarray, dst: np.ndarray, mask: np.ndarray) -> np.ndarray:
     "Seamless cloning: inside `mask`, `src`'s gradients with `dst`'s border values; `dst` elsewhere (exactly)."
     from scipy.sparse import coo_matrix
     from scipy.sparse.linalg import splu
-    m = mask.copy(); m[0] = m[-1] = False; m[:, 0] = m[:, -1] = False
-    ys, xs = np.nonzero(m); n = len(ys)
+    m = mask.copy()
+    m[0] = m[-1] = False
+    m[:, 0] = m[:, -1] = False
+    ys, xs = np.nonzero(m)
+    n = len(ys)
     if not n: return dst.copy()
-    idx = -np.ones(m.shape, np.int64); idx[ys, xs] = np.arange(n)
+    idx = -np.ones(m.shape, np.int64)
+    idx[ys, xs] = np.arange(n)
     s, d = src.astype(np.float64), dst.astype(np.float64)
     rows, cols, vals = [np.arange(n)], [np.arange(n)], [np.full(n, 4.0)]
     b = np.zeros((n, 3))
@@ -145,7 +137,9 @@ def poisson_blend(src: np.ndarray, dst: np.ndarray, mask: np.ndarray) -> np.ndar
         inside = m[ny, nx]
         b += s[ys, xs] - s[ny, nx]                      # the source's gradients guide the fill
         b[~inside] += d[ny[~inside], nx[~inside]]       # the destination fixes the border
-        rows.append(np.nonzero(inside)[0]); cols.append(idx[ny[inside], nx[inside]]); vals.append(-np.ones(inside.sum()))
+        rows.append(np.nonzero(inside)[0])
+        cols.append(idx[ny[inside], nx[inside]])
+        vals.append(-np.ones(inside.sum()))
     A = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
     lu = splu(A.tocsc())
     out = dst.copy()
@@ -166,8 +160,10 @@ def classic_inpaint(host: np.ndarray, rng: np.random.Generator, area=(0.03, 0.08
     h, w = host.shape[:2]
     m = blob_mask(h, w, rng, area)
     if strokes:  # OOD: an extra thin wire-like stroke, as when removing a cable or a branch
-        s = np.zeros((h, w), np.uint8); pts = rng.integers(16, min(h, w) - 16, (3, 2)).astype(np.int32)
-        cv2.polylines(s, [pts], False, 255, int(rng.integers(4, 9))); m |= s > 0
+        s = np.zeros((h, w), np.uint8)
+        pts = rng.integers(16, min(h, w) - 16, (3, 2)).astype(np.int32)
+        cv2.polylines(s, [pts], False, 255, int(rng.integers(4, 9)))
+        m |= s > 0
     method = "telea" if rng.random() < 0.5 else "ns"
     rad = int(rng.integers(radius[0], radius[1] + 1))
     out = cv2.inpaint(host, m.astype(np.uint8) * 255, rad, cv2.INPAINT_TELEA if method == "telea" else cv2.INPAINT_NS)
@@ -180,13 +176,16 @@ def copy_move(host: np.ndarray, rng: np.random.Generator, angle=(-25, 25), scale
     "Within-image copy-move of an object-shaped region with rotation and scaling."
     h, w = host.shape[:2]
     src_m = blob_mask(h, w, rng, area, margin=12)
-    ys, xs = np.nonzero(src_m); y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    ys, xs = np.nonzero(src_m)
+    y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
     patch, pm = host[y0:y1, x0:x1], src_m[y0:y1, x0:x1].astype(np.float32)
     th, sc = float(rng.uniform(*angle)), float(rng.uniform(*scale))
     ph, pw = patch.shape[:2]
     M = cv2.getRotationMatrix2D((pw / 2, ph / 2), th, sc)
-    cos, sin = abs(M[0, 0]), abs(M[0, 1]); nw, nh = int(np.ceil(pw * cos + ph * sin)) + 2, int(np.ceil(pw * sin + ph * cos)) + 2
-    M[0, 2] += nw / 2 - pw / 2; M[1, 2] += nh / 2 - ph / 2
+    cos, sin = abs(M[0, 0]), abs(M[0, 1])
+    nw, nh = int(np.ceil(pw * cos + ph * sin)) + 2, int(np.ceil(pw * sin + ph * cos)) + 2
+    M[0, 2] += nw / 2 - pw / 2
+    M[1, 2] += nh / 2 - ph / 2
     wp = cv2.warpAffine(patch, M, (nw, nh), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
     wm = cv2.warpAffine(pm, M, (nw, nh), flags=cv2.INTER_LINEAR)
     if nh >= h - 8 or nw >= w - 8: raise ValueError("copy-move region too large for the image")
@@ -199,7 +198,8 @@ def copy_move(host: np.ndarray, rng: np.random.Generator, angle=(-25, 25), scale
     reg = out[ty:ty + nh, tx:tx + nw]
     out[ty:ty + nh, tx:tx + nw] = reg * (1 - alpha[..., None]) + wp * alpha[..., None]
     out = np.clip(np.round(out), 0, 255).astype(np.uint8)
-    m = np.zeros((h, w), bool); m[ty:ty + nh, tx:tx + nw] = alpha > 0
+    m = np.zeros((h, w), bool)
+    m[ty:ty + nh, tx:tx + nw] = alpha > 0
     return Edit(out, m, {"angle": th, "scale": sc, "source_box": [int(x0), int(y0), int(x1), int(y1)],
                          "target_box": [tx, ty, tx + nw, ty + nh], "feather": feather})
 
@@ -213,7 +213,8 @@ def splice(host: np.ndarray, donor: np.ndarray, rng: np.random.Generator, area=(
         big = cv2.resize(donor, (max(w, int(w * f)), max(h, int(h * f))), interpolation=cv2.INTER_LINEAR)
         donor = big[:h, :w] if f >= 1 else cv2.resize(cv2.resize(donor, (int(w * f), int(h * f)), interpolation=cv2.INTER_LINEAR), (w, h), interpolation=cv2.INTER_LINEAR)
     m_d = blob_mask(h, w, rng, area, margin=12)
-    ys, xs = np.nonzero(m_d); y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    ys, xs = np.nonzero(m_d)
+    y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
     ty, tx = int(rng.integers(4, h - (y1 - y0) - 3)), int(rng.integers(4, w - (x1 - x0) - 3))
     alpha = m_d[y0:y1, x0:x1].astype(np.float32)
     if feather > 0:
@@ -222,13 +223,15 @@ def splice(host: np.ndarray, donor: np.ndarray, rng: np.random.Generator, area=(
     reg = out[ty:ty + y1 - y0, tx:tx + x1 - x0]
     out[ty:ty + y1 - y0, tx:tx + x1 - x0] = reg * (1 - alpha[..., None]) + donor[y0:y1, x0:x1] * alpha[..., None]
     out = np.clip(np.round(out), 0, 255).astype(np.uint8)
-    m = np.zeros((h, w), bool); m[ty:ty + y1 - y0, tx:tx + x1 - x0] = alpha > 0
+    m = np.zeros((h, w), bool)
+    m[ty:ty + y1 - y0, tx:tx + x1 - x0] = alpha > 0
     return Edit(out, m, {"area": float(m.mean()), "target_box": [tx, ty, tx + x1 - x0, ty + y1 - y0],
                          "resample": resample and f, "feather": feather})
 
 # %% ../../nbs/03_data.bench.ipynb #99de5300
 def _face_ellipse(shape, box, rng, jitter=0.08, scale=1.0) -> tuple[tuple[int, int], tuple[int, int]]:
-    x, y, w, h = box; j = lambda: 1 + rng.uniform(-jitter, jitter)
+    x, y, w, h = box
+    j = lambda: 1 + rng.uniform(-jitter, jitter)
     c = (int(round(x + w / 2 * j())), int(round(y + 0.55 * h * j())))
     ax = (max(4, int(0.36 * w * j() * scale)), max(4, int(0.46 * h * j() * scale)))
     return c, ax
@@ -238,10 +241,12 @@ def face_edit(host: np.ndarray, box, rng: np.random.Generator, kind: str, donors
     "A face manipulation of `kind` in ('self_blend', 'swap', 'warp') on the face `box` (x, y, w, h)."
     H, W = host.shape[:2]
     c, ax = _face_ellipse(host.shape, box, rng)
-    ell = np.zeros((H, W), np.uint8); cv2.ellipse(ell, c, ax, 0, 0, 360, 255, -1)
+    ell = np.zeros((H, W), np.uint8)
+    cv2.ellipse(ell, c, ax, 0, 0, 360, 255, -1)
     if kind == "self_blend":
         s, dx, dy = rng.uniform(0.96, 1.04), rng.uniform(-0.03, 0.03) * box[2], rng.uniform(-0.03, 0.03) * box[3]
-        M = cv2.getRotationMatrix2D(c, 0, s); M[:, 2] += (dx, dy)
+        M = cv2.getRotationMatrix2D(c, 0, s)
+        M[:, 2] += (dx, dy)
         d = cv2.warpAffine(host, M, (W, H), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT).astype(np.float32)
         gain, off = rng.uniform(1 - 0.1 * strength, 1 + 0.1 * strength, 3), rng.uniform(-10, 10, 3) * strength
         d = d * gain + off
@@ -257,7 +262,8 @@ def face_edit(host: np.ndarray, box, rng: np.random.Generator, kind: str, donors
         skin = host[ell > 0].astype(np.float32)  # give the grey LFW face the host face's colour statistics
         g = (g - g.mean()) / (g.std() + 1e-6)
         face = np.clip(np.round(skin.mean(0) + g[..., None] * skin.std(0)), 0, 255).astype(np.uint8)
-        src = host.copy(); x0, y0 = c[0] - ax[0] - 1, c[1] - ax[1] - 1
+        src = host.copy()
+        x0, y0 = c[0] - ax[0] - 1, c[1] - ax[1] - 1
         ys0, xs0 = max(0, -y0), max(0, -x0)
         ys1, xs1 = min(face.shape[0], H - y0), min(face.shape[1], W - x0)
         src[y0 + ys0:y0 + ys1, x0 + xs0:x0 + xs1] = face[ys0:ys1, xs0:xs1]
@@ -272,7 +278,8 @@ def face_edit(host: np.ndarray, box, rng: np.random.Generator, kind: str, donors
         if mode == "bulge":
             fx, fy = -(xx - c[0]) * a * win, -(yy - c[1]) * a * win
         else:
-            v = rng.uniform(-1, 1, 2); v /= np.linalg.norm(v) + 1e-9
+            v = rng.uniform(-1, 1, 2)
+            v /= np.linalg.norm(v) + 1e-9
             fx, fy = v[0] * a * ax[0] * win, v[1] * a * ax[1] * win
         fx, fy = fx.astype(np.float32), fy.astype(np.float32)
         out = cv2.remap(host, xx + fx, yy + fy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
@@ -285,7 +292,8 @@ def face_edit(host: np.ndarray, box, rng: np.random.Generator, kind: str, donors
 def jpeg_roundtrip(rgb: np.ndarray, quality: int, subsampling: int = 2) -> np.ndarray:
     "Compress to JPEG in memory and decode (Pillow / libjpeg)."
     import io
-    b = io.BytesIO(); Image.fromarray(rgb).save(b, "JPEG", quality=int(quality), subsampling=subsampling)
+    b = io.BytesIO()
+    Image.fromarray(rgb).save(b, "JPEG", quality=int(quality), subsampling=subsampling)
     return np.asarray(Image.open(io.BytesIO(b.getvalue())).convert("RGB"))
 
 _DEMOSAIC = {"bilinear": cv2.COLOR_BayerRG2RGB, "edge_aware": cv2.COLOR_BayerRG2RGB_EA, "vng": cv2.COLOR_BayerRG2RGB_VNG}
@@ -297,8 +305,10 @@ def camera_demosaic(rgb: np.ndarray, method: str = "bilinear") -> np.ndarray:
     # OpenCV's Bayer names describe the second row's pattern: BayerRG <-> an RGGB-like layout; both
     # the mosaic and the demosaic use OpenCV's convention, so the round trip is consistent.
     bgr = rgb[..., ::-1]
-    raw[0::2, 0::2] = bgr[0::2, 0::2, 0]; raw[0::2, 1::2] = bgr[0::2, 1::2, 1]
-    raw[1::2, 0::2] = bgr[1::2, 0::2, 1]; raw[1::2, 1::2] = bgr[1::2, 1::2, 2]
+    raw[0::2, 0::2] = bgr[0::2, 0::2, 0]
+    raw[0::2, 1::2] = bgr[0::2, 1::2, 1]
+    raw[1::2, 0::2] = bgr[1::2, 0::2, 1]
+    raw[1::2, 1::2] = bgr[1::2, 1::2, 2]
     return np.ascontiguousarray(cv2.cvtColor(raw, _DEMOSAIC[method]))
 
 # %% ../../nbs/03_data.bench.ipynb #f79ecd29
@@ -337,7 +347,8 @@ class BenchSizes:
 
 def spread(total: int, keys) -> dict[str, int]:
     "Split `total` over `keys` as evenly as possible (earlier keys get the remainder)."
-    keys = list(keys); q, r = divmod(total, len(keys))
+    keys = list(keys)
+    q, r = divmod(total, len(keys))
     return {k: q + (i < r) for i, k in enumerate(keys)}
 
 # %% ../../nbs/03_data.bench.ipynb #bccee280
@@ -368,7 +379,8 @@ class _Maker:
         for _ in range(100):
             c = random_crop(rng, photos, self.size, face)
             if c not in self.used: break
-        self.used.add(c); return c, c.render()
+        self.used.add(c)
+        return c, c.render()
 
     # --- ID / train: one function per detector regime -------------------------------------
     def id_item(self, rng, group: str, label: int) -> _Made:
@@ -479,7 +491,8 @@ class _Maker:
         "OOD post-processing, drawn identically for authentic and manipulated images: resize, then JPEG or PNG."
         post = {}
         if rng.random() < 0.6:
-            f = float(rng.uniform(0.6, 1.5)); n = max(64, int(round(self.size * f / 8)) * 8)
+            f = float(rng.uniform(0.6, 1.5))
+            n = max(64, int(round(self.size * f / 8)) * 8)
             interp = cv2.INTER_AREA if n < self.size else cv2.INTER_CUBIC
             rs = lambda a: cv2.resize(a, (n, n), interpolation=interp)
             m.rgb = rs(m.rgb)
@@ -487,7 +500,8 @@ class _Maker:
             if m.mask is not None: m.mask = cv2.resize(m.mask.astype(np.uint8), (n, n), interpolation=cv2.INTER_NEAREST) > 0
             post["resize"] = n
         if rng.random() < 0.75:
-            m.fmt, m.quality = "JPEG", int(rng.integers(60, 96)); post["jpeg_quality"] = m.quality
+            m.fmt, m.quality = "JPEG", int(rng.integers(60, 96))
+            post["jpeg_quality"] = m.quality
         m.params = {**m.params, "post": post}
         return m
 
@@ -502,11 +516,14 @@ def _train_models(root: Path, seed: int, sizes: BenchSizes, log: Callable) -> di
     for i, (name, (kind, up, pool)) in enumerate(specs.items()):
         steps = sizes.vae_steps if kind == "vae" else sizes.fill_steps
         path = root / "models" / f"{name}-s{seed}-n{steps}.safetensors"
-        if path.exists(): out[name] = load_model(path); continue
+        if path.exists():
+            out[name] = load_model(path)
+            continue
         t0 = time.time()
         cfg = TrainConfig(steps=steps, seed=seed * 100 + i, patch=40, batch=12 if kind == "vae" else 8)
         m, loss = (train_vae if kind == "vae" else train_fill)(pools[pool], up, cfg)
-        save_model(m, path); out[name] = m
+        save_model(m, path)
+        out[name] = m
         log(f"trained {name} ({steps} steps, L1 {loss:.3f}) in {time.time() - t0:.1f} s")
     return out
 
@@ -558,7 +575,8 @@ def _build_collection(tmp: Path, coll: str, seed: int, sizes: BenchSizes, maker:
         _save_image(m.rgb, img, m.fmt, m.quality)
         mask_rel = None
         if m.mask is not None:
-            _save_png_mask(m.mask, d / "masks" / f"{sid}.png"); mask_rel = f"{coll}/masks/{sid}.png"
+            _save_png_mask(m.mask, d / "masks" / f"{sid}.png")
+            mask_rel = f"{coll}/masks/{sid}.png"
             if references and m.reference is not None: _save_image(m.reference, d / "refs" / img.name, m.fmt, m.quality)
         li = load_image(img)
         prov = {"group" if coll != "ood" else "domain": key, "recipe": m.recipe, "sources": m.sources, "params": m.params,
@@ -573,7 +591,9 @@ def _build_collection(tmp: Path, coll: str, seed: int, sizes: BenchSizes, maker:
                      "params": json.dumps(m.params, sort_keys=True, default=str), "hash": li.hash})
     save_samples(samples, d / "samples.jsonl")
     with open(d / "manifest.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["id"]); w.writeheader(); w.writerows(rows)
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["id"])
+        w.writeheader()
+        w.writerows(rows)
     log(f"{coll}: {len(samples)} images in {time.time() - t0:.1f} s")
     return samples
 
@@ -586,7 +606,8 @@ def contact_sheet(samples: list[Sample], root: str | Path, out: str | Path, per_
     keyf = lambda s: s.provenance.get("group") or s.provenance.get("domain") or (s.family or "authentic")
     keys = list(dict.fromkeys(keyf(s) for s in samples))
     W, H = 150 + (per_row + n_real) * (thumb + 4), len(keys) * (thumb + 4) + 4
-    sheet = Image.new("RGB", (W, max(H, 10)), "white"); dr = ImageDraw.Draw(sheet)
+    sheet = Image.new("RGB", (W, max(H, 10)), "white")
+    dr = ImageDraw.Draw(sheet)
     for r, k in enumerate(keys):
         y = 4 + r * (thumb + 4)
         fk = [s for s in samples if keyf(s) == k and s.label == 1][:per_row]
@@ -603,7 +624,8 @@ def contact_sheet(samples: list[Sample], root: str | Path, out: str | Path, per_
             x = 150 + j * (thumb + 4)
             sheet.paste(Image.fromarray(t), (x, y))
             dr.rectangle([x - 2, y - 2, x + thumb + 1, y + thumb + 1], outline=(200, 0, 0) if s.label else (0, 160, 0), width=2)
-    sheet.save(out); return out
+    sheet.save(out)
+    return out
 
 # %% ../../nbs/03_data.bench.ipynb #344991fc
 def _count_table(colls: dict[str, list[Sample]]) -> str:
@@ -702,18 +724,28 @@ Photographs: scikit-image `skimage.data` (bundled images), scikit-learn sample i
 matplotlib's `grace_hopper.jpg`; face donors: `skimage.data.lfw_subset()` (Labeled Faces in the
 Wild). See those projects for the photographs' terms. Generators: `forensicslab.data.generators`.
 """
-    p = root / "README.md"; p.write_text(txt); return p
+    p = root / "README.md"
+    p.write_text(txt)
+    return p
 
 # %% ../../nbs/03_data.bench.ipynb #727cea10
 COLLECTIONS = ("train", "id", "ood")
 
+class BenchError(ForensicsLabError, ValueError):
+    "A benchmark that is missing, incomplete, built with other settings, or asked for an unknown collection."
+
+class BenchMissing(BenchError, FileNotFoundError):
+    "No benchmark (or part of one) where it was looked for; the message says how to build it."
+
 def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = None, references: bool = False,
                 log: Callable[[str], None] = print) -> Path:
     "Build the benchmark into `root` (replacing it), from nothing: train the generators, make every image, write the card."
-    root = Path(root); sizes = (sizes or BenchSizes()).validate()
+    root = Path(root)
+    sizes = (sizes or BenchSizes()).validate()
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     t0, c0, load0 = time.time(), time.process_time(), os.getloadavg()[0]
     try:
         models = _train_models(tmp, seed, sizes, log)
@@ -749,7 +781,8 @@ def bench_info(root: str | Path | None = None) -> Optional[dict]:
 def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[BenchSizes] = None, force: bool = False,
                  references: bool = False, log: Callable[[str], None] = print) -> Path:
     "Return the root of a built benchmark with this seed and these sizes, building it first if missing (cached)."
-    root = Path(root or default_root()); sizes = (sizes or BenchSizes()).validate()
+    root = Path(root or default_root())
+    sizes = (sizes or BenchSizes()).validate()
     want = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes)}
     def ok():
         info = bench_info(root)
@@ -758,7 +791,7 @@ def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[
         if have == want and (info.get("references") or not references): return True
         if have["version"] != BENCH_VERSION or (have == want and references): return False  # stale recipes: rebuild
         if not force:
-            raise ValueError(f"{root} holds a benchmark built with other settings ({have['seed']=}, version {have['version']}, "
+            raise BenchError(f"{root} holds a benchmark built with other settings ({have['seed']=}, version {have['version']}, "
                              f"sizes {have['sizes']}); pass force=True to rebuild it, or another root")
         return False
     if ok(): return root
@@ -772,16 +805,17 @@ def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[
 
 def load_bench(collection: str, root: str | Path | None = None, seed: Optional[int] = None, build: bool = True) -> list[Sample]:
     "The samples of one collection (`train`, `id` or `ood`) with absolute image and mask paths; builds the benchmark if missing."
-    if collection not in COLLECTIONS: raise ValueError(f"unknown collection {collection!r}; use one of {COLLECTIONS}")
+    if collection not in COLLECTIONS: raise BenchError(f"unknown collection {collection!r}; use one of {COLLECTIONS}")
     root = Path(root or default_root())
     info = bench_info(root)
     if info is None:
-        if not build: raise FileNotFoundError(f"{root}/bench.json: no benchmark built there; run `forensicslab bench build` or ensure_bench()")
-        ensure_bench(root, seed or 0); info = bench_info(root)
+        if not build: raise BenchMissing(f"{root}/bench.json: no benchmark built there; run `forensicslab bench build` or ensure_bench()")
+        ensure_bench(root, seed or 0)
+        info = bench_info(root)
     if seed is not None and info["seed"] != seed:
-        raise ValueError(f"{root} was built with seed {info['seed']}, not {seed}; rebuild with ensure_bench(root, {seed}, force=True)")
+        raise BenchError(f"{root} was built with seed {info['seed']}, not {seed}; rebuild with ensure_bench(root, {seed}, force=True)")
     p = root / collection / "samples.jsonl"
-    if not p.exists(): raise FileNotFoundError(f"{p}: missing; the benchmark at {root} is incomplete, rebuild it with force=True")
+    if not p.exists(): raise BenchMissing(f"{p}: missing; the benchmark at {root} is incomplete, rebuild it with force=True")
     out = []
     for s in load_samples(p):
         upd = {"image": str((root / s.image).resolve())}
@@ -792,7 +826,8 @@ def load_bench(collection: str, root: str | Path | None = None, seed: Optional[i
 # %% ../../nbs/03_data.bench.ipynb #23779109
 def mask_leak(sample: Sample, root: str | Path, tol: int = 2) -> tuple[int, int]:
     "For a local edit built with `references=True`: (changed pixels outside the dilated mask, changed pixels)."
-    root = Path(root); img = load_image(sample.image_path(root))
+    root = Path(root)
+    img = load_image(sample.image_path(root))
     ref = load_image(root / sample.split / "refs" / Path(sample.image).name)
     mk = np.asarray(Image.open(Path(sample.mask) if Path(sample.mask).is_absolute() else root / sample.mask)) > 127
     lossy = sample.provenance["format"] == "JPEG" or "resize" in sample.provenance["params"].get("post", {})

@@ -27,10 +27,13 @@ def deterministic(seed: int):
     "Run torch single-threaded with deterministic kernels and `seed`; restores the old settings and RNG state after."
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     with torch.random.fork_rng(devices=[]):
-        torch.set_num_threads(1); torch.use_deterministic_algorithms(True); torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(seed)
         try: yield
         finally:
-            torch.set_num_threads(threads); torch.use_deterministic_algorithms(det)
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(det)
 
 # %% ../../nbs/03b_data.generators.ipynb #37ce055b
 def _up(cin: int, cout: int, kind: str) -> list[nn.Module]:
@@ -48,7 +51,9 @@ class PatchVAE(nn.Module):
         self.dec = nn.Sequential(nn.Conv2d(z, 2 * ch, 3, 1, 1), nn.ReLU(), *_up(2 * ch, 2 * ch, up), nn.ReLU(),
                                  *_up(2 * ch, ch, up), nn.ReLU(), nn.Conv2d(ch, 3, 3, 1, 1))
 
-    def encode(self, x): mu, logvar = self.enc(x).chunk(2, 1); return mu, logvar.clamp(-8, 8)
+    def encode(self, x):
+        mu, logvar = self.enc(x).chunk(2, 1)
+        return mu, logvar.clamp(-8, 8)
     def decode(self, z): return self.dec(z)
     def forward(self, x):
         mu, logvar = self.encode(x)
@@ -127,25 +132,34 @@ class TrainConfig:
 def train_vae(photos: Sequence[np.ndarray], up: str = "tconv", cfg: TrainConfig = TrainConfig()) -> tuple[PatchVAE, float]:
     "Train a `PatchVAE` on patches of `photos`; returns the model (eval mode) and the final L1 loss."
     with deterministic(cfg.seed):
-        m = PatchVAE(up=up); opt = torch.optim.Adam(m.parameters(), cfg.lr)
+        m = PatchVAE(up=up)
+        opt = torch.optim.Adam(m.parameters(), cfg.lr)
         ps, loss = PatchSampler(photos, cfg.patch, cfg.seed), float("nan")
         for _ in range(cfg.steps):
-            x = ps.batch(cfg.batch); y, mu, lv = m(x)
+            x = ps.batch(cfg.batch)
+            y, mu, lv = m(x)
             rec = (y - x).abs().mean()
             kl = (-0.5 * (1 + lv - mu ** 2 - lv.exp())).mean()
-            opt.zero_grad(); (rec + cfg.kl * kl).backward(); opt.step(); loss = rec.item()
+            opt.zero_grad()
+            (rec + cfg.kl * kl).backward()
+            opt.step()
+            loss = rec.item()
     return m.eval(), loss
 
 def train_fill(photos: Sequence[np.ndarray], up: str = "tconv", cfg: TrainConfig = TrainConfig(patch=48)) -> tuple[FillNet, float]:
     "Train a `FillNet` to fill random holes in patches of `photos`; returns the model and the final hole L1."
     with deterministic(cfg.seed):
-        m = FillNet(up=up); opt = torch.optim.Adam(m.parameters(), cfg.lr)
+        m = FillNet(up=up)
+        opt = torch.optim.Adam(m.parameters(), cfg.lr)
         ps, loss = PatchSampler(photos, cfg.patch, cfg.seed), float("nan")
         for _ in range(cfg.steps):
             x, h = ps.batch(cfg.batch), ps.holes(cfg.batch)
             err = (m(x, h) - x).abs()
             hole = (err * h).sum() / (3 * h.sum()).clamp(min=1)
-            opt.zero_grad(); (hole * 4 + err.mean()).backward(); opt.step(); loss = hole.item()
+            opt.zero_grad()
+            (hole * 4 + err.mean()).backward()
+            opt.step()
+            loss = hole.item()
     return m.eval(), loss
 
 # %% ../../nbs/03b_data.generators.ipynb #84310ca7
@@ -156,7 +170,8 @@ def synthesize(vae: PatchVAE, anchor_a: np.ndarray, anchor_b: np.ndarray, mix: f
     if anchor_a.shape != anchor_b.shape: raise ValueError(f"anchors differ in shape: {anchor_a.shape} vs {anchor_b.shape}")
     if anchor_a.shape[0] % 4 or anchor_a.shape[1] % 4: raise ValueError(f"image sides must be divisible by 4, got {anchor_a.shape[:2]}")
     with deterministic(seed):
-        mu_a, lv = vae.encode(_to_t(anchor_a)[None]); mu_b, _ = vae.encode(_to_t(anchor_b)[None])
+        mu_a, lv = vae.encode(_to_t(anchor_a)[None])
+        mu_b, _ = vae.encode(_to_t(anchor_b)[None])
         z = (1 - mix) * mu_a + mix * mu_b + noise * torch.randn_like(mu_a) * (0.5 * lv).exp()
         return _to_u8(vae.decode(z)[0])
 
@@ -165,7 +180,8 @@ def fill_hole(net: FillNet, rgb: np.ndarray, mask: np.ndarray, pad: int = 24) ->
     "Fill the `mask` (HxW bool, True = hole) of `rgb` with `net`; pixels outside the mask are unchanged."
     if mask.shape != rgb.shape[:2]: raise ValueError(f"mask {mask.shape} does not match image {rgb.shape[:2]}")
     if not mask.any(): return rgb.copy()
-    ys, xs = np.nonzero(mask); h, w = mask.shape
+    ys, xs = np.nonzero(mask)
+    h, w = mask.shape
     y0, y1 = max(0, ys.min() - pad), min(h, ys.max() + 1 + pad)
     x0, x1 = max(0, xs.min() - pad), min(w, xs.max() + 1 + pad)
     win, m = rgb[y0:y1, x0:x1], mask[y0:y1, x0:x1]
@@ -175,14 +191,17 @@ def fill_hole(net: FillNet, rgb: np.ndarray, mask: np.ndarray, pad: int = 24) ->
     with deterministic(0):
         pred = _to_u8(net(_to_t(winp)[None], torch.from_numpy(mp.astype(np.float32))[None, None])[0])
     pred = pred[:win.shape[0], :win.shape[1]]
-    out = rgb.copy(); sub = out[y0:y1, x0:x1]; sub[m] = pred[m]
+    out = rgb.copy()
+    sub = out[y0:y1, x0:x1]
+    sub[m] = pred[m]
     return out
 
 # %% ../../nbs/03b_data.generators.ipynb #cacc4732
 def save_model(model: nn.Module, path: str | Path) -> Path:
     "Save a `PatchVAE` or `FillNet` as safetensors (architecture recorded in the metadata)."
     from safetensors.torch import save_file
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"class": type(model).__name__, "up": model.up}
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
     return path
@@ -196,4 +215,6 @@ def load_model(path: str | Path) -> nn.Module:
     with safe_open(str(path), "pt") as fh: meta = fh.metadata() or {}
     cls = {"PatchVAE": PatchVAE, "FillNet": FillNet}.get(meta.get("class"))
     if cls is None: raise ValueError(f"{path}: not a forensicslab generator (metadata {meta})")
-    m = cls(up=meta["up"]); m.load_state_dict(load_file(str(path))); return m.eval()
+    m = cls(up=meta["up"])
+    m.load_state_dict(load_file(str(path)))
+    return m.eval()

@@ -30,7 +30,9 @@ def dispatch_table(detections: dict[str, Detection]) -> list[dict]:
     "One row per detection for display: detector, scope, native metric = raw value, score, fired, status, runtime."
     rows = []
     for k, d in detections.items():
-        try: card = get_card(k); scope, metric = ", ".join(card.scope), card.native_metric
+        try:
+            card = get_card(k)
+            scope, metric = ", ".join(card.scope), card.native_metric
         except Exception: scope, metric = "?", "?"
         native = d.raw.get(metric) if isinstance(d.raw, dict) else d.raw
         rows.append(dict(detector=k, scope=scope, native=f"{metric} = {native:.4g}" if isinstance(native, (int, float)) else f"{metric} = {native}",
@@ -50,18 +52,28 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
     "Run the detector pool (Stage 0) on one image and print the dispatch table."
     try:
         for name, url in parse_remotes(",".join(remote or [])).items(): register_remote(name, url)
-    except Exception as e: typer.echo(f"error: {e}", err=True); raise typer.Exit(2)
+    except Exception as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     if list_pool:
         typer.echo(tabulate(pool_table(), headers="keys", tablefmt="simple"))
         for k, v in discovery_errors().items(): typer.echo(f"failed to load {k}: {v}", err=True)
         return
-    if image is None: typer.echo("error: give an IMAGE to analyse (or --list)", err=True); raise typer.Exit(2)
+    if image is None:
+        typer.echo("error: give an IMAGE to analyse (or --list)", err=True)
+        raise typer.Exit(2)
     try: img = load_image(image)
-    except ImageError as e: typer.echo(f"error: {e}", err=True); raise typer.Exit(2)
+    except ImageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     names = detector or list_detectors()
-    if not names: typer.echo("no detectors registered (see forensicslab.detectors.pool.discovery_errors())", err=True); raise typer.Exit(1)
+    if not names:
+        typer.echo("no detectors registered (see forensicslab.detectors.pool.discovery_errors())", err=True)
+        raise typer.Exit(1)
     unknown = [n for n in names if n not in list_detectors()]
-    if unknown: typer.echo(f"error: unknown detectors {unknown}; registered: {', '.join(list_detectors())}", err=True); raise typer.Exit(2)
+    if unknown:
+        typer.echo(f"error: unknown detectors {unknown}; registered: {', '.join(list_detectors())}", err=True)
+        raise typer.Exit(2)
     t0 = time.perf_counter()
     res = run_pool(img, names, timeout=timeout, cache=cache)
     wall = time.perf_counter() - t0

@@ -17,12 +17,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import forensicslab
-from ..core import Detection, Sample
+from ..core import Detection, ForensicsLabError, Sample
 from ..imageio import LoadedImage, load_image
 
 # %% auto #0
-__all__ = ['WEIGHTS_DIR', 'npr', 'NPRNet', 'FillSegNet', 'to_tensor', 'save_weights', 'load_net', 'centre_crop', 'even_crop',
-           'train_npr', 'train_inpaint_net']
+__all__ = ['WEIGHTS_DIR', 'npr', 'NPRNet', 'FillSegNet', 'to_tensor', 'save_weights', 'WeightsMissing', 'load_net', 'centre_crop',
+           'even_crop', 'train_npr', 'train_inpaint_net']
 
 # %% ../../nbs/04i_detectors.learned.ipynb #cbca87a5
 def npr(x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,8 @@ class FillSegNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         "`x`: `(B, 3, H, W)` in [0, 1], H and W multiples of 4 -> per-pixel logits."
         h1 = self.e1(torch.cat([x, self.residual(x)], 1))
-        h2 = self.e2(h1); h3 = self.mid(self.e3(h2))
+        h2 = self.e2(h1)
+        h3 = self.mid(self.e3(h2))
         u2 = self.d2(torch.cat([F.interpolate(h3, size=h2.shape[-2:], mode="nearest"), h2], 1))
         u1 = self.d1(torch.cat([F.interpolate(u2, size=h1.shape[-2:], mode="nearest"), h1], 1))
         return self.out(u1)
@@ -81,10 +82,14 @@ def to_tensor(rgb: np.ndarray) -> torch.Tensor:
 def save_weights(model: nn.Module, path: str | Path, meta: dict | None = None) -> Path:
     "Save a model's state dict as safetensors (with string metadata)."
     from safetensors.torch import save_file
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path),
               metadata={k: str(v) for k, v in (meta or {}).items()})
     return path
+
+class WeightsMissing(ForensicsLabError, FileNotFoundError):
+    "A learned detector whose weights file is not there; the message says how to train them."
 
 @functools.lru_cache(maxsize=None)
 def load_net(kind: str, path: str | None = None) -> nn.Module:
@@ -93,9 +98,11 @@ def load_net(kind: str, path: str | None = None) -> nn.Module:
     cls = {"npr": NPRNet, "inpaint_net": FillSegNet}[kind]
     p = Path(path) if path else WEIGHTS_DIR / f"{kind}.safetensors"
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: no weights for the {kind!r} detector; train them with nbs/studies/detectors_training.ipynb "
+        raise WeightsMissing(f"{p}: no weights for the {kind!r} detector; train them with nbs/studies/detectors_training.ipynb "
                                 f"(forensicslab.detectors.learned.train_{'npr' if kind == 'npr' else 'inpaint_net'})")
-    m = cls(); m.load_state_dict(load_file(str(p))); return m.eval()
+    m = cls()
+    m.load_state_dict(load_file(str(p)))
+    return m.eval()
 
 # %% ../../nbs/04i_detectors.learned.ipynb #e87c74bb
 def centre_crop(rgb: np.ndarray, side: int) -> np.ndarray:
@@ -133,8 +140,10 @@ def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop
     neg = [s for s in samples if s.label == 0]
     if not pos or not neg: raise ValueError(f"train_npr needs synthesis and authentic samples, got {len(pos)} and {len(neg)}")
     imgs = [(_load_rgb(s), 1.0) for s in pos] + [(_load_rgb(s), 0.0) for s in neg]
-    torch.manual_seed(seed); rng = np.random.default_rng(seed)
-    model = NPRNet(); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = NPRNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
     weights = np.array([0.5 / len(pos)] * len(pos) + [0.5 / len(neg)] * len(neg))   # balanced classes
     model.train()
@@ -142,12 +151,17 @@ def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop
         idx = rng.choice(len(imgs), batch, p=weights)
         xs, ys = [], []
         for i in idx:
-            a, y = imgs[i]; r, c = _crop(rng, a, crop, 2)
+            a, y = imgs[i]
+            r, c = _crop(rng, a, crop, 2)
             p = a[r:r + crop, c:c + crop]
             if rng.random() < 0.5: p = p[:, ::-1]
-            xs.append(to_tensor(p)); ys.append(y)
+            xs.append(to_tensor(p))
+            ys.append(y)
         loss = F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
-        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
         if log and (step + 1) % log_every == 0: log(f"npr step {step+1}/{steps} loss {loss.item():.4f}")
     return model.eval()
 
@@ -159,11 +173,15 @@ def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 
     if not pos or not neg: raise ValueError(f"train_inpaint_net needs gen_inpaint (with masks) and authentic samples, got {len(pos)} and {len(neg)}")
     data = []
     for s in pos:
-        a = _load_rgb(s); m = _load_mask(s, a.shape); ys, xs = np.nonzero(m)
+        a = _load_rgb(s)
+        m = _load_mask(s, a.shape)
+        ys, xs = np.nonzero(m)
         data.append((a, m, (int(ys.mean()), int(xs.mean())) if len(ys) else None))
     data += [(a, np.zeros(a.shape[:2], np.float32), None) for a in map(_load_rgb, neg)]
-    torch.manual_seed(seed); rng = np.random.default_rng(seed)
-    model = FillSegNet(); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = FillSegNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
     weights = np.array([0.6 / len(pos)] * len(pos) + [0.4 / len(neg)] * len(neg))
     model.train()
@@ -174,11 +192,16 @@ def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 
             r, cc = _crop(rng, a, crop, 4, c if (c is not None and rng.random() < 0.5) else None)
             p, q = a[r:r + crop, cc:cc + crop], m[r:r + crop, cc:cc + crop]
             if rng.random() < 0.5: p, q = p[:, ::-1], q[:, ::-1]
-            xs.append(to_tensor(p)); ms.append(torch.from_numpy(np.ascontiguousarray(q))[None])
+            xs.append(to_tensor(p))
+            ms.append(torch.from_numpy(np.ascontiguousarray(q))[None])
         x, m = torch.stack(xs), torch.stack(ms)
-        logits = model(x); prob = torch.sigmoid(logits)
+        logits = model(x)
+        prob = torch.sigmoid(logits)
         dice = 1 - (2 * (prob * m).sum() + 1) / (prob.sum() + m.sum() + 1)
         loss = F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
-        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
         if log and (step + 1) % log_every == 0: log(f"inpaint_net step {step+1}/{steps} loss {loss.item():.4f}")
     return model.eval()

@@ -30,14 +30,14 @@ from PIL import Image, ImageDraw, ImageFont
 from pydantic import ValidationError
 
 import forensicslab
-from ..core import Detection, Detector, ToolCard
+from ..core import Detection, Detector, ForensicsLabError, ToolCard, jsonable
 from ..imageio import ImageSource, LoadedImage, fit_within, load_image
 
 # %% auto #0
 __all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'DEFAULT_MAX_SIDE', 'DEFAULT_TIMEOUT', 'CardError',
-           'available_cards', 'card_from_dict', 'load_card', 'identity', 'logistic', 'two_sided', 'linear',
-           'parse_normalisation', 'normalise', 'check_heatmap', 'make_detection', 'register', 'unregister', 'discover',
-           'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
+           'DetectorNotFound', 'available_cards', 'card_from_dict', 'load_card', 'identity', 'logistic', 'two_sided',
+           'linear', 'parse_normalisation', 'normalise', 'check_heatmap', 'make_detection', 'register', 'unregister',
+           'discover', 'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
            'DetectionCache', 'cache_version', 'default_cache_dir', 'limit_threads', 'run_pool', 'jet', 'blend',
            'heatmap_panel', 'composite_panels', 'write_panels']
 
@@ -45,8 +45,12 @@ __all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', '
 CARDS_DIR = Path(forensicslab.__file__).parent / "detectors" / "builtin"
 "Where the built-in tool cards live (`forensicslab/detectors/builtin/<id>.yaml`, beside the module that implements it)."
 
-class CardError(ValueError):
+class CardError(ForensicsLabError, ValueError):
     "A tool card that is missing or invalid; the message names the file and what to fix."
+
+class DetectorNotFound(ForensicsLabError, KeyError):
+    "No detector is registered under the name asked for; the message lists the registered ones."
+    def __str__(self): return str(self.args[0]) if self.args else ""
 
 def available_cards(cards_dir: str | Path | None = None) -> list[str]:
     "Ids of the cards in `cards_dir` (default: the built-in cards folder)."
@@ -146,20 +150,10 @@ def check_heatmap(heatmap, detector: str = "?") -> np.ndarray:
 
 def make_detection(card: ToolCard, value: float, raw: dict | None = None, heatmap=None, **kw) -> Detection:
     "An `ok` Detection from a native `value`, normalised by the card's rule; `raw` adds native outputs."
-    raw = {card.native_metric: _jsonable(value), **_jsonable(raw or {})}
+    raw = {card.native_metric: jsonable(value), **jsonable(raw or {})}
     hm = None if heatmap is None else check_heatmap(heatmap, card.id)
     return Detection.from_score(card.id, normalise(card, value), raw=raw, threshold=card.threshold,
                                 version=card.version, heatmap=hm, **kw)
-
-def _jsonable(x):
-    "Plain JSON types from numpy scalars, arrays, tuples and paths."
-    if isinstance(x, dict): return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray): return _jsonable(x.tolist())
-    if isinstance(x, np.generic): return x.item()
-    if isinstance(x, float) and not math.isfinite(x): return None
-    if isinstance(x, Path): return str(x)
-    return x
 
 # %% ../../nbs/04_detectors.pool.ipynb #25324886
 ENTRY_POINT_GROUP = "forensicslab.detectors"
@@ -189,13 +183,16 @@ def register(id: str, *, replace: bool = False):
                    and (len(mods) == 1 or "__main__" in mods)
             if old is not None and old is not cls and not (replace or same):
                 raise ValueError(f"a detector is already registered as {id!r} ({old!r}); pick another id or pass replace=True")
-            _FACTORIES[id] = cls; _INSTANCES.pop(id, None)
+            _FACTORIES[id] = cls
+            _INSTANCES.pop(id, None)
         return cls
     return deco
 
 def unregister(id: str) -> None:
     "Remove a detector from the registry (tests, or replacing a remote one)."
-    with _LOCK: _FACTORIES.pop(id, None); _INSTANCES.pop(id, None)
+    with _LOCK:
+        _FACTORIES.pop(id, None)
+        _INSTANCES.pop(id, None)
 
 def discover(force: bool = False) -> None:
     "Import every module of `forensicslab/detectors/builtin/` and load the `forensicslab.detectors` entry points."
@@ -219,11 +216,13 @@ def discover(force: bool = False) -> None:
 
 def discovery_errors() -> dict[str, str]:
     "Detector modules or plug-ins that failed to load, with the error."
-    discover(); return dict(_ERRORS)
+    discover()
+    return dict(_ERRORS)
 
 def list_detectors() -> list[str]:
     "Ids of every registered detector (built-ins, plug-ins and remote ones), sorted."
-    discover(); return sorted(_FACTORIES)
+    discover()
+    return sorted(_FACTORIES)
 
 def get_detector(name: str) -> Detector:
     "The (shared) instance of the detector registered as `name`."
@@ -231,7 +230,7 @@ def get_detector(name: str) -> Detector:
     with _LOCK:
         if name in _INSTANCES: return _INSTANCES[name]
         if name not in _FACTORIES:
-            raise KeyError(f"no detector named {name!r}; registered: {', '.join(sorted(_FACTORIES)) or 'none'}")
+            raise DetectorNotFound(f"no detector named {name!r}; registered: {', '.join(sorted(_FACTORIES)) or 'none'}")
         det = _FACTORIES[name]()
         if not isinstance(getattr(det, "card", None), ToolCard) or not callable(getattr(det, "detect", None)):
             raise TypeError(f"detector {name!r}: {det!r} does not follow the Detector protocol (card + detect)")
@@ -249,7 +248,9 @@ def pool_table(names: Iterable[str] | None = None) -> list[dict]:
     rows = []
     for n in (list(names) if names is not None else list_detectors()):
         try: c = get_card(n)
-        except Exception as e: rows.append(dict(id=n, name=f"unavailable: {type(e).__name__}: {e}")); continue
+        except Exception as e:
+            rows.append(dict(id=n, name=f"unavailable: {type(e).__name__}: {e}"))
+            continue
         rows.append(dict(id=c.id, name=c.name, version=c.version, scope=", ".join(c.scope), native_metric=c.native_metric,
                          normalisation=_RULE.match(c.normalisation).group(0).strip(), map=c.has_map))
     return rows
@@ -263,7 +264,8 @@ DEFAULT_TIMEOUT = 60.0
 def image_key(image: LoadedImage) -> str:
     "Cache key of an image as evidence: pixels, file format and JPEG quantisation tables."
     h = hashlib.sha256(image.hash.encode())
-    h.update(str(image.format).encode()); h.update(json.dumps(image.quantization, sort_keys=True).encode())
+    h.update(str(image.format).encode())
+    h.update(json.dumps(image.quantization, sort_keys=True).encode())
     return h.hexdigest()[:32]
 
 def _view(image: LoadedImage, max_side: Optional[int]) -> LoadedImage:
@@ -308,11 +310,14 @@ class DetectionCache:
 
     def put(self, key, det: Detection, max_side=None, version: str | None = None) -> Path:
         "Store an `ok` detection (under `version`, default the detection's); returns the JSON path."
-        base = self._base(key, det.detector, version or det.version, max_side); Path(base).parent.mkdir(parents=True, exist_ok=True)
+        base = self._base(key, det.detector, version or det.version, max_side)
+        Path(base).parent.mkdir(parents=True, exist_ok=True)
         if det.heatmap is not None:
             np.savez_compressed(base + ".npz", heatmap=det.heatmap.astype(np.float32))
             Image.fromarray(jet(det.heatmap)).save(base + ".png")
-        tmp = Path(base + ".json.tmp"); tmp.write_text(det.model_dump_json(indent=1)); tmp.replace(base + ".json")
+        tmp = Path(base + ".json.tmp")
+        tmp.write_text(det.model_dump_json(indent=1))
+        tmp.replace(base + ".json")
         return Path(base + ".json")
 
 _FINGERPRINTS: dict[int, tuple[Any, str]] = {}  # id(detector) -> (detector, version); holding it keeps the id unique
@@ -353,14 +358,20 @@ _TL_STATE: dict = {"depth": 0, "saved": None}
 @contextmanager
 def limit_threads(n: Optional[int]):
     "While Stage 0 runs, cap the intra-op thread pools of torch, OpenCV and BLAS/OpenMP at `n` (restored after)."
-    if n is None: yield; return
+    if n is None:
+        yield
+        return
     with _TL_LOCK:
         if _TL_STATE["depth"] == 0:
             saved = {}
             torch = sys.modules.get("torch")
-            if torch is not None: saved["torch"] = torch.get_num_threads(); torch.set_num_threads(n)
+            if torch is not None:
+                saved["torch"] = torch.get_num_threads()
+                torch.set_num_threads(n)
             cv2 = sys.modules.get("cv2")
-            if cv2 is not None: saved["cv2"] = cv2.getNumThreads(); cv2.setNumThreads(n)
+            if cv2 is not None:
+                saved["cv2"] = cv2.getNumThreads()
+                cv2.setNumThreads(n)
             try:
                 from threadpoolctl import threadpool_limits
                 saved["blas"] = threadpool_limits(limits=n)
@@ -380,7 +391,9 @@ def limit_threads(n: Optional[int]):
 def _job(det, view, det_id, slot, background: bool = False):
     "Thread body: run one detector, store its detection or exception in `slot` (a daemon thread never blocks exit); `background` lowers this thread's priority."
     if background and hasattr(os, "setpriority"):
-        try: tid = threading.get_native_id(); os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
         except OSError: pass
     t0 = time.perf_counter()
     try: slot["d"] = _run_one(det, view, det_id)
@@ -405,14 +418,16 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
     for n in names:
         try: det = get_detector(n)
         except Exception as e:
-            out[n] = _failed(n, "?", "error", f"could not load detector: {type(e).__name__}: {e}", 0.0); continue
+            out[n] = _failed(n, "?", "error", f"could not load detector: {type(e).__name__}: {e}", 0.0)
+            continue
         ms = _detector_max_side(det, max_side)
         hit = cache.get(key, n, cache_version(det), ms) if cache else None
         if hit is not None: out[n] = hit
         else: todo.append((n, det, ms))
     if todo:
         views: dict[Any, LoadedImage] = {}
-        slots: dict[str, dict] = {}; threads: dict[str, threading.Thread] = {}
+        slots: dict[str, dict] = {}
+        threads: dict[str, threading.Thread] = {}
         tmo = {n: float(timeout.get(n, DEFAULT_TIMEOUT) if isinstance(timeout, dict) else timeout) for n, _, _ in todo}
         for n, det, ms in todo:
             if ms not in views: views[ms] = _view(img, ms)
@@ -432,7 +447,8 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
             if threads[n].is_alive() or "t" not in slot:
                 d = _failed(n, card.version, "timeout", f"no result within {tmo[n]:g} s", time.perf_counter() - t0, card.threshold)
             elif "e" in slot:
-                e = slot["e"]; msg = "".join(traceback.format_exception_only(type(e), e)).strip()
+                e = slot["e"]
+                msg = "".join(traceback.format_exception_only(type(e), e)).strip()
                 d = _failed(n, card.version, "error", msg[:2000], slot["t"], card.threshold)
             else:
                 d = slot["d"]
@@ -502,11 +518,14 @@ def heatmap_panel(image: ImageSource, detection: Detection, side: int = 512, alp
     head, foot = fs + 2 * pad, fs + 12 + 3 * pad
     title = title or _label(detection)
     tw = int(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(title, font=font))
-    W = max(2 * w + 3 * pad, tw + 2 * pad); H = head + h + foot
-    canvas = Image.new("RGB", (W, H), "white"); dr = ImageDraw.Draw(canvas)
+    W = max(2 * w + 3 * pad, tw + 2 * pad)
+    H = head + h + foot
+    canvas = Image.new("RGB", (W, H), "white")
+    dr = ImageDraw.Draw(canvas)
     dr.text((pad, pad), title, fill="black", font=font)
     x0 = (W - (2 * w + pad)) // 2
-    canvas.paste(Image.fromarray(left), (x0, head)); canvas.paste(Image.fromarray(right), (x0 + w + pad, head))
+    canvas.paste(Image.fromarray(left), (x0, head))
+    canvas.paste(Image.fromarray(right), (x0 + w + pad, head))
     y = head + h + pad // 2
     dr.text((x0, y), "original + map overlay", fill="black", font=small)
     dr.text((x0 + w + pad, y), "map (jet)", fill="black", font=small)
@@ -524,12 +543,15 @@ def _tile(rgb: np.ndarray, label: str, tile: int, font, grey: bool = False) -> I
     dr = ImageDraw.Draw(t)
     dr.text((5, 5), label, fill="black", font=font)
     if rgb is not None:
-        im = _fit_box(rgb, tile); h, w = im.shape[:2]
+        im = _fit_box(rgb, tile)
+        h, w = im.shape[:2]
         t.paste(Image.fromarray(im), ((tile - w) // 2, lab_h + (tile - h) // 2))
     return t
 
 def _grid(tiles: list[Image.Image], gap: int = 6) -> Image.Image:
-    n = len(tiles); cols = math.ceil(math.sqrt(n)); rows = math.ceil(n / cols)
+    n = len(tiles)
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
     tw, th = tiles[0].size
     out = Image.new("RGB", (cols * tw + (cols + 1) * gap, rows * th + (rows + 1) * gap), (120, 120, 120))
     for i, t in enumerate(tiles):
@@ -541,7 +563,9 @@ def _map_detections(detections: dict[str, Detection]) -> dict[str, Detection]:
     "Detections of map detectors: those with a heatmap, and failed ones whose card declares a map."
     out = {}
     for k, d in detections.items():
-        if d.heatmap is not None: out[k] = d; continue
+        if d.heatmap is not None:
+            out[k] = d
+            continue
         if d.status != "ok":
             try:
                 if get_card(k).has_map: out[k] = d
@@ -557,7 +581,8 @@ def composite_panels(image: ImageSource, detections: dict[str, Detection], tile:
     over, raw = [_tile(img.rgb, "original", tile, font)], [_tile(img.rgb, "original", tile, font)]
     for k, d in maps.items():
         if d.heatmap is None:
-            over.append(_tile(None, _label(d), tile, font, grey=True)); raw.append(_tile(None, _label(d), tile, font, grey=True))
+            over.append(_tile(None, _label(d), tile, font, grey=True))
+            raw.append(_tile(None, _label(d), tile, font, grey=True))
             continue
         small = _fit_box(img.rgb, tile)
         hm = _resize_map(d.heatmap, *small.shape[:2])
@@ -568,12 +593,18 @@ def composite_panels(image: ImageSource, detections: dict[str, Detection], tile:
 def write_panels(image: ImageSource, detections: dict[str, Detection], out_dir: str | Path,
                  side: int = 512, tile: int = 384) -> dict[str, Path]:
     "Write `<id>_panel.png` per map detector and `composite_overlay.png`, `composite_raw.png`; returns the paths."
-    img = load_image(image); out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    img = load_image(image)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for k, d in detections.items():
         if d.heatmap is None: continue
-        p = out / (re.sub(r"[^\w.-]", "_", k) + "_panel.png"); heatmap_panel(img, d, side).save(p); paths[k] = p
+        p = out / (re.sub(r"[^\w.-]", "_", k) + "_panel.png")
+        heatmap_panel(img, d, side).save(p)
+        paths[k] = p
     ov, rw = composite_panels(img, detections, tile)
-    paths["composite_overlay"] = out / "composite_overlay.png"; ov.save(paths["composite_overlay"])
-    paths["composite_raw"] = out / "composite_raw.png"; rw.save(paths["composite_raw"])
+    paths["composite_overlay"] = out / "composite_overlay.png"
+    ov.save(paths["composite_overlay"])
+    paths["composite_raw"] = out / "composite_raw.png"
+    rw.save(paths["composite_raw"])
     return paths

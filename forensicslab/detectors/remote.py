@@ -27,9 +27,8 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..core import Detection, ForensicsLabError, ToolCard
+from ..core import Detection, ForensicsLabError, ToolCard, jsonable
 from .pool import DISCOVERY_HOOKS, card_from_dict, check_heatmap, get_detector, list_detectors, register
-from .pool import _jsonable as jsonable
 from ..imageio import MAX_PIXELS, ImageError, ImageSource, ImageTooLarge, LoadedImage, load_image
 
 # %% auto #0
@@ -108,10 +107,11 @@ def image_bytes(image: ImageSource) -> bytes:
     if isinstance(image, (bytes, bytearray)): return bytes(image)
     img = load_image(image)
     if img.path is not None and Path(img.path).is_file() and not img.exif_transposed: return Path(img.path).read_bytes()
-    buf = io.BytesIO(); Image.fromarray(img.rgb).save(buf, format="PNG", compress_level=1)
+    buf = io.BytesIO()
+    Image.fromarray(img.rgb).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
-# %% ../../nbs/04b_detectors.remote.ipynb #ec914153
+# %% ../../nbs/04b_detectors.remote.ipynb #bb41aa80
 def load_plugin(spec: str) -> None:
     "Import a module by name, or a `.py` file by path, so the detectors it registers become available."
     p = Path(spec)
@@ -125,7 +125,7 @@ def load_plugin(spec: str) -> None:
     else: importlib.import_module(spec)
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #f7e7bc63
+# %% ../../nbs/04b_detectors.remote.ipynb #48787c3f
 class _Refusal(Exception):
     "An HTTP error answer decided while reading a request: status code and message."
     def __init__(self, code: int, message: str):
@@ -155,7 +155,7 @@ def read_body(rfile, n: int, chunk: int = 2**20) -> bytes:
     return bytes(buf)
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #00e56552
+# %% ../../nbs/04b_detectors.remote.ipynb #4022d29f
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS) -> LoadedImage:
     "Decode image file bytes with the loader's pixel cap (run inside the concurrency slot)."
     try: return load_image(data, max_pixels=max_pixels)
@@ -182,7 +182,7 @@ def parse_request(body: bytes, max_pixels: int = MAX_PIXELS) -> bytes:
     return data
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #1608d660
+# %% ../../nbs/04b_detectors.remote.ipynb #5237421d
 class _Handler(BaseHTTPRequestHandler):
     server_version = "forensicslab-detector/" + PROTOCOL
     protocol_version = "HTTP/1.1"
@@ -211,7 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
         else: self._send(404, {"error": f"unknown route {self.path}; routes: /v1/health, /v1/card, /v1/detect"})
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #e40045a4
+# %% ../../nbs/04b_detectors.remote.ipynb #71548423
 def _detect_answer(det, img: LoadedImage) -> dict:
     "Run `det` on `img` and build the protocol's answer (raises on a detector failure)."
     t0 = time.perf_counter()
@@ -259,7 +259,7 @@ def _do_post(self):
 _Handler.do_POST = _do_post
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #7f26db9c
+# %% ../../nbs/04b_detectors.remote.ipynb #e0e348e4
 class DetectorServer(ThreadingHTTPServer):
     "A `ThreadingHTTPServer` for one detector, with a configurable listen backlog."
     daemon_threads = True
@@ -301,7 +301,7 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
     finally: srv.server_close()
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #df151cbc
+# %% ../../nbs/04b_detectors.remote.ipynb #139fb3e5
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 class RemoteDetector:
@@ -324,7 +324,7 @@ class RemoteDetector:
     def __repr__(self): return f"RemoteDetector({self.url!r}, id={self.card.id!r})"
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #6074875e
+# %% ../../nbs/04b_detectors.remote.ipynb #8e70bd7a
 def _call_once(self, method: str, url: str, body: bytes | None):
     "One HTTP exchange: (status, body bytes), the answer read in chunks up to the response limit."
     with httpx.Client(timeout=self.timeout) as c, \
@@ -370,7 +370,7 @@ def _call(self, method: str, route: str, schema=None, body: bytes | None = None)
 RemoteDetector._call = _call
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #7d112f90
+# %% ../../nbs/04b_detectors.remote.ipynb #5c6bf6df
 def _health(self) -> Health:
     "The server's health record."
     return self._call("GET", "/v1/health", Health)
@@ -400,7 +400,7 @@ RemoteDetector.health = _health
 RemoteDetector.detect = _detect
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #d099bf29
+# %% ../../nbs/04b_detectors.remote.ipynb #b1da7b6f
 def register_remote(name: str, url: str, check: bool = True, **kw) -> None:
     """Register the detector served at `url` (see `forensicslab.detectors.remote`) under `name`; its card comes
     from the server's `/v1/card`, carried under `name` (so `--list`, `get_card` and `load_card` find it)."""

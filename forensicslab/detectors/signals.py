@@ -13,8 +13,7 @@ import cv2
 from ..imageio import LoadedImage, fit_within
 
 # %% auto #0
-__all__ = ['analysis_rgb', 'luma', 'block_reduce', 'haar_hh', 'local_noise_sigma', 'to_image_map', 'compact_region',
-           'not_applicable']
+__all__ = ['analysis_rgb', 'block_reduce', 'haar_hh', 'local_noise_sigma', 'to_image_map', 'compact_region', 'not_applicable']
 
 # %% ../../nbs/04a_detectors.signals.ipynb #79ea4aa3
 def analysis_rgb(image: LoadedImage | np.ndarray, max_side: int = 1024) -> tuple[np.ndarray, float]:
@@ -22,10 +21,6 @@ def analysis_rgb(image: LoadedImage | np.ndarray, max_side: int = 1024) -> tuple
     rgb = image.rgb if isinstance(image, LoadedImage) else np.asarray(image)
     if rgb.ndim == 2: rgb = np.repeat(rgb[..., None], 3, axis=2)
     return fit_within(np.ascontiguousarray(rgb[..., :3]), max_side)
-
-def luma(rgb: np.ndarray) -> np.ndarray:
-    "ITU-R BT.601 luma of an RGB array as float32 in [0, 255]."
-    return rgb[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
 
 # %% ../../nbs/04a_detectors.signals.ipynb #4a87fdcc
 def block_reduce(a: np.ndarray, b: int, fn=np.mean) -> np.ndarray:
@@ -56,7 +51,8 @@ def to_image_map(m: np.ndarray, height: int, width: int, cell: float | None = No
     if cell is None:
         out = cv2.resize(m, (width, height), interpolation=cv2.INTER_LINEAR)
     else:
-        h = min(height, int(round(m.shape[0] * cell))); w = min(width, int(round(m.shape[1] * cell)))
+        h = min(height, int(round(m.shape[0] * cell)))
+        w = min(width, int(round(m.shape[1] * cell)))
         out = np.zeros((height, width), np.float32)
         if h > 0 and w > 0: out[:h, :w] = cv2.resize(m, (w, h), interpolation=cv2.INTER_LINEAR)
     return np.clip(out, 0, 1).astype(np.float32)

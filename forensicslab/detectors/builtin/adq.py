@@ -16,8 +16,8 @@ import numpy as np
 
 from ...core import Detection
 from ..pool import load_card, make_detection, register
-from ...imageio import LoadedImage
-from ..signals import compact_region, luma, not_applicable, to_image_map
+from ...imageio import LoadedImage, luma
+from ..signals import compact_region, not_applicable, to_image_map
 
 # %% auto #0
 __all__ = ['ZIGZAG', 'DCT8', 'blockwise_dct', 'jpeg_luma_coefficients', 'calibration_coefficients', 'fit_first_step',
@@ -80,7 +80,8 @@ def _hist(v, R: int) -> np.ndarray:
     return np.bincount(np.clip(np.ravel(v), -R, R).astype(np.int64) + R, minlength=2 * R + 1).astype(np.float64)
 
 def _density(v, R: int, eps: float = 0.5) -> np.ndarray:
-    p = _hist(v, R) + eps; return p / p.sum()
+    p = _hist(v, R) + eps
+    return p / p.sum()
 
 def fit_first_step(c: np.ndarray, y: np.ndarray, q2: float, R: int = 40, noise: np.ndarray | None = None,
                    alphas=(0.0, 0.05, 0.1, 0.2, 0.35, 0.5), q_max: int | None = None
@@ -88,7 +89,8 @@ def fit_first_step(c: np.ndarray, y: np.ndarray, q2: float, R: int = 40, noise: 
     """First quantisation step of one frequency from its quantised coefficients `c` and calibrated values `y`.
     Returns (q1 or None, tampered fraction alpha, log-likelihood gain per block over single quantisation, p_single, p_double).
     Candidates run from 1 to `q_max` (default max(3 q2, q2 + 8), at most 64)."""
-    h = _hist(c, R); N = max(h.sum(), 1.0)
+    h = _hist(c, R)
+    N = max(h.sum(), 1.0)
     y = np.asarray(y, np.float32)
     e = np.float32(0.0) if noise is None else np.asarray(noise, np.float32)
     p1 = _density(np.round(y / q2), R)                                   # y already carries the decoding noise
@@ -136,17 +138,21 @@ def double_jpeg_splice(host: np.ndarray, donor: np.ndarray, q1: int = 65, q2: in
     if donor.shape[0] < h or donor.shape[1] < w: raise ValueError(f"donor {donor.shape[:2]} is smaller than the patch {h}x{w}")
     if x < 0 or y < 0 or x + w > W or y + h > H: raise ValueError(f"box {(x, y, w, h)} does not fit in the host {W}x{H}")
     if donor_quality is not None:
-        bd = io.BytesIO(); _PIL().fromarray(np.ascontiguousarray(donor[..., :3])).save(bd, format="JPEG", quality=donor_quality)
+        bd = io.BytesIO()
+        _PIL().fromarray(np.ascontiguousarray(donor[..., :3])).save(bd, format="JPEG", quality=donor_quality)
         donor = np.array(_PIL().open(bd).convert("RGB"))
-    b = io.BytesIO(); _PIL().fromarray(host).save(b, format="JPEG", quality=q1)
+    b = io.BytesIO()
+    _PIL().fromarray(host).save(b, format="JPEG", quality=q1)
     img = np.array(_PIL().open(b).convert("RGB"))
     m = np.ones((h, w), bool)
     if ellipse:
         yy, xx = np.mgrid[:h, :w]
         m = ((yy + 0.5 - h / 2) / (h / 2)) ** 2 + ((xx + 0.5 - w / 2) / (w / 2)) ** 2 <= 1
     img[y:y + h, x:x + w][m] = donor[:h, :w, :3][m]
-    mask = np.zeros((H, W), bool); mask[y:y + h, x:x + w] = m
-    out = io.BytesIO(); _PIL().fromarray(img).save(out, format="JPEG", quality=q2)
+    mask = np.zeros((H, W), bool)
+    mask[y:y + h, x:x + w] = m
+    out = io.BytesIO()
+    _PIL().fromarray(img).save(out, format="JPEG", quality=q2)
     return out.getvalue(), mask
 
 def _PIL():

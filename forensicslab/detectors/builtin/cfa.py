@@ -27,8 +27,10 @@ def _mosaic(rgb: np.ndarray) -> np.ndarray:
     if H < 2 or W < 2: raise ValueError(f"need at least a 2x2 image, got {rgb.shape[:2]}")
     a = rgb[:H, :W]
     bay = np.empty((H, W), np.uint8)
-    bay[0::2, 0::2] = a[0::2, 0::2, 2]; bay[0::2, 1::2] = a[0::2, 1::2, 1]
-    bay[1::2, 0::2] = a[1::2, 0::2, 1]; bay[1::2, 1::2] = a[1::2, 1::2, 0]
+    bay[0::2, 0::2] = a[0::2, 0::2, 2]
+    bay[0::2, 1::2] = a[0::2, 1::2, 1]
+    bay[1::2, 0::2] = a[1::2, 0::2, 1]
+    bay[1::2, 1::2] = a[1::2, 1::2, 0]
     return bay   # OpenCV's Bayer codes name the layout from the second row: `BayerRG` turns this tile back into RGB
 
 def demosaic(rgb: np.ndarray, method: str = "bilinear") -> np.ndarray:
@@ -43,7 +45,8 @@ def cfa_splice(host: np.ndarray, donor: np.ndarray, box: tuple[int, int, int, in
     H, W = img.shape[:2]
     x, y, w, h = box or (W // 3, H // 3, W // 5, H // 5)
     src = cv2.resize(np.ascontiguousarray(donor[..., :3]), (W, H), interpolation=cv2.INTER_AREA)
-    mask = np.zeros((H, W), bool); mask[y:y + h, x:x + w] = True
+    mask = np.zeros((H, W), bool)
+    mask[y:y + h, x:x + w] = True
     img[mask] = src[mask]
     return img, mask
 
@@ -74,9 +77,11 @@ _LAYOUTS = ("BGGR", "GBRG", "GRBG", "RGGB")   # tile read row by row; index = po
 def _ideal_signatures() -> np.ndarray:
     T = []
     for b in range(4):
-        t = np.full((3, 4), -1 / 3, np.float32); r = 3 - b
+        t = np.full((3, 4), -1 / 3, np.float32)
+        r = 3 - b
         t[0, r] = t[2, b] = 1
-        t[1] = 1; t[1, [b, r]] = -1
+        t[1] = 1
+        t[1, [b, r]] = -1
         T.append(t.ravel())
     return np.stack(T)
 
@@ -98,8 +103,12 @@ def reinterpolation_residual(rgb: np.ndarray, layout: str, block: int = 16, fram
     raw, best = _mosaic(a), None
     for name, code in _METHODS.items():
         d = cv2.absdiff(cv2.cvtColor(raw, code), a).sum(-1, dtype=np.float32)
-        d[:frame] = 0; d[H - frame:] = 0; d[:, :frame] = 0; d[:, W - frame:] = 0
-        full = np.zeros(rgb.shape[:2], np.float32); full[dy:dy + H, dx:dx + W] = d
+        d[:frame] = 0
+        d[H - frame:] = 0
+        d[:, :frame] = 0
+        d[:, W - frame:] = 0
+        full = np.zeros(rgb.shape[:2], np.float32)
+        full[dy:dy + H, dx:dx + W] = d
         res = block_reduce(full, block)
         med = float(np.median(res))
         if best is None or med < best[1]: best = (name, med, res)

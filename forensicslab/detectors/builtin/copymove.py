@@ -36,12 +36,15 @@ def self_matches(grey: np.ndarray, ratio: float = 0.6, min_dist: float = 10.0, n
     k = min(k, len(kp) - 1)
     cv2.setRNGSeed(0)                                                   # the randomised k-d trees: same answer every call
     flann = cv2.FlannBasedMatcher(dict(algorithm=1, trees=4), dict(checks=32))
-    nn = np.full((len(kp), k + 1), -1, np.int64); nd = np.full((len(kp), k + 1), np.inf, np.float32)
+    nn = np.full((len(kp), k + 1), -1, np.int64)
+    nd = np.full((len(kp), k + 1), np.inf, np.float32)
     for i, row in enumerate(flann.knnMatch(des, des, k=k + 2)):
         row = [m for m in row if m.trainIdx != i][:k + 1]               # the point itself is not a neighbour
-        nn[i, :len(row)] = [m.trainIdx for m in row]; nd[i, :len(row)] = [m.distance for m in row]
+        nn[i, :len(row)] = [m.trainIdx for m in row]
+        nd[i, :len(row)] = [m.distance for m in row]
     ok = np.cumprod(nd[:, :-1] < ratio * nd[:, 1:], axis=1).astype(bool)  # g2NN: d_j / d_(j+1) < ratio for j = 1, 2, ...
-    i, c = np.nonzero(ok); j = nn[i, c]
+    i, c = np.nonzero(ok)
+    j = nn[i, c]
     a, b = np.minimum(i, j), np.maximum(i, j)                           # a pair found from both ends counts once
     pairs = np.unique(np.stack([a, b], 1), axis=0) if len(a) else np.zeros((0, 2), np.int64)
     pairs = pairs[np.hypot(*(pts[pairs[:, 0]] - pts[pairs[:, 1]]).T) > min_dist]
@@ -62,7 +65,9 @@ def fit_copy_transforms(src: np.ndarray, dst: np.ndarray, threshold: float = 3.0
         M, inl = fit(src[idx], dst[idx], method=cv2.RANSAC, ransacReprojThreshold=threshold, maxIters=2000,
                      confidence=0.995, refineIters=10)
         if M is None or not np.isfinite(M).all() or inl.sum() < 3: break
-        full = np.zeros(len(src), bool); full[idx[inl.ravel().astype(bool)]] = True; rest &= ~full
+        full = np.zeros(len(src), bool)
+        full[idx[inl.ravel().astype(bool)]] = True
+        rest &= ~full
         if np.median(np.hypot(*(dst[full] - src[full]).T)) >= min_shift: out.append((M, full))
     return out
 
@@ -97,7 +102,8 @@ def verify_copy(F: np.ndarray, M: np.ndarray, seeds: np.ndarray, tau: float = 0.
     if not len(seeds): return region, 0.0, (0, 0, 0, 0)
     lo, hi = seeds.min(0), seeds.max(0)
     pad = np.maximum(48, 0.5 * (hi - lo))
-    x0, y0 = np.maximum(0, np.floor(lo - pad)).astype(int); x1, y1 = np.minimum([W, H], np.ceil(hi + pad + 1)).astype(int)
+    x0, y0 = np.maximum(0, np.floor(lo - pad)).astype(int)
+    x1, y1 = np.minimum([W, H], np.ceil(hi + pad + 1)).astype(int)
     box = (int(x0), int(y0), int(x1), int(y1))
     if min(x1 - x0, y1 - y0) < 8: return region, 0.0, box
     shift = np.hypot(*(M[:, :2] @ seeds.T + M[:, 2:] - seeds.T))
@@ -130,9 +136,11 @@ def copy_move_forgery(rgb: np.ndarray, src_center: tuple[int, int], dst_center: 
     M = cv2.getRotationMatrix2D((float(src_center[0]), float(src_center[1])), angle, scale)
     M[:, 2] += np.subtract(dst_center, src_center)
     warped = cv2.warpAffine(rgb, M, (W, H), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
-    mask = np.zeros((H, W), np.uint8); cv2.circle(mask, tuple(int(v) for v in dst_center), int(radius * scale), 1, -1)
+    mask = np.zeros((H, W), np.uint8)
+    cv2.circle(mask, tuple(int(v) for v in dst_center), int(radius * scale), 1, -1)
     mask = mask.astype(bool)
-    out = rgb.copy(); out[mask] = warped[mask]
+    out = rgb.copy()
+    out[mask] = warped[mask]
     return out, mask
 
 # %% ../../../nbs/04f_detectors.builtin.copymove.ipynb #2ef39e37
@@ -188,7 +196,8 @@ class CopyMoveDetector:
         area = best["area_pct"] if best else 0.0
         heat = np.zeros((H, W), np.float32)
         if best is not None and area > 0:
-            A = best["M"].copy(); A[:, 2] /= s  # translation in original pixels
+            A = best["M"].copy()
+            A[:, 2] /= s  # translation in original pixels
             raw.update(transform=np.round(A, 4).tolist(), shift_px=round(float(np.hypot(A[0, 2], A[1, 2])), 1),
                        rotation_deg=round(float(np.degrees(np.arctan2(A[1, 0], A[0, 0]))), 1),
                        scale=round(float(np.sqrt(abs(np.linalg.det(A[:, :2])))), 3))

@@ -14,8 +14,8 @@ import cv2
 
 from ...core import Detection
 from ..pool import load_card, make_detection, register
-from ...imageio import LoadedImage
-from ..signals import analysis_rgb, luma
+from ...imageio import LoadedImage, luma
+from ..signals import analysis_rgb
 
 # %% auto #0
 __all__ = ['find_faces', 'find_faces_haar', 'locate_faces', 'face_ellipse', 'blend_face', 'FaceBlendDetector']
@@ -36,7 +36,8 @@ def _cascade(): return _per_thread("lbp", _make_lbp)
 
 def _merge(boxes, max_faces: int) -> list[tuple[int, int, int, int]]:
     "Largest first; drop a box whose centre lies inside an already kept one."
-    boxes = sorted(boxes, key=lambda b: -b[2] * b[3]); kept = []
+    boxes = sorted(boxes, key=lambda b: -b[2] * b[3])
+    kept = []
     for b in boxes:
         cx, cy = b[0] + b[2] / 2, b[1] + b[3] / 2
         if all(abs(cx - k[0] - k[2] / 2) > k[2] / 2 or abs(cy - k[1] - k[3] / 2) > k[3] / 2 for k in kept): kept.append(b)
@@ -60,7 +61,8 @@ def _haar(): return _per_thread("haar", _make_haar)
 
 def find_faces_haar(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5, min_neighbors: int = 5) -> list[tuple[int, int, int, int]]:
     "Frontal face boxes `(x, y, w, h)` by OpenCV's Haar cascade (frontalface_alt2) on the equalised grey image, largest first; [] if OpenCV ships no cascade."
-    H, W = rgb.shape[:2]; cc = _haar()
+    H, W = rgb.shape[:2]
+    cc = _haar()
     if cc is None or min(H, W) < min_size: return []
     g = rgb if rgb.ndim == 2 else cv2.cvtColor(np.ascontiguousarray(rgb[..., :3]), cv2.COLOR_RGB2GRAY)
     hits = cc.detectMultiScale(cv2.equalizeHist(np.ascontiguousarray(g, np.uint8)), scaleFactor=1.1,
@@ -81,7 +83,8 @@ def face_ellipse(shape: tuple[int, int], box, scale: float = 1.0) -> np.ndarray:
 
 def blend_face(rgb: np.ndarray, box, blur: float = 1.5, gain=(1.06, 0.98, 0.94), scale: float = 1.03) -> tuple[np.ndarray, np.ndarray]:
     "Blend a resized, blurred, colour-shifted copy of `rgb` into the inner face of `box`; returns image and mask."
-    H, W = rgb.shape[:2]; x, y, w, h = box
+    H, W = rgb.shape[:2]
+    x, y, w, h = box
     M = cv2.getRotationMatrix2D((x + w / 2, y + 0.55 * h), 0, scale)
     src = cv2.warpAffine(rgb, M, (W, H), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT).astype(np.float32)
     src = cv2.GaussianBlur(src, (0, 0), blur) * np.asarray(gain, np.float32)
@@ -119,7 +122,8 @@ class FaceBlendDetector:
         heat = np.zeros(rgb.shape[:2], np.float32)
         per_face, best = [], 0.0
         for fb in faces:
-            box = tuple(v * k for v in fb); x, y, w, h = box
+            box = tuple(v * k for v in fb)
+            x, y, w, h = box
             x0, y0 = max(0, int(x - 0.15 * w)), max(0, int(y - 0.25 * h))        # window holding the ring (u < 2.2) and a margin
             x1, y1 = min(rgb.shape[1], int(x + 1.15 * w) + 2), min(rgb.shape[0], int(y + 1.35 * h) + 2)
             win, f = rgb[y0:y1, x0:x1], min(1.0, self.face_px / w)

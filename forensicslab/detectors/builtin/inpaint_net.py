@@ -35,7 +35,8 @@ class InpaintNetDetector:
             return make_detection(self.card, 0.0, raw={"note": "image smaller than 8 pixels"}, heatmap=np.zeros((H, W), np.float32))
         with torch.inference_mode():
             prob = torch.sigmoid(load_net("inpaint_net")(to_tensor(rgb)[None]))[0, 0].numpy()
-        hm = np.zeros((H, W), np.float32); hm[: prob.shape[0], : prob.shape[1]] = prob
+        hm = np.zeros((H, W), np.float32)
+        hm[: prob.shape[0], : prob.shape[1]] = prob
         return make_detection(self.card, fill_contrast(prob), raw={"filled_fraction": float((prob > 0.5).mean())}, heatmap=hm)
 
 def fill_contrast(prob: np.ndarray) -> float:

@@ -12,8 +12,8 @@ import cv2
 
 from ...core import Detection
 from ..pool import load_card, make_detection, register
-from ...imageio import LoadedImage
-from ..signals import analysis_rgb, block_reduce, compact_region, luma, to_image_map
+from ...imageio import LoadedImage, luma
+from ..signals import analysis_rgb, block_reduce, compact_region, to_image_map
 
 # %% auto #0
 __all__ = ['noise_structure_ratio', 'robust_z', 'centre_surround', 'ring_range', 'outside_range', 'fill_evidence',
@@ -24,7 +24,9 @@ def _block_quantile(a: np.ndarray, block: int, q: float) -> np.ndarray:
     "Quantile `q` (linear interpolation, as `np.percentile`) of every `block`x`block` block (a short sort per block)."
     n = block * block
     v = block_reduce(a, block, lambda x, axis: x)           # (h, w, n) view of the blocks
-    pos = q * (n - 1); i = int(np.floor(pos)); f = pos - i
+    pos = q * (n - 1)
+    i = int(np.floor(pos))
+    f = pos - i
     j = min(i + 1, n - 1)
     p = np.sort(v, axis=2)                                   # faster than np.partition for 16 values
     return p[..., i] * (1 - f) + p[..., j] * f

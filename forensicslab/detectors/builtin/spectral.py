@@ -12,8 +12,7 @@ import cv2
 
 from ...core import Detection
 from ..pool import load_card, make_detection, register
-from ...imageio import LoadedImage
-from ..signals import luma
+from ...imageio import LoadedImage, luma
 
 # %% auto #0
 __all__ = ['UPSAMPLING_FREQS', 'JPEG_GRID_FREQS', 'residual_spectrum', 'peak_ratio', 'upsampled_image', 'SpectralDetector']
@@ -27,8 +26,10 @@ JPEG_GRID_FREQS = [(0, .125), (.125, 0), (0, .375), (.375, 0)]
 def residual_spectrum(grey: np.ndarray, tile: int = 256, max_tiles: int = 16) -> np.ndarray:
     "Mean power spectrum of the Hann-windowed Gaussian residual over up to `max_tiles` tiles of `tile` x `tile` (square, side <= tile)."
     g = np.asarray(grey, np.float32)
-    H, W = g.shape; t = min(tile, H, W)
-    ys = np.linspace(0, H - t, max(1, min(4, H // t))).astype(int); xs = np.linspace(0, W - t, max(1, min(4, W // t))).astype(int)
+    H, W = g.shape
+    t = min(tile, H, W)
+    ys = np.linspace(0, H - t, max(1, min(4, H // t))).astype(int)
+    xs = np.linspace(0, W - t, max(1, min(4, W // t))).astype(int)
     win = np.outer(np.hanning(t), np.hanning(t)).astype(np.float32)
     P = np.zeros((t, t), np.float64)
     for y in ys[:max_tiles]:
@@ -44,7 +45,8 @@ def peak_ratio(P: np.ndarray, fy: float, fx: float, rad: int = 3) -> float:
     ky, kx = int(round(fy * t)) % t, int(round(fx * t)) % t
     idx = np.arange(-rad - 2, rad + 3)
     nb = P[np.ix_((idx + ky) % t, (idx + kx) % t)].copy()
-    c = rad + 2; nb[c - 1:c + 2, c - 1:c + 2] = np.nan
+    c = rad + 2
+    nb[c - 1:c + 2, c - 1:c + 2] = np.nan
     return float(np.log(P[ky, kx] + 1e-9) - np.log(np.nanmedian(nb) + 1e-9))
 
 # %% ../../../nbs/04g_detectors.builtin.spectral.ipynb #846698b1
