@@ -5,9 +5,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+COURSE := $(VENV)/.course-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+LAB_ARGS ?=
 CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install demo test test-slow export clean-nbs
+.PHONY: install course lab site demo test test-slow export clean-nbs
 .DEFAULT_GOAL := demo
 
 $(STAMP):
@@ -20,6 +22,21 @@ $(STAMP):
 
 install: $(STAMP)
 
+# The course extra (JupyterLab, ipywidgets, mkdocs + mkdocs-jupyter + mkdocs-material, playwright) on top of install.
+$(COURSE): $(STAMP)
+	$(BIN)/pip install -q -e ".[dev,course]"
+	@rm -f $(VENV)/.course-*; touch $@
+
+course: $(COURSE)
+
+# JupyterLab on the course index (nbs/index.ipynb), with this environment's kernel; e.g. LAB_ARGS="--no-browser --port 8890".
+lab: $(COURSE)
+	$(BIN)/python scripts/lab.py $(LAB_ARGS)
+
+# The course as a static site in _site/, built offline from the notebooks and the executed study notebooks in outputs/.
+site: $(COURSE)
+	$(BIN)/python scripts/build_site.py
+
 demo: install
 	$(BIN)/forensicslab reproduce
 	@echo "Tables, figures and executed notebooks are in $(CURDIR)/outputs/"
@@ -29,7 +46,8 @@ test: install
 	$(BIN)/python -m pytest -q
 	$(BIN)/nbdev-test --n-workers 2 --timing
 
-test-slow: install
+test-slow: $(COURSE)
+	@bash scripts/ensure-chromium.sh || true
 	$(BIN)/python -m pytest -q --runslow
 	$(BIN)/nbdev-test --n-workers 2 --flags slow
 
