@@ -24,7 +24,7 @@ from .data.cli import bench_app, data_app
 from .debate.cli import debate_app
 from .detectors.cli import detect_cmd, serve_detector
 from .triage.cli import analyze_cmd
-from .zoom.cli import zoom_cmd
+from .zoom.cli import train_app, zoom_cmd
 
 # %% auto #0
 __all__ = ['app', 'study_cmd', 'reproduce_cmd', 'batch_cmd', 'main']
@@ -116,6 +116,7 @@ app.add_typer(models_app, name="models")
 app.command("analyze")(analyze_cmd)
 app.add_typer(debate_app, name="debate")
 app.command("zoom")(zoom_cmd)
+app.add_typer(train_app, name="train")
 
 # %% ../nbs/09_cli.ipynb #d8c00f51
 def _one_line(e: BaseException) -> str:

@@ -1,10 +1,14 @@
 #!/usr/bin/env python
 """Zoom study, device check: a few SFT and GRPO steps of the zoom policy, with step times and peak memory.
 
-On a GPU machine (default: CUDA, bfloat16):
+On a GPU machine (default: CUDA, bfloat16, an 8B-shaped Qwen3-VL with random weights, no download):
 
-    python scripts/gpu_check_zoom.py                               # tiny Qwen3-VL built from a config
-    python scripts/gpu_check_zoom.py --base /models/Qwen3-VL-8B-Instruct --num-generations 4
+    python scripts/gpu_check_zoom.py                               # Qwen3-VL-8B shape, random weights, LoRA
+    python scripts/gpu_check_zoom.py --config-json /models/Qwen3-VL-8B-Instruct/config.json   # the exact shape
+    python scripts/gpu_check_zoom.py --base /models/Qwen3-VL-8B-Instruct --num-generations 4  # real weights
+    python scripts/gpu_check_zoom.py --shape tiny                  # the tiny offline model on the GPU
+
+Sized for one GPU in under 8 minutes with start-up: 4 SFT steps, 3 GRPO steps of 4 completions.
 
 Dry run on CPU (float32; checks the script itself, its numbers say nothing about a GPU):
 
@@ -53,6 +57,39 @@ def peak_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
 
 
+QWEN3_VL_8B = dict(
+    # Sizes of Qwen3-VL-8B-Instruct's config.json as recalled when this script was written (no hub here to read it):
+    # pass --config-json with the real file to use its exact values.
+    text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+              num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=262144,
+              rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
+                               "mrope_interleaved": True}),
+    vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16, spatial_merge_size=2,
+                temporal_patch_size=2, out_hidden_size=4096, num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24]))
+
+
+def build_8b_shape(proc, config_json, device, dtype):
+    "A Qwen3-VL with the 8B model's sizes and random weights, special-token ids pointing into the tiny tokenizer."
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.qwen3_vl import Qwen3VLConfig
+    tok = proc.tokenizer
+    tid = tok.convert_tokens_to_ids
+    if config_json:
+        raw = json.load(open(config_json))
+        text = {k: v for k, v in raw["text_config"].items() if k not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        vision = raw["vision_config"]
+    else:
+        text, vision = dict(QWEN3_VL_8B["text"]), dict(QWEN3_VL_8B["vision"])
+    text["vocab_size"] = max(text["vocab_size"], len(tok))
+    cfg = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=tid("<|image_pad|>"),
+                        video_token_id=tid("<|video_pad|>"), vision_start_token_id=tid("<|vision_start|>"),
+                        vision_end_token_id=tid("<|vision_end|>"), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.device(device):
+        model = AutoModelForImageTextToText.from_config(cfg, dtype=getattr(torch, dtype))
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    return model
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run")
@@ -65,7 +102,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-pixels", type=int, default=256 * 256)
     ap.add_argument("--image-size", type=int, default=256)
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--shape", default=None, choices=["tiny", "8b"],
+                    help="model shape built from a config with random weights (default: 8b on cuda, tiny on cpu)")
+    ap.add_argument("--config-json", default=None, help="a Qwen3-VL config.json whose sizes to use for --shape 8b")
     a = ap.parse_args(argv)
+    shape = a.shape or ("8b" if a.device.startswith("cuda") and a.base == "tiny" else "tiny")
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"ok": False, "error": "CUDA requested but torch.cuda.is_available() is False; "
@@ -90,22 +131,30 @@ def main(argv=None) -> int:
         trajs, samples = smoke_task(d + "/data", n=4, size=a.image_size)
         model, proc = load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]],
                                   save_to=d + "/base" if a.base == "tiny" else None)
+        if a.base == "tiny" and shape == "8b":
+            model = build_8b_shape(proc, a.config_json, a.device, dtype)
+            model.save_pretrained(d + "/base")       # checkpoints point at the base folder
+        report["shape"] = shape if a.base == "tiny" else "checkpoint"
         report["params_total"] = sum(p.numel() for p in model.parameters())
         if torch.cuda.is_available(): torch.cuda.reset_peak_memory_stats()
         t_sft = StepTimer()
         sft = run_sft(cfg, model, proc, trajs, d + "/run", callbacks=[t_sft])
         report["params_trainable"] = sum(p.numel() for p in sft.model.parameters() if p.requires_grad)
         losses = [r["loss"] for r in sft.state.log_history if "loss" in r]
-        report["sft"] = {**summary(t_sft.times), "final_loss": losses[-1] if losses else None, "peak_gib": peak_gib()}
+        tok_sft = max((r.get("num_tokens", 0) for r in sft.state.log_history), default=0)
+        report["sft"] = {**summary(t_sft.times), "final_loss": losses[-1] if losses else None, "peak_gib": peak_gib(),
+                         "tokens": tok_sft, "tokens_per_s": round(tok_sft / sum(t_sft.times), 1) if t_sft.times else None}
         if torch.cuda.is_available(): torch.cuda.reset_peak_memory_stats()
         t_grpo = StepTimer()
         reward = HybridReward(lambda image, items: [0.7] * len(items), RewardConfig(), cfg.variant)
         grpo = run_grpo(cfg, sft.model, proc, samples, reward, d + "/run", callbacks=[t_grpo])
         logs = [r for r in grpo.state.log_history if "reward" in r]
+        n_tok = max((r.get("num_tokens", 0) for r in grpo.state.log_history), default=0)
         report["grpo"] = {**summary(t_grpo.times), "peak_gib": peak_gib(),
                           "tool_call_frequency": statistics.mean(r.get("tools/call_frequency", 0) for r in logs) if logs else None,
                           "mean_completion_length": statistics.mean(r.get("completions/mean_length", 0) for r in logs) if logs else None,
-                          "reward_calls": reward.calls}
+                          "reward_calls": reward.calls, "tokens": n_tok,
+                          "tokens_per_s": round(n_tok / sum(t_grpo.times), 1) if t_grpo.times and n_tok else None}
     report["wall_s"] = round(time.perf_counter() - t_all, 2)
     report["ok"] = True
     print(json.dumps(report, indent=2))

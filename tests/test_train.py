@@ -81,29 +81,47 @@ def test_grpo_reward_config_and_env_contract():
 
 @pytest.mark.slow
 def test_grpo_smoke_tool_called_and_verifier_scored(tmp_path):
+    from forensicslab.zoom.rewards import aggregate_model_reward, item_reward
     trajs, samples = smoke_task(tmp_path / "data", n=4)
     cfg = ZoomTrainConfig.smoke(sft_steps=100, sft_batch_size=2, sft_lr=1e-2, tiny=TINY, grpo_steps=2,
                                 num_generations=2, grpo_batch_size=4, max_completion_length=160,
                                 lora_modules_to_save=["lm_head", "embed_tokens"])
     model, proc = load_policy(cfg, texts=_texts(trajs), save_to=tmp_path / "base")
     sft = run_sft(cfg, model, proc, trajs, tmp_path / "run")
-    scored, crops_seen = [], []
+    seen, crops_seen, parts = [], [], []
+    from PIL import Image
+    sizes = {Image.open(s.image).size for s in samples}
 
-    def verifier(image, items):
-        scores = [0.8] * len(items); scored.append(scores); return scores
+    def verifier(image, items):               # a score that depends on the box: how much of it is bright
+        rgb = np.asarray(image.pil() if hasattr(image, "pil") else image)
+        out = []
+        for it in items:
+            x1, y1, x2, y2 = (int(round(v)) for v in it.box.as_list())
+            reg = rgb[y1:y2, x1:x2]
+            out.append(float((reg.mean(-1) > 200).mean()) if reg.size else 0.0)
+        seen.append((rgb.shape[1::-1], [it.box.as_list() for it in items], out))
+        return out
 
     class Spy(HybridReward):
         def __call__(self, completions, environments=None, **kw):
             crops_seen.extend(len(e.crops) for e in environments or [])
-            return super().__call__(completions, **kw)
+            out = super().__call__(completions, **kw)
+            parts.extend(self.last_parts)
+            return out
 
-    reward = Spy(verifier, RewardConfig(), "o3")
+    cfg_r = RewardConfig()
+    reward = Spy(verifier, cfg_r, "o3")
     grpo = run_grpo(cfg, sft.model, proc, samples, reward, tmp_path / "run")
     log = read_curves(tmp_path / "run" / "grpo_log.csv")
     assert reward.calls == 2
     assert log["tools/call_frequency"].max() > 0, log.T
     assert sum(crops_seen) > 0
-    assert scored and all(s == 0.8 for batch in scored for s in batch)
+    # the verifier saw the rollout's own image and the boxes the policy wrote, and its scores (not a constant) are
+    # what r_model is made of: one verifier call per fake answer with key evidence, r_model 0 for every other rollout
+    assert seen and all(size in sizes for size, _, _ in seen)
+    assert all(0 <= b[0] < b[2] <= size[0] and 0 <= b[1] < b[3] <= size[1] for size, boxes, _ in seen for b in boxes)
+    expected = sum(aggregate_model_reward([item_reward(v, cfg_r) for v in sc], cfg_r.beta) for _, _, sc in seen)
+    assert sum(p["r_model"] for p in parts) == pytest.approx(expected)
     save_checkpoint(grpo.model, proc, tmp_path / "grpo", tmp_path / "base", cfg)
     m, p = load_checkpoint(tmp_path / "grpo", device="cpu")
     assert sum(p_.numel() for p_ in m.parameters()) > 0
@@ -134,3 +152,56 @@ def test_gpu_check_script_dry_run_on_cpu():
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("GPU_CHECK_REPORT ")][-1]
     rep = json.loads(line.split(" ", 1)[1])
     assert rep["ok"] and rep["sft"]["steps"] == 2 and rep["grpo"]["steps"] == 1
+
+
+def test_shipped_configs_load_and_validate():
+    from forensicslab.zoom.cli import shipped_config
+    from forensicslab.zoom.train import ZoomConfigError
+    c = ZoomTrainConfig.from_yaml(shipped_config("qwen3_vl_8b"))
+    assert (c.lora_r, c.lora_alpha, c.sft_lr, c.sft_global_batch, c.grpo_lr, c.num_generations, c.epsilon, c.epsilon_high,
+            c.beta, c.loss_type, c.mask_truncated_completions, c.max_zooms) == \
+        (16, 32, 1e-4, 8, 1e-5, 16, 0.2, 0.28, 0.0, "dapo", True, 5)
+    assert c.base == "Qwen/Qwen3-VL-8B-Instruct" and c.sft_per_device(8) == 1 and c.verifier["lora"]
+    assert not c.vision and not c.extra_train and not c.curriculum          # offline aids are off for a real base
+    q = ZoomTrainConfig.from_yaml(shipped_config("quick"))
+    assert q == ZoomTrainConfig.quick(notes=q.notes)                        # the YAML is the preset
+    with pytest.raises(ZoomConfigError, match="unknown config keys"):
+        ZoomTrainConfig.from_yaml("base: tiny\nlearning_rate: 1\n")
+    with pytest.raises(ZoomConfigError, match="not divisible"):
+        c.sft_per_device(3)
+
+
+def test_real_base_without_a_config_is_refused(tmp_path):
+    from forensicslab.zoom.tinyvlm import ZoomModelError, load_vlm
+    with pytest.raises(ZoomModelError, match="could not be fetched"):
+        load_vlm("nobody-here/NoSuchModel-8B")                                # a hub id, and no hub here
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llava"}')
+    with pytest.raises(ZoomModelError, match="not supported by the zoom training path"):
+        load_vlm(tmp_path / "m")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen2_5_vl"])
+def test_train_zoom_command_runs_each_family_and_resumes(tmp_path, family):
+    import json
+    from typer.testing import CliRunner
+    from forensicslab.cli import app
+    cfg = ZoomTrainConfig.smoke(tiny=dict(TINY, family=family), sft_steps=3, grpo_steps=1, num_generations=2,
+                                grpo_batch_size=2, max_completion_length=64, max_tool_calls=1, max_zooms=1, n_eval=2,
+                                verifier=dict(max_steps=1, batch_size=2, epochs=1))
+    cfg.to_yaml(tmp_path / "c.yaml")
+    args = ["train", "zoom", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, (r.output, r.exception)
+    out = tmp_path / "out"
+    assert json.loads((out / "base" / "config.json").read_text())["model_type"] == family
+    ev = json.loads((out / "eval.json").read_text())
+    assert set(ev) == {"sft", "grpo"} and ev["grpo"]["n"] == 2
+    assert read_curves(out / "grpo_log.csv")["step"].max() == 1
+    assert (out / "verifier" / "verifier.json").exists()
+    stamp = (out / "sft" / "zoom_train.json").stat().st_mtime_ns
+    r2 = CliRunner().invoke(app, args)                                        # resume: nothing is retrained
+    assert r2.exit_code == 0 and (out / "sft" / "zoom_train.json").stat().st_mtime_ns == stamp
+    import re
+    assert "verifier: found, reused" in r2.output and not re.search(r"^(sft|grpo): \d+ steps", r2.output, re.M)

@@ -217,7 +217,7 @@ def test_llm_judge_and_annotator_end_to_end(tmp_path):
     testing = pytest.importorskip("forensicslab.chat.testing")
     from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
     from forensicslab.zoom.construct import LLMProposer
-    from forensicslab.zoom.evaluate import LLMJudge, judge_protocol
+    from forensicslab.zoom.evaluate import LLMEvidenceJudge, judge_protocol
     ensure_artifacts(tmp_path, n_train=2, n_test=2, n_ood=2)
     fake = [s for s in load_artifacts("test", tmp_path) if s.label][0]
     def responder(req):
@@ -231,7 +231,7 @@ def test_llm_judge_and_annotator_end_to_end(tmp_path):
     with testing.openai_server(responder) as url:
         m = _model(url)
         ann = LLMProposer(m).propose(fake)
-        out = judge_protocol(LLMJudge(m), [(fake.id, fake.image, fake.boxes)])
+        out = judge_protocol(LLMEvidenceJudge(m), [(fake.id, fake.image, fake.boxes)])
     assert ann.verdict == "fake" and ann.key[0].text == "garbled sign"
     assert out["qs"] == pytest.approx(7 / 9) and out["prior_acc"] == 1.0
     assert out["per_prompt"][1]["hit_evi"] == 1.0 and out["per_prompt"][3]["hit_evi"] == 0.0

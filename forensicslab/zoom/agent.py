@@ -26,7 +26,7 @@ from ..imageio import LoadedImage, load_image
 # %% auto #0
 __all__ = ['MIN_CROP_SIDE', 'ZOOM_TARGET_SIDE', 'MAX_ZOOM', 'VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Status', 'CUES',
            'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'BoxError', 'pixel_box', 'norm_to_box',
-           'box_to_norm', 'box_ints', 'Crop', 'crop_box', 'zoom', 'crop', 'ZoomEvidence', 'ZoomAnswer', 'Action',
+           'box_to_norm', 'box_ints', 'ZoomCrop', 'crop_box', 'zoom', 'crop', 'ZoomEvidence', 'ZoomAnswer', 'Action',
            'parse_action', 'render_tool_call', 'render_answer', 'render_turn', 'ZoomStep', 'ZoomResult',
            'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages', 'to_chat', 'steps_from_plan',
            'Episode', 'ZoomPolicy', 'run_zoom', 'LLMZoomPolicy', 'cue_scores', 'duplicate_regions', 'candidates',
@@ -80,7 +80,7 @@ ZOOM_TARGET_SIDE = 448
 MAX_ZOOM = 4.0
 
 @dataclass
-class Crop:
+class ZoomCrop:
     "A zoom observation: the magnified `image`, the pixel `box` actually cut, and the `scale` applied."
     image: Image.Image
     box: Box
@@ -103,7 +103,7 @@ def crop_box(width: int, height: int, bbox, min_side: int = MIN_CROP_SIDE) -> Bo
     return Box(x1=x1, y1=y1, x2=x2, y2=y2)
 
 def zoom(image, bbox, min_side: int = MIN_CROP_SIDE, target_side: int = ZOOM_TARGET_SIDE,
-         max_zoom: float = MAX_ZOOM) -> Crop:
+         max_zoom: float = MAX_ZOOM) -> ZoomCrop:
     "Cut `bbox` (pixel `[x1, y1, x2, y2]`) out of `image` and magnify it; see the rule above."
     img = load_image(image)
     b = crop_box(img.width, img.height, bbox, min_side)
@@ -112,7 +112,7 @@ def zoom(image, bbox, min_side: int = MIN_CROP_SIDE, target_side: int = ZOOM_TAR
     region = Image.fromarray(img.rgb[int(b.y1):int(b.y2), int(b.x1):int(b.x2)])
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     if size != (w, h): region = region.resize(size, Image.Resampling.BICUBIC)
-    return Crop(image=region, box=b, scale=float(scale))
+    return ZoomCrop(image=region, box=b, scale=float(scale))
 
 def crop(image, bbox, **kw) -> Image.Image:
     "The crop tool: the region `bbox` (pixel `[x1, y1, x2, y2]`) of `image`, magnified (a PIL image)."
@@ -382,7 +382,7 @@ class Episode:
     max_turns: int
     sample_id: Optional[str] = None
     steps: list[ZoomStep] = field(default_factory=list)
-    crops: list[Crop] = field(default_factory=list)
+    crops: list[ZoomCrop] = field(default_factory=list)
     usage: dict = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
     scratch: dict = field(default_factory=dict)
     feedback: Optional[dict] = None    # during a re-ask: {"text": the rejected turn, "error": why it was rejected}

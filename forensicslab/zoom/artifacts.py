@@ -23,8 +23,8 @@ from .agent import where_phrase
 
 # %% auto #0
 __all__ = ['PHOTOS', 'CATEGORIES', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'photo', 'render_text', 'render_distorted',
-           'render_repeat', 'render_lighting', 'render_impossible', 'default_root', 'ensure_artifacts',
-           'load_artifacts']
+           'render_repeat', 'render_lighting', 'render_impossible', 'artifacts_root', 'ensure_artifacts',
+           'load_artifacts', 'extra_train']
 
 # %% ../../nbs/08a_zoom.artifacts.ipynb #d54cec8d
 def _skimage(name):
@@ -261,7 +261,7 @@ SPLITS = {
 }
 "How each split is made: aspect ratios, long side, JPEG quality, renderers (ID or OOD)."
 
-def default_root() -> Path: return project_root() / "data" / "artifacts"
+def artifacts_root() -> Path: return project_root() / "data" / "artifacts"
 
 def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
     spec = SPLITS[split]; rng = np.random.default_rng(seed + spec["seed_offset"])
@@ -295,7 +295,7 @@ def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
 def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int = 200, n_test: int = 100,
                      n_ood: int = 100, force: bool = False) -> Path:
     "Build the artifact benchmark if missing (or built with other settings) and return its root."
-    root = Path(root) if root else default_root()
+    root = Path(root) if root else artifacts_root()
     cfg = dict(seed=seed, n={"train": n_train, "test": n_test, "ood": n_ood}, version=1)
     h = config_hash(cfg); man = root / "manifest.json"
     if not force and man.exists() and json.loads(man.read_text()).get("config_hash") == h: return root
@@ -311,6 +311,22 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
 def load_artifacts(split: str, root: str | Path | None = None) -> list[Sample]:
     "The samples of `split` (`train`, `test`, `ood`) with absolute image paths; builds the benchmark if needed."
     if split not in SPLITS: raise ValueError(f"unknown split {split!r}; use one of {list(SPLITS)}")
-    root = Path(root) if root else default_root()
+    root = Path(root) if root else artifacts_root()
     if not (root / f"{split}.jsonl").exists(): ensure_artifacts(root)
     return [s.model_copy(update={"image": str(s.image_path(root).resolve())}) for s in load_samples(root / f"{split}.jsonl")]
+
+# %% ../../nbs/08a_zoom.artifacts.ipynb #d9f265d5
+def extra_train(k: int, n: int = 200, seed: int = 0, root: str | Path | None = None) -> list[Sample]:
+    "`k` extra draws of `n` train-split images each (seeds seed+1..seed+k), built once under `root/extra/`."
+    if not 0 <= k < 1000: raise ValueError(f"k must be in [0, 1000) so the draws stay clear of the test split's seeds, got {k}")
+    if n < 2 or n % 2: raise ValueError(f"n must be even and >= 2, got {n}")
+    root = Path(root) if root else artifacts_root()
+    out = []
+    for j in range(seed + 1, seed + k + 1):
+        d = root / "extra" / f"seed{j}_n{n}"
+        if not (d / "train.jsonl").exists():
+            d.mkdir(parents=True, exist_ok=True)
+            save_samples(_build_split(d, "train", n, j), d / "train.jsonl")
+        out += [s.model_copy(update={"id": f"extra{j}-{s.id}", "image": str(s.image_path(d).resolve())})
+                for s in load_samples(d / "train.jsonl")]
+    return out

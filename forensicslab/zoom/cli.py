@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import typer
+import yaml
 
 from ..imageio import ImageError
 from .evaluate import make_policy, run_zoom
 
 
 # %% auto #0
-__all__ = ['zoom_cmd']
+__all__ = ['train_app', 'zoom_cmd', 'shipped_rule_thresholds', 'shipped_config', 'train_zoom_cmd']
 
 # %% ../../nbs/08h_zoom.cli.ipynb #edee4c6e
 def zoom_cmd(image: Path = typer.Argument(..., help="image file to analyse"),
@@ -24,7 +27,48 @@ def zoom_cmd(image: Path = typer.Argument(..., help="image file to analyse"),
              variant: str = typer.Option("o3", help="direct | cot | o3"),
              max_turns: int = typer.Option(6, help="assistant turns (zooms + answer)")):
     "Run the zoom agent on IMAGE and print the result (verdict, evidence, trajectory) as JSON."
-    try: res = run_zoom(make_policy(policy), image, variant, max_turns, sample_id=image.name)
-    except ImageError as e: typer.echo(f"error: {e}", err=True); raise typer.Exit(2)
-    typer.echo(res.model_dump_json(indent=2))
+    pol = make_policy(policy, shipped_rule_thresholds() if policy == "rules" else None)
+    try: res = run_zoom(pol, image, variant, max_turns, sample_id=image.name)
+    except ImageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    note = getattr(pol, "note", None)
+    out = res.model_dump(mode="json")
+    typer.echo(json.dumps({"about": note, **out} if note else out, indent=2))
+    if note: typer.echo(f"note: {note}", err=True)
     if not res.valid: raise typer.Exit(1)
+
+def shipped_rule_thresholds() -> dict:
+    "The rule policy's cue thresholds shipped with the package (`zoom/rule_thresholds.yaml`, measured on the artifact train split)."
+    from importlib import resources
+    return yaml.safe_load((Path(str(resources.files("forensicslab"))) / "zoom" / "rule_thresholds.yaml").read_text())["thresholds"]
+
+# %% ../../nbs/08h_zoom.cli.ipynb #0b1542f9
+train_app = typer.Typer(help="Train a study's models from a config file.", no_args_is_help=True)
+
+def shipped_config(name: str) -> Path:
+    "Path of a config shipped in `forensicslab/zoom/configs/` (`quick`, `qwen3_vl_8b`, ...)."
+    from importlib import resources
+    d = Path(str(resources.files("forensicslab"))) / "zoom" / "configs"
+    p = d / f"{name}.yaml"
+    if not p.exists():
+        from forensicslab.zoom.train import ZoomConfigError
+        raise ZoomConfigError(f"no shipped zoom config {name!r}; have: {sorted(q.stem for q in d.glob('*.yaml'))}")
+    return p
+
+@train_app.command("zoom")
+def train_zoom_cmd(config: str = typer.Option(..., help="a ZoomTrainConfig YAML file, or the name of a shipped one (quick, qwen3_vl_8b)"),
+                   out: Path = typer.Option(None, help="output folder (default outputs/zoom_train/<config name>)"),
+                   stages: str = typer.Option("verifier,sft,grpo,eval", help="comma-separated stages to run"),
+                   fresh: bool = typer.Option(False, help="start over instead of resuming finished stages")):
+    "SFT, verifier, GRPO and evaluation of the zoom policy for one config; resumable, runs under `accelerate launch`."
+    from forensicslab.runs import project_root
+    from forensicslab.zoom.pipeline import run_pipeline
+    from forensicslab.zoom.train import ZoomTrainConfig
+    path = Path(config) if Path(config).suffix in (".yaml", ".yml") else shipped_config(config)
+    if not path.exists(): raise FileNotFoundError(f"config file {path} does not exist")
+    cfg = ZoomTrainConfig.from_yaml(path)
+    out = out or project_root() / "outputs" / "zoom_train" / path.stem
+    res = run_pipeline(cfg, out, [s.strip() for s in stages.split(",") if s.strip()], resume=not fresh,
+                       log=lambda m: typer.echo(m, err=True))
+    typer.echo(json.dumps(res, indent=2))

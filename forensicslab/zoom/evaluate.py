@@ -31,9 +31,9 @@ from ..data.datasets import load_folder   # the one folder loader (real/ + fake/
 
 # %% auto #0
 __all__ = ['PERTURBATIONS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'Rating', 'JudgeVerdict',
-           'SplitItems', 'Judge', 'evidence_text', 'marked', 'LLMJudge', 'specificity', 'RuleJudge',
+           'SplitItems', 'Judge', 'evidence_text', 'marked', 'LLMEvidenceJudge', 'specificity', 'RuleEvidenceJudge',
            'split_explanation', 'answer_items', 'judge_protocol', 'perturb_image', 'throughput', 'load_groundfake',
-           'load_study_data', 'fitted_thresholds', 'find_checkpoints', 'checkpoint_info', 'make_policy']
+           'load_study_data', 'fitted_thresholds', 'make_policy']
 
 # %% ../../nbs/08d_zoom.evaluate.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -132,7 +132,7 @@ def marked(image, item: EvidenceItem) -> Image.Image:
         d.rectangle(item.box.as_list(), outline=(255, 0, 0), width=w)
     return im
 
-class LLMJudge:
+class LLMEvidenceJudge:
     "The judge protocol over any `ChatModel`; `params` go to every call."
     def __init__(self, model, mark_boxes: bool = True, **params):
         self.model, self.mark_boxes, self.params = model, mark_boxes, params
@@ -167,7 +167,7 @@ def specificity(text: str) -> float:
     s, g = bool(_SPECIFIC.search(text)), bool(_GENERIC.search(text))
     return 1.0 if s and not g else 0.5 if s else 0.0
 
-class RuleJudge:
+class RuleEvidenceJudge:
     "Offline judge that measures the claimed region (see above); `thresholds` are the rule policy's cue thresholds."
     def __init__(self, thresholds: dict | None = None, view_side: int = 224, prior: str = "real"):
         if prior not in ("real", "rules"): raise ValueError("prior must be 'real' or 'rules'")
@@ -307,7 +307,7 @@ def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, se
 
 def fitted_thresholds(n_fit: int = 60, seed: int = 0) -> dict[str, float]:
     "Rule-policy thresholds fitted on `n_fit` real images of the artifact train split (cached next to the data)."
-    from forensicslab.zoom.artifacts import default_root, ensure_artifacts
+    from forensicslab.zoom.artifacts import artifacts_root, ensure_artifacts
     root = ensure_artifacts()
     man = json.loads((root / "manifest.json").read_text())
     path = root / f"rule_thresholds_{man['config_hash']}_{n_fit}_{seed}.json"
@@ -317,20 +317,12 @@ def fitted_thresholds(n_fit: int = 60, seed: int = 0) -> dict[str, float]:
     th = fit_rule_thresholds(reals[:n_fit])
     path.write_text(json.dumps(th)); return th
 
-def find_checkpoints(root: str | Path) -> dict[str, Path]:
-    "Trained zoom checkpoints under `root`: name (relative folder) -> folder."
-    root = Path(root)
-    if not root.exists(): return {}
-    return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.rglob("zoom_train.json"))}
-
-def checkpoint_info(folder: str | Path) -> dict:
-    "The `zoom_train.json` facts of a checkpoint (config with its variant and reward settings)."
-    return json.loads((Path(folder) / "zoom_train.json").read_text())
 
 def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, max_new_tokens: int = 512, **model_kw):
     "A zoom policy from a spec: `rules`, `ckpt:<folder>`, or a chat-backend spec for `get_model`."
     if spec == "rules": return RulePolicy(thresholds)
     if spec.startswith("ckpt:"):
+        from forensicslab.zoom.checkpoint import checkpoint_info
         from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint
         folder = Path(spec[5:]); info = checkpoint_info(folder)
         model, proc = load_checkpoint(folder)

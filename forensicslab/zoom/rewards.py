@@ -17,7 +17,7 @@ from ..core import Box, EvidenceItem, Sample
 from .agent import ZoomAnswer, ZoomResult, parse_action, pixel_box
 
 # %% auto #0
-__all__ = ['Verifier', 'tokens', 'bleu', 'rouge_l', 'union_iou', 'RewardConfig', 'RewardBreakdown', 'item_reward',
+__all__ = ['VerifierFn', 'tokens', 'bleu', 'rouge_l', 'union_iou', 'RewardConfig', 'RewardBreakdown', 'item_reward',
            'aggregate_model_reward', 'rule_reward', 'zoom_reward', 'episode_answer', 'episode_reward', 'result_reward']
 
 # %% ../../nbs/08c_zoom.rewards.ipynb #67de89d9
@@ -85,7 +85,8 @@ def union_iou(pred, ref) -> float:
     return inter / union if union else 0.0
 
 # %% ../../nbs/08c_zoom.rewards.ipynb #280a455a
-Verifier = Callable[[object, list[EvidenceItem]], list[float]]
+VerifierFn = Callable[[object, list[EvidenceItem]], list[float]]
+"What a reward needs from a verifier: `(image, items) -> one validity score in [0, 1] per item`."
 
 @dataclass(frozen=True)
 class RewardConfig:
@@ -139,7 +140,7 @@ def rule_reward(answer: ZoomAnswer, label: int, reference: Sequence[EvidenceItem
     return cfg.lambda_iou * iou + cfg.lambda_bleu * b2, iou, b2
 
 def zoom_reward(answer: Optional[ZoomAnswer], label: int, reference: Sequence[EvidenceItem] = (),
-                image=None, verifier: Optional[Verifier] = None, cfg: RewardConfig = RewardConfig()) -> RewardBreakdown:
+                image=None, verifier: Optional[VerifierFn] = None, cfg: RewardConfig = RewardConfig()) -> RewardBreakdown:
     "R_total of one final output; `answer=None` means an invalid format. `reference` = the sample's evidence items."
     if label not in (0, 1): raise ValueError(f"label must be 0 (real) or 1 (fake), got {label!r}")
     if answer is None: return RewardBreakdown(total=cfg.r_fail, valid_format=False)
@@ -170,13 +171,13 @@ def episode_answer(turns: Sequence[str], variant: str = "o3", size: tuple[int, i
     return None, "the episode ends without a final answer"
 
 def episode_reward(turns: Sequence[str], sample: Sample, variant: str = "o3", image=None,
-                   verifier: Optional[Verifier] = None, cfg: RewardConfig = RewardConfig(),
+                   verifier: Optional[VerifierFn] = None, cfg: RewardConfig = RewardConfig(),
                    size: tuple[int, int] | None = None) -> RewardBreakdown:
     "R_total of an episode given as assistant turn texts, against `sample` (label and reference boxes)."
     answer, _ = episode_answer(turns, variant, size)
     return zoom_reward(answer, sample.label, sample.boxes, image=image, verifier=verifier, cfg=cfg)
 
-def result_reward(result: ZoomResult, sample: Sample, image=None, verifier: Optional[Verifier] = None,
+def result_reward(result: ZoomResult, sample: Sample, image=None, verifier: Optional[VerifierFn] = None,
                   cfg: RewardConfig = RewardConfig()) -> RewardBreakdown:
     "R_total of a recorded episode (`run_zoom` output)."
     return zoom_reward(result.answer if result.valid else None, sample.label, sample.boxes,

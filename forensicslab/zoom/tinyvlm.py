@@ -8,6 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.tinyvlm.html.md"""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -15,12 +16,16 @@ from typing import Iterable, Optional
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedTokenizerFast
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 from transformers.models.qwen3_vl import Qwen3VLConfig, Qwen3VLProcessor
 
+from ..core import ForensicsLabError
+
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'qwen3_vl_chat_template', 'base_corpus', 'train_tokenizer', 'ZoomProcessor',
-           'pil_image_processor', 'TinyVLMSpec', 'tiny_config', 'build_tiny_vlm', 'resolve_device_dtype', 'save_vlm',
-           'load_processor', 'load_vlm', 'generate_text']
+__all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'VLM_FAMILIES', 'qwen3_vl_chat_template', 'base_corpus', 'train_tokenizer',
+           'ZoomProcessor', 'Qwen25ZoomProcessor', 'ZoomModelError', 'tool_chat_template', 'pil_image_processor',
+           'TinyVLMSpec', 'tiny_config', 'build_tiny_vlm', 'resolve_device_dtype', 'save_vlm', 'resolve_model_path',
+           'model_type_of', 'load_vlm_processor', 'load_vlm', 'generate_text']
 
 # %% ../../nbs/08e_zoom.tinyvlm.ipynb #3ccd0b67
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -62,12 +67,13 @@ def base_corpus() -> list[str]:
     prompts = [f.read_text(encoding="utf-8") for f in sorted(root.glob("**/*.txt"))]
     return [qwen3_vl_chat_template(), json.dumps(tool), call, answer, numbers, _ARTIFACT_WORDS, *prompts] * 4
 
-def train_tokenizer(texts: Iterable[str] = (), vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    "Train a byte-level BPE on `base_corpus() + texts` and wrap it with the Qwen tags, template and padding conventions."
+def train_tokenizer(texts: Iterable[str] = (), vocab_size: int = 2048, split_digits: bool = False) -> PreTrainedTokenizerFast:
+    "Train a byte-level BPE on `base_corpus() + texts` and wrap it with the Qwen tags, template and padding conventions; `split_digits`: one token per digit, as Qwen's own tokenizer."
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     if vocab_size < 300: raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 bytes plus the special tokens")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"[0-9]+"), behavior="isolated"),
+    digits = Regex(r"[0-9]") if split_digits else Regex(r"[0-9]+")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(digits, behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
@@ -86,6 +92,29 @@ class ZoomProcessor(Qwen3VLProcessor):
     "Qwen3-VL processor for images and text only: no video processor, hence no torchvision."
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
+
+class Qwen25ZoomProcessor(Qwen2_5_VLProcessor):
+    "Qwen2.5-VL processor for images and text only (no video processor)."
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
+
+class ZoomModelError(ForensicsLabError, ValueError):
+    "A model folder or family the zoom training path cannot use."
+
+VLM_FAMILIES = {"qwen3_vl": ZoomProcessor, "qwen2_5_vl": Qwen25ZoomProcessor}
+"Model families the zoom training path supports: `config.model_type` -> image+text processor class."
+
+def tool_chat_template(model_type: str) -> str:
+    """The chat template the zoom tool loop renders with, for a model family.
+
+    TRL parses tool calls only for chat templates byte-identical to its own copies. Qwen3-VL and
+    Qwen2.5-VL both write Hermes-style `<tool_call>{json}</tool_call>` and mark images with the same
+    vision tags, but Qwen2.5-VL's shipped template drops tool calls and tool schemas altogether; both
+    families therefore use TRL's Qwen3-VL template, which TRL recognises and which renders tools, tool
+    calls and images returned by a tool."""
+    if model_type not in VLM_FAMILIES:
+        raise ZoomModelError(f"model type {model_type!r} is not supported by the zoom training path; supported: {sorted(VLM_FAMILIES)}")
+    return qwen3_vl_chat_template()
 
 def pil_image_processor(patch_size: int = 16, merge_size: int = 2, min_pixels: int = 32 * 32,
                         max_pixels: int = 256 * 256) -> Qwen2VLImageProcessorPil:
@@ -109,6 +138,8 @@ class TinyVLMSpec:
     min_pixels: int = 32 * 32
     max_pixels: int = 128 * 128
     max_position_embeddings: int = 8192
+    split_digits: bool = False      # one token per digit (Qwen's convention): boxes become digit sequences
+    family: str = "qwen3_vl"        # qwen3_vl or qwen2_5_vl (16- or 14-pixel patches)
     seed: int = 0
 
     @property
@@ -140,6 +171,15 @@ def tiny_config(spec: TinyVLMSpec, tokenizer) -> Qwen3VLConfig:
                 max_position_embeddings=spec.max_position_embeddings, pad_token_id=pad,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": spec.mrope_section(), "mrope_interleaved": True})
+    ids = dict(image_token_id=tid("<|image_pad|>"), video_token_id=tid("<|video_pad|>"),
+               vision_start_token_id=tid("<|vision_start|>"), vision_end_token_id=tid("<|vision_end|>"))
+    if spec.family == "qwen2_5_vl":
+        vision = dict(depth=spec.vision_layers, hidden_size=spec.vision_hidden_size, intermediate_size=2 * spec.vision_hidden_size,
+                      num_heads=spec.vision_heads, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                      out_hidden_size=spec.hidden_size, window_size=112, fullatt_block_indexes=[spec.vision_layers - 1])
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": spec.mrope_section()}
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, eos_token_id=eos, pad_token_id=pad, **ids)
+    if spec.family != "qwen3_vl": raise ZoomModelError(f"unknown tiny family {spec.family!r}; use one of {sorted(VLM_FAMILIES)}")
     vision = dict(depth=spec.vision_layers, hidden_size=spec.vision_hidden_size,
                   intermediate_size=2 * spec.vision_hidden_size, num_heads=spec.vision_heads, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=spec.hidden_size,
@@ -151,9 +191,10 @@ def tiny_config(spec: TinyVLMSpec, tokenizer) -> Qwen3VLConfig:
 def build_tiny_vlm(spec: TinyVLMSpec | None = None, texts: Iterable[str] = ()):
     "Build `(model, processor)`: a randomly initialised tiny Qwen3-VL and its `ZoomProcessor`, with no downloads."
     spec = (spec or TinyVLMSpec()).validate()
-    tok = train_tokenizer(texts, vocab_size=spec.vocab_size)
-    proc = ZoomProcessor(image_processor=pil_image_processor(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels),
-                         tokenizer=tok, chat_template=qwen3_vl_chat_template())
+    tok = train_tokenizer(texts, vocab_size=spec.vocab_size, split_digits=spec.split_digits)
+    patch = 14 if spec.family == "qwen2_5_vl" else 16
+    proc = VLM_FAMILIES[spec.family](image_processor=pil_image_processor(patch, min_pixels=spec.min_pixels, max_pixels=spec.max_pixels),
+                                 tokenizer=tok, chat_template=tool_chat_template(spec.family))
     torch.manual_seed(spec.seed)
     model = AutoModelForImageTextToText.from_config(tiny_config(spec, tok))
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -163,7 +204,8 @@ def build_tiny_vlm(spec: TinyVLMSpec | None = None, texts: Iterable[str] = ()):
 # %% ../../nbs/08e_zoom.tinyvlm.ipynb #a6b85ec0
 def resolve_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
     "Concrete `(device, dtype)`: auto = cuda + bfloat16 if a GPU is usable (float16 if it lacks bf16), else cpu + float32."
-    if device == "auto": device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":   # under `accelerate launch` / torchrun each rank takes its own GPU
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device={device!r} requested but torch.cuda.is_available() is False (CPU-only torch or no GPU)")
     if dtype == "auto":
@@ -180,27 +222,55 @@ def save_vlm(model, processor, path: str | Path) -> Path:
     model.save_pretrained(path); processor.save_pretrained(path)
     return path
 
-def load_processor(path: str | Path, image_backend: str = "pil", max_pixels: int | None = None,
-                   min_pixels: int | None = None) -> ZoomProcessor:
-    "A `ZoomProcessor` from a model folder (ours or a real checkpoint), with the image-processor backend chosen explicitly."
+def resolve_model_path(spec: str | Path) -> Path:
+    "A local model folder for `spec`: the folder itself, or a hub id (`org/name`) fetched with `huggingface_hub` (cached)."
+    p = Path(spec)
+    if p.is_dir(): return p
+    s = str(spec)
+    if s.count("/") == 1 and not s.startswith((".", "/", "~")) and not p.exists():
+        try:
+            from huggingface_hub import snapshot_download
+            return Path(snapshot_download(s))
+        except Exception as e:
+            raise ZoomModelError(f"{s} is not a local folder and could not be fetched from the hub ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0][:160]}); download it first and pass the folder") from None
+    raise FileNotFoundError(f"model folder {spec} does not exist (give a local folder or a hub id such as Qwen/Qwen3-VL-8B-Instruct)")
+
+def model_type_of(path: str | Path) -> str:
+    "`model_type` from a model folder's `config.json`."
+    cfg = Path(path) / "config.json"
+    if not cfg.exists(): raise ZoomModelError(f"{path} has no config.json: not a model folder")
+    return json.loads(cfg.read_text()).get("model_type", "?")
+
+def load_vlm_processor(path: str | Path, image_backend: str = "pil", max_pixels: int | None = None,
+                   min_pixels: int | None = None):
+    """The image+text processor of a model folder (ours or a real checkpoint), built for its family
+    (`VLM_FAMILIES`), with the image-processor backend chosen explicitly and the tool-call chat template
+    (`tool_chat_template`) in place of the shipped one; `processor.template_replaced` says whether it differed."""
     from transformers import AutoImageProcessor, AutoTokenizer
-    path = Path(path)
-    if not path.is_dir(): raise FileNotFoundError(f"model folder {path} does not exist (give a local path; nothing is downloaded here)")
+    path = resolve_model_path(path)
+    family = model_type_of(path)
+    if family not in VLM_FAMILIES:
+        raise ZoomModelError(f"{path}: model type {family!r} is not supported by the zoom training path; supported: {sorted(VLM_FAMILIES)}")
     kw = {}
     if max_pixels: kw["max_pixels"] = max_pixels
     if min_pixels: kw["min_pixels"] = min_pixels
     ip = AutoImageProcessor.from_pretrained(path, backend=image_backend, **kw)
     tok = AutoTokenizer.from_pretrained(path)
     tmpl_file = path / "chat_template.jinja"
-    tmpl = tmpl_file.read_text(encoding="utf-8") if tmpl_file.exists() else (tok.chat_template or qwen3_vl_chat_template())
+    shipped = tmpl_file.read_text(encoding="utf-8") if tmpl_file.exists() else tok.chat_template
+    tmpl = tool_chat_template(family)
     tok.chat_template = tmpl
-    return ZoomProcessor(image_processor=ip, tokenizer=tok, chat_template=tmpl)
+    proc = VLM_FAMILIES[family](image_processor=ip, tokenizer=tok, chat_template=tmpl)
+    proc.template_replaced = shipped != tmpl
+    return proc
 
 def load_vlm(path: str | Path, device: str = "auto", dtype: str = "auto", image_backend: str = "pil",
              max_pixels: int | None = None, attn_implementation: str | None = None):
     "Load `(model, processor)` from a folder written by `save_vlm` or a real Qwen-VL checkpoint, on a sensible device and dtype."
     device, dt = resolve_device_dtype(device, dtype)
-    proc = load_processor(path, image_backend=image_backend, max_pixels=max_pixels)
+    path = resolve_model_path(path)
+    proc = load_vlm_processor(path, image_backend=image_backend, max_pixels=max_pixels)
     kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=dt, **kw).to(device)
     return model, proc

@@ -11,8 +11,9 @@ import csv
 import json
 import math
 import os
+import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,7 +23,7 @@ import yaml
 from PIL import Image
 from transformers import TrainerCallback
 
-from ..core import Sample
+from ..core import ForensicsLabError, Sample
 from ..imageio import load_image
 from ..runs import portable_path, resolve_portable
 from .rewards import RewardConfig, episode_answer, zoom_reward
@@ -31,12 +32,15 @@ from .verifier import TEXT_LORA_TARGETS
 from .agent import (TOOL_NAME, BoxError, Episode, ZoomStep, observation_text, prompt_messages, to_chat, zoom)
 
 # %% auto #0
-__all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'ZoomEnv', 'crop_tool_schema', 'fill_images', 'sft_dataset',
-           'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves', 'run_sft', 'turn_texts', 'HybridReward',
-           'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo', 'save_checkpoint', 'load_checkpoint', 'HFZoomPolicy',
-           'grpo_phase_means', 'train_zoom', 'smoke_task']
+__all__ = ['CURVES', 'ZoomConfigError', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'ZoomEnv', 'crop_tool_schema',
+           'fill_images', 'sft_dataset', 'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves', 'world_size',
+           'run_sft', 'turn_texts', 'HybridReward', 'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo', 'save_checkpoint',
+           'load_checkpoint', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom', 'smoke_task']
 
 # %% ../../nbs/08g_zoom.train.ipynb #2e7e4247
+class ZoomConfigError(ForensicsLabError, ValueError):
+    "A zoom training configuration that cannot run (unknown keys, inconsistent sizes, missing config for a real base)."
+
 @dataclass
 class ZoomTrainConfig:
     "SFT + GRPO settings; defaults are the paper's (seed 001, section 5.1) except where a field says otherwise."
@@ -76,12 +80,40 @@ class ZoomTrainConfig:
     gradient_checkpointing: bool = False
     logging_steps: int = 1
     reward: dict = field(default_factory=dict)  # RewardConfig fields (alpha_m, lambdas, tau, C, beta)
+    # offline aids for the tiny model (none of them apply to a real base)
+    vision: dict = field(default_factory=dict)  # VisionPretrainConfig fields: pretrain the tiny vision tower (empty: no)
+    extra_train: int = 0                    # extra train-split draws of the artifact generator (200 images each)
+    curriculum: bool = False                # SFT trajectories zoom on the reference flaw only (no invalid candidates)
+    # scale-out and the `forensicslab train zoom` command
+    sft_global_batch: int = 0               # >0: per-device SFT batch = global / (ranks x sft_grad_accum) (paper: 8)
+    use_vllm: bool = False                  # GRPO rollouts with vLLM (TRL colocate mode); needs vllm installed
+    vllm_gpu_memory_utilization: float = 0.3
+    save_steps: int = 0                     # >0: trainer checkpoints every N steps under out/<stage>_trainer, resumed
+    data: str = "artifacts"                 # zoom.evaluate.load_study_data spec for training and evaluation
+    eval_split: str = "test"
+    n_eval: int = 0                         # evaluation images (balanced subset; 0 = the whole split)
+    verifier: dict = field(default_factory=dict)   # VerifierTrainConfig fields (empty: the paper's SFT settings)
+    verifier_path: str = ""                 # reuse a trained verifier instead of training one
+    notes: dict = field(default_factory=dict)      # free-form provenance (e.g. which settings the paper states)
 
     def __post_init__(self):
         if self.grpo_batch_size % self.num_generations:
-            raise ValueError(f"grpo_batch_size {self.grpo_batch_size} must be a multiple of num_generations {self.num_generations}")
-        if self.variant not in ("direct", "cot", "o3"): raise ValueError(f"unknown variant {self.variant!r}")
-        RewardConfig(**self.reward)  # validate early
+            raise ZoomConfigError(f"grpo_batch_size {self.grpo_batch_size} must be a multiple of num_generations {self.num_generations}")
+        if self.variant not in ("direct", "cot", "o3"): raise ZoomConfigError(f"unknown variant {self.variant!r}")
+        try:
+            RewardConfig(**self.reward)  # validate early
+            from forensicslab.zoom.verifier import VerifierTrainConfig
+            VerifierTrainConfig(**self.verifier)
+        except (TypeError, ValueError) as e: raise ZoomConfigError(f"bad reward or verifier settings: {e}") from None
+
+    def sft_per_device(self, world_size: int = 1) -> int:
+        "Per-device SFT batch: `sft_global_batch / (world_size x sft_grad_accum)` when a global batch is set."
+        if not self.sft_global_batch: return self.sft_batch_size
+        per, rest = divmod(self.sft_global_batch, world_size * self.sft_grad_accum)
+        if rest or not per:
+            raise ZoomConfigError(f"sft_global_batch {self.sft_global_batch} is not divisible by {world_size} ranks x "
+                                  f"{self.sft_grad_accum} accumulation steps")
+        return per
 
     @property
     def reward_config(self) -> RewardConfig: return RewardConfig(**self.reward)
@@ -96,10 +128,12 @@ class ZoomTrainConfig:
     @classmethod
     def quick(cls, **kw) -> "ZoomTrainConfig":
         "The offline quick configuration: tiny model on CPU, minutes not hours."
-        d = dict(base="tiny", tiny=dict(vocab_size=4096, max_pixels=128 * 128), device="cpu", max_zooms=3,
-                 lora_modules_to_save=["lm_head", "embed_tokens"], lora_dropout=0.0, sft_epochs=6, sft_batch_size=4,
-                 sft_lr=1e-2, grpo_steps=40, grpo_lr=2e-4, num_generations=4, grpo_batch_size=8,
-                 max_completion_length=384, max_tool_calls=3, logging_steps=1)
+        d = dict(base="tiny", tiny=dict(vocab_size=2048, max_pixels=256 * 256, split_digits=True, hidden_size=96,
+                                        intermediate_size=192),
+                 vision=dict(epochs=6, lr=3e-3), extra_train=2, curriculum=True, device="cpu", max_zooms=2,
+                 lora_modules_to_save=["lm_head", "embed_tokens"], lora_dropout=0.0, sft_epochs=2, sft_batch_size=4,
+                 sft_lr=5e-3, grpo_steps=30, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8,
+                 max_completion_length=384, max_tool_calls=2, logging_steps=1)
         return cls(**{**d, **kw})
 
     @classmethod
@@ -123,15 +157,22 @@ class ZoomTrainConfig:
         is_text = isinstance(src, str) and "\n" in src
         text = str(src) if is_text else Path(src).read_text()
         d = yaml.safe_load(text) or {}
+        if not isinstance(d, dict): raise ZoomConfigError(f"{src}: a zoom training config is a YAML mapping")
         unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown: raise ValueError(f"unknown config keys {sorted(unknown)}; valid keys: {[f.name for f in fields(cls)]}")
+        if unknown: raise ZoomConfigError(f"unknown config keys {sorted(unknown)}; valid keys: {[f.name for f in fields(cls)]}")
         return cls(**d)
 
 # %% ../../nbs/08g_zoom.train.ipynb #cac62868
-def load_policy(cfg: ZoomTrainConfig, texts: Sequence[str] = (), save_to: str | Path | None = None):
-    "`(model, processor)` for `cfg.base`: build the tiny model (tokenizer trained on `texts` too) or load a model folder."
+def load_policy(cfg: ZoomTrainConfig, texts: Sequence[str] = (), save_to: str | Path | None = None,
+                vision_samples: Sequence[Sample] = ()):
+    "`(model, processor)` for `cfg.base`: build the tiny model (tokenizer on `texts`, tower pretrained on `vision_samples` when `cfg.vision`) or load a folder."
     if cfg.base == "tiny":
         model, proc = build_tiny_vlm(cfg.tiny_spec, texts=texts)
+        if cfg.vision:
+            if not vision_samples: raise ValueError("cfg.vision is set: pass vision_samples (images with flaw boxes) to pretrain the tower")
+            from forensicslab.zoom.vision import VisionPretrainConfig, pretrain_vision
+            log = Path(save_to) / "vision_log.csv" if save_to else None
+            pretrain_vision(model, proc, vision_samples, VisionPretrainConfig(**{"seed": cfg.seed, **cfg.vision}), log)
         if save_to: save_vlm(model, proc, save_to)
         device, dtype = resolve_device_dtype(cfg.device, cfg.dtype)
         return model.to(device=device, dtype=dtype), proc
@@ -278,6 +319,17 @@ def _scratch(stage: str) -> str:
     import tempfile
     return tempfile.mkdtemp(prefix=f"forensicslab-{stage}-")
 
+def world_size() -> int:
+    "Number of ranks (`WORLD_SIZE` under `accelerate launch` / torchrun, else 1)."
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+def _trainer_dir(cfg: ZoomTrainConfig, out_dir: Path, stage: str) -> tuple[str, dict, Optional[str]]:
+    "`(output_dir, save kwargs, checkpoint to resume from)`: trainer checkpoints under `out_dir/<stage>_trainer` when `cfg.save_steps`."
+    if not cfg.save_steps: return _scratch(stage), {}, None
+    d = out_dir / f"{stage}_trainer"
+    last = max(d.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]), default=None) if d.exists() else None
+    return str(d), {"save_strategy": "steps", "save_steps": cfg.save_steps, "save_total_limit": 2}, (str(last) if last else None)
+
 def _common_args(cfg: ZoomTrainConfig) -> dict:
     device, dtype = resolve_device_dtype(cfg.device, cfg.dtype)
     on_cpu = device == "cpu"
@@ -291,17 +343,18 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
     "SFT with LoRA on trajectories; returns the trainer (its `.model` is the PEFT model). Curves go to `out_dir/sft_log.csv`."
     from trl import SFTConfig, SFTTrainer
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    args = SFTConfig(output_dir=_scratch("sft"), max_steps=cfg.sft_steps, num_train_epochs=cfg.sft_epochs,
-                     per_device_train_batch_size=cfg.sft_batch_size, gradient_accumulation_steps=cfg.sft_grad_accum,
+    output_dir, save_kw, resume = _trainer_dir(cfg, out_dir, "sft")
+    args = SFTConfig(output_dir=output_dir, max_steps=cfg.sft_steps, num_train_epochs=cfg.sft_epochs,
+                     per_device_train_batch_size=cfg.sft_per_device(world_size()), gradient_accumulation_steps=cfg.sft_grad_accum,
                      learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
-                     assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True}, **_common_args(cfg))
+                     assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True}, **{**_common_args(cfg), **save_kw})
     ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms)
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                          peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft"), *callbacks])
     trainer.data_collator = ToolVLMCollator(processor=processor, max_length=None, completion_only_loss=False,
                                             assistant_only_loss=True, chat_template=trainer.chat_template,
                                             tools=[crop_tool_schema()])
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 # %% ../../nbs/08g_zoom.train.ipynb #543d71f3
@@ -385,18 +438,25 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
     "GRPO (DAPO settings) with the crop tool in the rollouts; returns the trainer. Curves go to `out_dir/grpo_log.csv`."
     from trl import GRPOConfig
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    args = GRPOConfig(output_dir=_scratch("grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
+    output_dir, save_kw, resume = _trainer_dir(cfg, out_dir, "grpo")
+    vllm = {}
+    if cfg.use_vllm:
+        import importlib.util
+        if importlib.util.find_spec("vllm") is None:
+            raise ZoomConfigError("use_vllm is set but vllm is not installed (pip install vllm); or set use_vllm: false")
+        vllm = dict(vllm_mode="colocate", vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+    args = GRPOConfig(output_dir=output_dir, max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
                       per_device_train_batch_size=cfg.grpo_batch_size, num_generations=cfg.num_generations,
                       max_completion_length=cfg.max_completion_length, max_tool_calling_iterations=cfg.max_tool_calls,
                       temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
                       epsilon_high=cfg.epsilon_high, mask_truncated_completions=cfg.mask_truncated_completions,
-                      use_vllm=False, lr_scheduler_type="constant", **_common_args(cfg))
+                      use_vllm=cfg.use_vllm, lr_scheduler_type="constant", **vllm, **{**_common_args(cfg), **save_kw})
     peft_config = None if hasattr(model, "peft_config") else lora_config(cfg)
     trainer = ZoomGRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=processor,
                               train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms), environment_factory=env_factory,
                               peft_config=peft_config, callbacks=[CSVLogger(out_dir / "grpo_log.csv", "grpo"), *callbacks])
     reward.bind(trainer)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 # %% ../../nbs/08g_zoom.train.ipynb #67bd962e
@@ -446,7 +506,8 @@ class HFZoomPolicy:
         batch = self.processor.apply_chat_template(self.messages(ep), tools=self.tools, add_generation_prompt=True,
                                                    tokenize=True, return_dict=True, return_tensors="pt").to(self.model.device)
         if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
-        kw = dict(do_sample=True, temperature=self.temperature) if self.do_sample else dict(do_sample=False)
+        sample = self.do_sample or ep.feedback is not None    # a re-ask samples instead of repeating the greedy turn
+        kw = dict(do_sample=True, temperature=self.temperature) if sample else dict(do_sample=False)
         ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens,
                                   pad_token_id=self.processor.tokenizer.pad_token_id, **kw)
         new = ids[0, batch["input_ids"].shape[1]:]

@@ -25,7 +25,7 @@ from ..runs import portable_path, resolve_portable
 from .tinyvlm import load_vlm
 
 # %% auto #0
-__all__ = ['TEXT_LORA_TARGETS', 'to_pil', 'VerifierItem', 'crop_box', 'verifier_messages', 'items_from_records',
+__all__ = ['TEXT_LORA_TARGETS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages', 'items_from_records',
            'last_token_index', 'EvidenceVerifier', 'add_lora', 'collate_items', 'soft_bce', 'VerifierTrainConfig',
            'train_verifier', 'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
 
@@ -63,7 +63,7 @@ class VerifierItem:
         if self.label is not None and not 0.0 <= float(self.label) <= 1.0:
             raise ValueError(f"soft label must lie in [0, 1], got {self.label}")
 
-def crop_box(image: Image.Image, box: Sequence[float], min_side: int = 8) -> Image.Image:
+def verifier_crop(image: Image.Image, box: Sequence[float], min_side: int = 8) -> Image.Image:
     "The region `box` of `image`, clipped to the image; degenerate boxes grow to at least `min_side` pixels."
     W, H = image.size
     x1, y1, x2, y2 = box
@@ -82,7 +82,7 @@ def verifier_messages(image, box: Sequence[float], text: str) -> list[dict]:
     b = [int(round(v)) for v in box]
     prompt = (f"Region {b} (pixel x1, y1, x2, y2) of a {im.width}x{im.height} image, shown enlarged above. "
               f"Claimed artifact: {text.strip()}\nIs this localised evidence valid?")
-    return [{"role": "user", "content": [{"type": "image", "image": im}, {"type": "image", "image": crop_box(im, box)},
+    return [{"role": "user", "content": [{"type": "image", "image": im}, {"type": "image", "image": verifier_crop(im, box)},
                                          {"type": "text", "text": prompt}]}]
 
 # %% ../../nbs/08f_zoom.verifier.ipynb #3cb9d473
@@ -167,6 +167,17 @@ class VerifierTrainConfig:
     lora_alpha: int = 32
     max_steps: int = -1
     seed: int = 0
+    grad_accum: int = 1              # micro-batches per optimiser step (global batch = batch_size x grad_accum x ranks)
+    warmup_ratio: float = 0.03       # linear warm-up share of the steps, then cosine decay
+    autocast: bool = True            # on CUDA: bf16 autocast over fp32 master weights (load the base in float32)
+    freeze_vision: bool = False      # keep the vision tower fixed (e.g. one pretrained offline, see zoom.vision)
+
+def _lr_lambda(total: int, warmup: int):
+    "Linear warm-up then cosine decay to 0, as a LambdaLR factor."
+    def f(step):
+        if step < warmup: return (step + 1) / max(1, warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    return f
 
 def train_verifier(verifier: EvidenceVerifier, processor, items: Sequence[VerifierItem],
                    cfg: VerifierTrainConfig | None = None, log_every: int = 0) -> list[float]:
@@ -177,21 +188,37 @@ def train_verifier(verifier: EvidenceVerifier, processor, items: Sequence[Verifi
     missing = sum(i.label is None for i in items)
     if missing: raise ValueError(f"{missing} items have no soft label (m/M); the verifier trains on labelled items only")
     device, dtype = next(verifier.parameters()).device, next(verifier.backbone.parameters()).dtype
+    if cfg.freeze_vision and hasattr(verifier.backbone, "visual"):
+        for p in verifier.backbone.visual.parameters(): p.requires_grad_(False)
     params = [p for p in verifier.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    rng, history = random.Random(cfg.seed), []
+    per_epoch = math.ceil(len(items) / (cfg.batch_size * cfg.grad_accum))
+    total = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * per_epoch
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, int(cfg.warmup_ratio * total)))
+    use_amp = cfg.autocast and torch.device(device).type == "cuda" and dtype == torch.float32
+    rng, history, micro = random.Random(cfg.seed), [], 0
     verifier.train()
+    opt.zero_grad()
     for epoch in range(cfg.epochs):
-        order = list(range(len(items))); rng.shuffle(order)
+        order = list(range(len(items)))
+        rng.shuffle(order)
         for s in range(0, len(order), cfg.batch_size):
             chunk = [items[i] for i in order[s:s + cfg.batch_size]]
             batch = collate_items(processor, chunk, device, dtype)
             labels = torch.tensor([float(i.label) for i in chunk], device=device)
-            loss = soft_bce(verifier(**batch), labels)
-            opt.zero_grad(); loss.backward(); opt.step()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+                loss = soft_bce(verifier(**batch), labels)
+            (loss / cfg.grad_accum).backward()
+            micro += 1
+            if micro % cfg.grad_accum: continue
+            opt.step()
+            sched.step()
+            opt.zero_grad()
             history.append(loss.item())
             if log_every and len(history) % log_every == 0: print(f"step {len(history)} loss {loss.item():.4f}")
-            if 0 < cfg.max_steps <= len(history): verifier.eval(); return history
+            if 0 < cfg.max_steps <= len(history):
+                verifier.eval()
+                return history
     verifier.eval()
     return history
 
