@@ -77,7 +77,7 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
         load_image(image)
         cfg = DebateConfig(strategy=strategy, retrieval=retrieval != "none", n_agents=agents, max_rounds=rounds, sample=sample)
         cache = project_root() / ".cache" / "debate"
-        models = models_from_spec(backend, n=cfg.n_agents, cache="off" if no_cache else "rw", temperature=temperature,
+        models = models_from_spec(backend, cfg.n_agents, None, cache="off" if no_cache else "rw", temperature=temperature,
                                   max_tokens=max_tokens, budget_usd=budget, budget_tokens=budget_tokens) if backend else None
         retr = _retriever(retrieval, cache, chat=models[0] if models else None)
         ctx = retr.retrieve(image) if retr else None

@@ -396,19 +396,15 @@ def debate_case_fn(models, config: DebateConfig, retriever=None, image_root=None
                        retrieved_pages=len(ctx.pages) if ctx else 0)
     return fn
 
-RUN_CONTROLS = ("temperature", "max_tokens", "budget_usd", "budget_tokens", "cache")
+RUN_CONTROLS = ("temperature", "max_tokens", "budget_usd", "budget_tokens", "cache", "cache_path", "timeout", "structured")
 
-def models_from_spec(spec: str, n: int = 1, cache: str = "rw", cache_path: str | Path | None = None, temperature: float | None = 0.0,
-                     max_tokens: int | None = 512, budget_usd: float | None = None, budget_tokens: int | None = None,
-                     **kw) -> list[ChatModel]:
-    """`n` references to one cached `ChatModel` from `spec` with the run controls: temperature and max tokens of every
-    call (the models' defaults), and a cost and token budget shared by all of them (`BudgetExceeded` stops the run)."""
-    from forensicslab.chat.models import get_model
-    from forensicslab.chat.reliability import Budget
-    budget = Budget(budget_usd, budget_tokens) if (budget_usd is not None or budget_tokens is not None) else None
-    defaults = {k: v for k, v in {"temperature": temperature, "max_tokens": max_tokens}.items() if v is not None}
-    m = get_model(spec, cache=cache, cache_path=cache_path, budget=budget, defaults=defaults, **kw)
-    return [m] * n
+def models_from_spec(spec: str, n: int = 1, controls=None, **flat) -> list[ChatModel]:
+    """`n` references to one `ChatModel` from `spec`, built with the chat layer's run controls: `controls` (a
+    `ModelControls`, a dict, JSON/YAML or a file) with flat overrides on top (`RUN_CONTROLS`: temperature and max
+    tokens of every call, a cost and token budget shared by every model built from the same controls, cache mode)."""
+    from forensicslab.chat.models import ModelControls, get_model
+    c = ModelControls.of(controls, **flat)
+    return [get_model(spec, controls=c)] * n
 
 def run_llm_setup(ds, models: Sequence[ChatModel] | ChatModel, config: DebateConfig, folder: str | Path, retriever=None,
                   n: Optional[int] = None, workers: int = 4, judge=None, backends: dict | None = None) -> list[dict]:
@@ -471,12 +467,11 @@ def publish_table(df, out: str | Path, name: str, caption: str, why_not: Optiona
 
 # %% ../../nbs/07_debate.engine.ipynb #502c0faf
 def llm_rows(backend: str, ds, setups: Sequence[tuple], runs_dir: str | Path, cache_dir: str | Path, retrieval_spec: str = "none",
-             controls: dict | None = None, limit: Optional[int] = 20, workers: int = 4, paper=None, n_boot: int = 1000) -> tuple[list[dict], Optional[str]]:
+             controls=None, limit: Optional[int] = 20, workers: int = 4, paper=None, n_boot: int = 1000) -> tuple[list[dict], Optional[str]]:
     "A study's LLM rows `(rows, None)`, or `([], reason)` when they cannot run (no backend, no data, no images)."
     why = backend_status(backend, ds)
     if why is not None: return [], why
-    controls = dict(controls or {})
-    models = models_from_spec(backend, 1, **controls)  # one budget for the whole study: every row shares these models
+    models = models_from_spec(backend, 1, controls)  # one budget for the whole study: every row shares these models
     retriever = study_retriever(retrieval_spec, ds, cache_dir, chat=models[0]) if retrieval_spec != "none" else None
     out = []
     for name, cfg in setups:

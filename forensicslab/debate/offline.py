@@ -150,6 +150,8 @@ class TextEncoder:
             np.save(path, e)
         return e
 
+
+# %% ../../nbs/07d_debate.offline.ipynb #d8995823
 class ViewCalibration:
     "Logistic calibration of one evidence view (a score or a feature vector per pair) into misinformation log-odds."
     def fit(self, scores, labels) -> "ViewCalibration":

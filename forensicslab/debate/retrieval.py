@@ -116,7 +116,9 @@ class _TextParser(HTMLParser):
 def extract_text(page_html: str, max_chars: int = 20000) -> tuple[str, str, Optional[str]]:
     "`(title, text, lang)` of an HTML page: visible prose only, one block per line."
     p = _TextParser()
-    try: p.feed(page_html); p.close()
+    try:
+        p.feed(page_html)
+        p.close()
     except Exception: pass  # a malformed tail still leaves what was parsed
     blocks = [re.sub(r"\s+", " ", "".join(b)).strip() for b in p.parts]
     text = "\n".join(b for b in blocks if len(b) > 1)
@@ -157,7 +159,8 @@ class ExtractiveSummarizer:
         keep, total = [], 0
         for i in np.argsort(-score, kind="stable"):
             if len(keep) >= self.max_sentences or total + len(sents[i]) > self.max_chars: continue
-            keep.append(i); total += len(sents[i]) + 1
+            keep.append(i)
+            total += len(sents[i]) + 1
         return " ".join(sents[i] for i in sorted(keep))
 
 class ContextSummary(BaseModel):
@@ -189,7 +192,8 @@ class ReverseImageSearch(Protocol):
 _CROPS = [(s, a) for s in (0.9, 0.85, 0.8) for a in ("c", "tl", "tr", "bl", "br")]
 
 def _variants(img: Image.Image) -> list[Image.Image]:
-    w, h = img.size; out = [img]
+    w, h = img.size
+    out = [img]
     for s, a in _CROPS:
         cw, ch = int(w * s), int(h * s)
         x = {"c": (w - cw) // 2, "tl": 0, "bl": 0, "tr": w - cw, "br": w - cw}[a]
@@ -197,6 +201,8 @@ def _variants(img: Image.Image) -> list[Image.Image]:
         out.append(img.crop((x, y, x + cw, y + ch)))
     return out
 
+
+# %% ../../nbs/07a_debate.retrieval.ipynb #0c7d9e69
 class LocalIndex:
     "Offline reverse image search over a corpus of images and their source pages (pHash + dHash, crop variants)."
     name = "local"
@@ -220,7 +226,8 @@ class LocalIndex:
         qp, qd = phash(g), dhash(g)
         out = []
         for e in self.entries:
-            dp = min(hamming(qp, h) for h in e["phash"]); dd = min(hamming(qd, h) for h in e["dhash"])
+            dp = min(hamming(qp, h) for h in e["phash"])
+            dd = min(hamming(qd, h) for h in e["dhash"])
             if dp <= self.max_phash and dd <= self.max_dhash: out.append((dp, dd, e))
         return sorted(out, key=lambda t: (t[0], t[1]))
 
@@ -232,7 +239,8 @@ class LocalIndex:
         return hits[:k]
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"max_phash": self.max_phash, "max_dhash": self.max_dhash, "entries": self.entries}))
         return path
 
@@ -241,7 +249,8 @@ class LocalIndex:
         path = Path(path)
         if not path.exists(): raise FileNotFoundError(f"no local retrieval index at {path}; build one with LocalIndex().add(...).save(path)")
         d = json.loads(path.read_text())
-        ix = cls(d["max_phash"], d["max_dhash"]); ix.entries = d["entries"]
+        ix = cls(d["max_phash"], d["max_dhash"])
+        ix.entries = d["entries"]
         return ix
 
     def __len__(self): return len(self.entries)
@@ -326,14 +335,18 @@ def local_web_server(routes: dict[str, Callable]):
             status, ctype, out = (404, "text/plain", b"not found") if fn is None else fn(method, self.path, dict(self.headers), body)
             out = out if isinstance(out, bytes) else (json.dumps(out) if not isinstance(out, str) else out).encode()
             self.send_response(status); self.send_header("Content-Type", ctype); self.send_header("Content-Length", str(len(out)))
-            self.end_headers(); self.wfile.write(out)
+            self.end_headers()
+            self.wfile.write(out)
         def do_GET(self): self._go("GET")
         def do_POST(self): self._go("POST")
         def log_message(self, *a): pass
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True); t.start()
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
     try: yield f"http://127.0.0.1:{srv.server_address[1]}", log
-    finally: srv.shutdown(); srv.server_close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #bdc2428f
 def _image_bytes(image) -> bytes:
@@ -357,6 +370,8 @@ def fetch_page(url: str, client: httpx.Client, max_bytes: int = 3_000_000) -> tu
     except httpx.HTTPError: return "", "", None
     return extract_text(bytes(buf).decode(enc, errors="replace"))
 
+
+# %% ../../nbs/07a_debate.retrieval.ipynb #137c1b6b
 class Retriever:
     "Reverse image search -> page texts -> English filter -> summary, cached per (backend, image, k, summariser)."
     def __init__(self, backend: ReverseImageSearch, summarizer=None, cache_dir: str | Path | None = None,
@@ -416,7 +431,8 @@ class Retriever:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # unique per writer: threads may race on one key
-            tmp.write_text(res.model_dump_json()); tmp.replace(path)
+            tmp.write_text(res.model_dump_json())
+            tmp.replace(path)
         return res
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #eff802e6
