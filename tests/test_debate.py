@@ -538,3 +538,26 @@ def test_debate_pair_run_controls_reach_the_server(tmp_path):
     assert r.exit_code == 0, r.output
     assert reqs and all(q.get("temperature") == 0.7 and q.get("max_tokens", q.get("max_completion_tokens")) == 123 for q in reqs)
     assert "final: NOT misinformation" in r.output and "total cost $" in r.output
+
+
+def test_teaching_set_llm_rows_with_chat_summaries(tmp_path, monkeypatch):
+    "A fresh machine's LLM path: Table 1 on the teaching set, local reverse image search, pages summarised by the chat backend."
+    pm = pytest.importorskip("papermill")
+    monkeypatch.setenv("FORENSICSLAB_CACHE", str(tmp_path / "chat.sqlite"))
+    def responder(req):
+        if _schema(req) == "ContextSummary":
+            return json.dumps({"facts": ["x"], "summary": "SUMMARY-BY-CHAT of the source page."})
+        return scripted(req)
+    nb = Path(__file__).resolve().parents[1] / "nbs" / "studies" / "debate_table1.ipynb"
+    with openai_server(responder) as url:
+        pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), progress_bar=False, kernel_name="python3",
+                            language="python", parameters={"quick": True, "out_dir": str(tmp_path / "out"), "workers": 2,
+                                                           "backend": f"openai-compatible:{url}#persuadable",
+                                                           "strategies": "async_human,single-noretr", "max_tokens": 99})
+        reqs = [c.json for c in url.calls]
+    table = (tmp_path / "out" / "table1_llm.md").read_text()
+    assert "teaching" in table and "teaching://" in table and "async_human" in table and "single-noretr" in table
+    assert any(_schema(q) == "ContextSummary" for q in reqs)                       # the paper's summariser, by the chat backend
+    assert any("SUMMARY-BY-CHAT" in _text(q) for q in reqs if _schema(q) == "DebateAnswer")
+    assert all(q.get("max_tokens", q.get("max_completion_tokens")) == 99 for q in reqs)  # the study's run controls reach every call
+    assert "total cost $" in table

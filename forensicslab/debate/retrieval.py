@@ -202,7 +202,7 @@ def _variants(img: Image.Image) -> list[Image.Image]:
     return out
 
 
-# %% ../../nbs/07a_debate.retrieval.ipynb #0c7d9e69
+# %% ../../nbs/07a_debate.retrieval.ipynb #02c9cd13
 class LocalIndex:
     "Offline reverse image search over a corpus of images and their source pages (pHash + dHash, crop variants)."
     name = "local"
@@ -371,7 +371,7 @@ def fetch_page(url: str, client: httpx.Client, max_bytes: int = 3_000_000) -> tu
     return extract_text(bytes(buf).decode(enc, errors="replace"))
 
 
-# %% ../../nbs/07a_debate.retrieval.ipynb #137c1b6b
+# %% ../../nbs/07a_debate.retrieval.ipynb #0d452a95
 class Retriever:
     "Reverse image search -> page texts -> English filter -> summary, cached per (backend, image, k, summariser)."
     def __init__(self, backend: ReverseImageSearch, summarizer=None, cache_dir: str | Path | None = None,
@@ -425,9 +425,14 @@ class Retriever:
         except RetrievalError as e:
             return RetrievalResult(backend=self.backend.name, image_key=img_key, error=str(e), elapsed_s=time.perf_counter() - t0)
         pages, skipped = self._pages(hits)
-        res = RetrievalResult(backend=self.backend.name, image_key=img_key, pages=pages, skipped=skipped,
-                              summary=self.summarize(pages), summarizer=self.summarizer.name,
-                              elapsed_s=time.perf_counter() - t0)
+        summarizer, error = self.summarizer.name, None
+        try: summary = self.summarize(pages)
+        except ForensicsLabError as e:  # a failed chat summary: the extractive one, and the failure on record (not cached)
+            summary, summarizer = ExtractiveSummarizer().summarize(pages), ExtractiveSummarizer.name
+            error = f"summary by {self.summarizer.name} failed ({' '.join(str(e).split())[:300]}); extractive summary used"
+        res = RetrievalResult(backend=self.backend.name, image_key=img_key, pages=pages, skipped=skipped, summary=summary,
+                              summarizer=summarizer, elapsed_s=time.perf_counter() - t0, error=error)
+        if error is not None: return res
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # unique per writer: threads may race on one key
