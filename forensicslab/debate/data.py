@@ -313,9 +313,9 @@ def _check_file(path: Path, name: str) -> None:
 # %% ../../nbs/07b_debate.data.ipynb #b90b99a3
 def _download(client, url: str, dest: Path, max_bytes: int) -> int:
     tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         with client.stream("GET", url, follow_redirects=True) as r:
             if r.status_code >= 400: raise FetchError(f"HTTP {r.status_code} for {url}")
             with open(tmp, "wb") as f:
@@ -339,14 +339,22 @@ def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[
     spec = FETCH[name]
     root = Path(root or os.environ.get(f"FORENSICSLAB_{name.upper()}") or project_root() / "data" / name).expanduser()
     base = (base_url or spec["base_url"]).rstrip("/")
-    with httpx.Client(timeout=timeout, headers={"User-Agent": "forensicslab-fetch/1.0"}) as client:
-        for f in spec["files"]:
-            dest = root / spec.get("dest", "") / f
-            if dest.exists() and not force:
-                log(f"{dest}: present")
-                continue
-            size = _download(client, f"{base}/{f}", dest, max_bytes)
-            log(f"{dest}: {size} bytes")
+    existed = root.exists()
+    try:
+        with httpx.Client(timeout=timeout, headers={"User-Agent": "forensicslab-fetch/1.0"}) as client:
+            for f in spec["files"]:
+                dest = root / spec.get("dest", "") / f
+                if dest.exists() and not force:
+                    log(f"{dest}: present")
+                    continue
+                size = _download(client, f"{base}/{f}", dest, max_bytes)
+                log(f"{dest}: {size} bytes")
+    except FetchError:
+        if not existed:  # leave no empty folder that dataset lookup would take for the dataset
+            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                if not any(d.iterdir()): d.rmdir()
+            if root.is_dir() and not any(root.iterdir()): root.rmdir()
+        raise
     log(f"{name}: {spec['note']}")
     return root
 
