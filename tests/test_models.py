@@ -1,6 +1,7 @@
 """Wire-protocol tests of forensicslab.chat.models: real `openai` and `google-genai` clients against the
 local servers of forensicslab.chat.testing, with injected faults, schema repair, cache modes, concurrency,
 budgets and key redaction."""
+import importlib.util
 import json
 import logging
 import threading
@@ -465,3 +466,172 @@ def test_hf_backend_schema_failure_is_typed(tiny_vlm_dir):
     m = get_model(f"hf:{tiny_vlm_dir}", device="cpu")
     with pytest.raises(ChatFailure):       # random weights never write a valid Verdict
         m.chat("Verdict?", schema=Verdict, temperature=0, max_tokens=4)
+
+
+# ---------------------------------------------------------------- hardening (issue 17) and run controls (issue 13)
+def _usage_reply(text, prompt_tokens, completion_tokens):
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": "local-vlm",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def test_invalid_replies_are_not_cached_and_a_rerun_retries(tmp_path):
+    with openai_server(scripted("no json here", "still none", GOOD)) as url:
+        m = oai(url, cache="rw", cache_path=tmp_path / "c.sqlite")
+        with pytest.raises(ChatFailure):
+            m.chat("Edited?", schema=Verdict, temperature=0)
+        assert len(ChatCache(tmp_path / "c.sqlite")) == 0          # neither the answer nor the re-ask was stored
+        r = m.chat("Edited?", schema=Verdict, temperature=0)       # the re-run reaches the server again
+        assert url.hits == 3 and r.parsed.verdict == "manipulated" and not r.cached
+        again = m.chat("Edited?", schema=Verdict, temperature=0)
+        assert again.cached and url.hits == 3
+
+
+def test_a_reply_validated_by_the_reask_replays_without_calls(tmp_path):
+    with openai_server(scripted("not json", GOOD)) as url:
+        oai(url, cache="rw", cache_path=tmp_path / "c.sqlite").chat("Edited?", schema=Verdict, temperature=0)
+        assert url.hits == 2
+    r = get_model("openai-compatible:http://127.0.0.1:9/v1#local-vlm", cache="replay",
+                  cache_path=tmp_path / "c.sqlite").chat("Edited?", schema=Verdict, temperature=0)
+    assert r.cached and r.parsed.verdict == "manipulated" and r.calls == 0
+
+
+def test_reply_size_cap_is_a_typed_failure_and_nothing_is_stored(tmp_path):
+    from forensicslab.chat.models import ModelControls, ReplyTooLarge
+    c = ModelControls.of({"max_reply_chars": 1000, "cache": "rw", "cache_path": str(tmp_path / "c.sqlite"),
+                          "trace": str(tmp_path / "t.jsonl"), "attempts": 1})
+    with openai_server(lambda req: "A" * 50_000) as url:
+        with pytest.raises(ReplyTooLarge, match="max_reply_chars=1000"):
+            get_model(f"openai-compatible:{url}#local-vlm", controls=c).chat("hi", temperature=0)
+        assert url.hits == 1                                       # no re-ask sent the huge text back
+    assert len(ChatCache(tmp_path / "c.sqlite")) == 0
+    assert "AAAAAAAAAA" not in (tmp_path / "t.jsonl").read_text()
+
+
+def test_negative_usage_is_clamped_and_counted_as_unknown():
+    budget = Budget(max_tokens=100)
+    with openai_server(lambda req: _usage_reply("ok", -1_000_000, -5)) as url:
+        m = oai(url, budget=budget)
+        r = m.chat("hi", temperature=0)
+        assert (r.input_tokens, r.output_tokens, r.usage_unknown) == (0, 0, True)
+        assert budget.spent_tokens == 0 and r.cost_usd >= 0
+
+
+def test_failed_calls_carry_the_usage_of_every_attempt():
+    budget = Budget()
+    with openai_server(lambda req: _usage_reply("no json", 40, 7)) as url:
+        with pytest.raises(ChatFailure) as ei:
+            oai(url, budget=budget).chat("Edited?", schema=Verdict, temperature=0)
+    e = ei.value
+    assert (e.calls, e.input_tokens, e.output_tokens) == (2, 80, 14)   # the answer and the re-ask
+    assert budget.spent_tokens == 94 and budget.calls == 2
+
+
+def test_one_redaction_before_cache_trace_and_reply(tmp_path):
+    secret = "sk-live-echoed-0123456789abcdef"
+    with openai_server(lambda req: '{"verdict": "authentic", "confidence": 0.5, "x": "%s"}' % secret) as url:
+        m = get_model(f"openai-compatible:{url}#local-vlm", api_key=secret, cache="rw",
+                      cache_path=tmp_path / "c.sqlite", trace_path=tmp_path / "t.jsonl", retry=FAST)
+        r = m.chat("hi", temperature=0)
+    stored = ChatCache(tmp_path / "c.sqlite")._conn().execute("SELECT reply FROM replies").fetchone()[0]
+    assert secret not in r.text and secret not in stored and secret not in (tmp_path / "t.jsonl").read_text()
+    assert json.loads(stored)["text"] == r.text                      # the same redacted text everywhere
+
+
+def test_unsafe_bin_checkpoint_is_refused_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+    from forensicslab.chat.cli import models_app
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04 not loaded")
+    res = CliRunner().invoke(models_app, ["ask", f"hf:{tmp_path}", "hi"])
+    assert res.exit_code == 1 and "only safetensors" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_retries_never_outlive_the_time_budget():
+    with openai_server(lambda req: Delayed(0.8, GOOD)) as url:
+        m = oai(url, timeout=1.5, attempt_timeout=0.5, retry=RetryPolicy(max_attempts=10, base_delay=0.01))
+        with pytest.raises(BackendError, match="time budget") as ei:
+            m.chat("hi")
+        assert url.hits < 10 and ei.value.attempts == url.hits      # stopped by the budget, not the attempt limit
+
+
+def test_compatible_servers_get_the_format_instruction_and_guided_json():
+    with openai_server(lambda req: GOOD) as url:
+        oai(url).chat("Edited?", schema=Verdict)
+        oai(url, structured="constrained").chat("Edited?", schema=Verdict)
+        oai(url, structured="prompt").chat("Edited?", schema=Verdict)
+        auto, guided, prompt = (c.json for c in url.calls)
+    assert auto["response_format"]["type"] == "json_schema" and "single JSON object" in auto["messages"][0]["content"]
+    assert guided["guided_json"]["title"] == "Verdict" and guided["response_format"]["type"] == "json_schema"   # vLLM guided decoding
+    assert "response_format" not in prompt and '"verdict"' in prompt["messages"][0]["content"]
+
+
+def test_text_only_server_gets_a_note_instead_of_images():
+    spec = {"backend": "openai-compatible", "base_url": None, "model": "local-llm", "vision": False}
+    with openai_server(lambda req: GOOD) as url:
+        r = get_model({**spec, "base_url": url}, retry=FAST).chat(MSGS, schema=Verdict, temperature=0)
+        sent = url.calls[0].json["messages"][1]["content"]
+    assert isinstance(sent, str) and "omitted" in sent and r.dropped_images == 1 and "text only" in r.notes[0]
+
+
+def test_controls_reach_every_call_and_traces_name_case_and_role(tmp_path):
+    from forensicslab.chat.models import ModelControls, chat_context
+    c = ModelControls.of({"max_tokens": 33, "temperature": 0.0, "trace": str(tmp_path / "t.jsonl"), "cache": "off",
+                          "structured": "prompt", "budget_tokens": 10_000})
+    with openai_server(lambda req: GOOD) as url:
+        m = c.model("judge", f"openai-compatible:{url}#local-vlm")
+        assert c.model("judge", "ignored") is m and m.budget is c.budget
+        with chat_context(case="img-9"):
+            m.chat("Edited?", schema=Verdict, max_tokens=999, temperature=1.0)
+        req = url.calls[0].json
+    assert req["max_tokens"] == 33 and req["temperature"] == 0.0 and "response_format" not in req
+    rec = read_trace(tmp_path / "t.jsonl")[0]
+    assert (rec["case"], rec["role"], rec["structured"]) == ("img-9", "judge", "prompt")
+    assert c.budget.spent_tokens > 0
+
+
+def _tiny_text_llm(folder: Path) -> Path:
+    "A tiny Llama (random weights) with a character-level tokenizer and a chat template that only accepts string content."
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    chars = [chr(c) for c in range(32, 127)]
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<pad>"] + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    hf.chat_template = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '</s>' }}{% endfor %}"
+                        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    hf.save_pretrained(folder)
+    return folder
+
+
+def test_hf_text_only_causal_lm_loads_and_renders_string_content(tmp_path):
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = get_model(f"hf:{folder}", device="cpu", structured="prompt")
+    assert not m.capabilities.vision and m.capabilities.context_length == 4096
+    r = m.chat([ChatMessage.of("user", "is this photo edited", IMAGE)], temperature=0, max_tokens=4)
+    assert r.input_tokens > 5 and 0 < r.output_tokens <= 4 and r.dropped_images == 1
+
+
+def test_hf_prompt_over_the_context_is_reported_before_the_call(tmp_path):
+    from forensicslab.chat.models import ContextTooLong
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = get_model(f"hf:{folder}", device="cpu", structured="prompt")
+    with pytest.raises(ContextTooLong, match="context of 4096"):
+        m.chat("the image " * 500, max_tokens=8)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[tiny-llm])")
+def test_hf_constrained_decoding_gives_schema_valid_json_from_a_random_model(tmp_path):
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
+    r = m.chat("is this photo edited", schema=Verdict, temperature=0, max_tokens=60)
+    assert isinstance(r.parsed, Verdict)      # random weights: only the grammar can make this valid

@@ -33,7 +33,7 @@ from .reliability import (BackendError, MissingKeyError, TransientError, parse_r
 __all__ = ['STRUCTURED_MODES', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
            'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction', 'Backend', 'OpenAIBackend',
            'GeminiBackend', 'resolve_device', 'load_processor', 'UnsafeWeightsError', 'check_safe_weights',
-           'gguf_checkpoint', 'grammar_available', 'json_prefix_fn', 'HFBackend']
+           'gguf_checkpoint', 'grammar_available', 'bounded_schema', 'json_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #a44d76f6
 _SEND_AS_IS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -547,12 +547,27 @@ def _tokenizer_data(tok):
             _ENFORCER_DATA[key] = (tok, TokenEnforcerTokenizerData(regular, decode, tok.eos_token_id, False, n))
         return _ENFORCER_DATA[key][1]
 
-def json_prefix_fn(tok, schema: type[BaseModel]):
+def bounded_schema(schema: dict, max_chars: int) -> dict:
+    """A copy of JSON schema `schema` whose free-text strings (no enum, pattern or shorter maxLength) are
+    capped at `max_chars` characters, so that a constrained reply closes its object before `max_tokens`
+    (a small model otherwise spends them all inside one reasoning string and the reply is cut off)."""
+    def walk(node):
+        if isinstance(node, list): return [walk(n) for n in node]
+        if not isinstance(node, dict): return node
+        out = {k: walk(v) for k, v in node.items()}
+        if out.get("type") == "string" and not ({"enum", "const", "pattern", "format"} & set(out)):
+            out["maxLength"] = min(int(out.get("maxLength", max_chars)), max_chars)
+        return out
+    return walk(schema)
+
+def json_prefix_fn(tok, schema: type[BaseModel], max_chars: Optional[int] = None):
     """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a
-    prefix of a JSON document valid under `schema` (lm-format-enforcer's JSON-schema parser). Built on
-    the library's core classes: its transformers module imports a path transformers 5 removed."""
+    prefix of a JSON document valid under `schema` (lm-format-enforcer's JSON-schema parser), free-text
+    strings capped at `max_chars`. Built on the library's core classes: its transformers module imports
+    a path transformers 5 removed."""
     from lmformatenforcer import JsonSchemaParser, TokenEnforcer
-    enforcer = TokenEnforcer(_tokenizer_data(tok), JsonSchemaParser(schema_json(schema)))
+    sj = schema_json(schema) if max_chars is None else bounded_schema(schema_json(schema), max_chars)
+    enforcer = TokenEnforcer(_tokenizer_data(tok), JsonSchemaParser(sj))
     def allowed(batch_id, sent):
         out = enforcer.get_allowed_tokens(sent.tolist())
         return getattr(out, "allowed_tokens", out)
@@ -671,7 +686,9 @@ def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
     else: gen["do_sample"] = False
     if "repetition_penalty" in params: gen["repetition_penalty"] = params["repetition_penalty"]
     tok = getattr(proc, "tokenizer", proc)
-    if schema is not None and self.effective_structured() == "constrained": gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema)
+    if schema is not None and self.effective_structured() == "constrained":   # strings get a share of max_tokens
+        strings = max(1, json.dumps(schema_json(schema)).count('"string"'))
+        gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, max(40, 2 * gen["max_new_tokens"] // strings))
     with lock, torch.no_grad():
         batch = self._encode(messages, schema)
         if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(net.dtype)
