@@ -22,7 +22,7 @@ __all__ = ['FAMILIES', 'ForensicsLabError', 'jsonable', 'register_family', 'Box'
 class ForensicsLabError(Exception):
     "Base of the errors forensicslab raises for bad input, missing data or a failed dependency (printed as one line by the CLI)."
 
-# %% ../nbs/00_core.ipynb #dafd81cc
+# %% ../nbs/00_core.ipynb #faf1b91c
 def jsonable(x: Any, digits: Optional[int] = None) -> Any:
     """Plain JSON types from numpy scalars and arrays, tuples and paths (dict keys as str); a non-finite Python
     float becomes None, a numpy scalar its Python value (as detectors have always stored it)."""
@@ -57,7 +57,10 @@ def register_family(name: str, description: str) -> None:
 class Box(BaseModel):
     "An axis-aligned pixel box `[x1, y1, x2, y2]`."
     model_config = ConfigDict(frozen=True)
-    x1: float; y1: float; x2: float; y2: float
+    x1: float
+    y1: float
+    x2: float
+    y2: float
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -118,7 +121,8 @@ class Sample(BaseModel):
 # %% ../nbs/00_core.ipynb #9a6391c7
 def save_samples(samples: list[Sample], path: str | Path) -> Path:
     "Write samples to a JSON Lines file (atomically: a temp file then a rename)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("".join(s.model_dump_json() + "\n" for s in samples))
     tmp.replace(path)
@@ -237,6 +241,7 @@ class Reply(BaseModel):
     notes: list[str] = []
     dropped_images: int = 0
 
+# %% ../nbs/00_core.ipynb #7e877a36
 class ChatFailure(ForensicsLabError):
     """A model call that gave no valid answer after repair and retries; the case records it as a failure.
     It carries the usage of every attempt made before it failed (`input_tokens`, `output_tokens`,

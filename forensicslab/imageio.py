@@ -165,6 +165,7 @@ def load_image(src: ImageSource, max_pixels: int = MAX_PIXELS) -> LoadedImage:
         finally:
             Image.MAX_IMAGE_PIXELS = old
 
+# %% ../nbs/01_imageio.ipynb #d6ad2dfb
 def _from_pil(im: Image.Image, src, path, max_pixels) -> LoadedImage:
     w, h = im.size
     if w <= 0 or h <= 0: raise ImageUnreadable(src, f"degenerate size {w}x{h}")
@@ -181,6 +182,7 @@ def _from_pil(im: Image.Image, src, path, max_pixels) -> LoadedImage:
                        bit_depth=depth, n_frames=n_frames, exif_transposed=transposed, had_alpha=alpha,
                        quantization=quant)
 
+# %% ../nbs/01_imageio.ipynb #0bf74010
 def _from_array(a: np.ndarray, max_pixels) -> LoadedImage:
     src = f"<array {a.shape} {a.dtype}>"
     if a.ndim == 2: a = a[..., None]

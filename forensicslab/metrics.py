@@ -70,7 +70,8 @@ def fmt_ci(v: tuple[float, float, float], scale: float = 100.0, digits: int = 1)
 
 def write_table(df: pd.DataFrame, out_dir: str | Path, name: str, caption: str) -> dict[str, Path]:
     "Write `df` as `name.csv`, `name.md` and `name.tex` under `out_dir`, each carrying the `caption`."
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / f"{name}.csv", "md": out / f"{name}.md", "tex": out / f"{name}.tex"}
     df.to_csv(paths["csv"], index=False)
     paths["md"].write_text(f"{caption}\n\n{df.to_markdown(index=False)}\n")
@@ -82,7 +83,7 @@ def _tex_escape(s: str) -> str:
     for a, b in [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")]: s = s.replace(a, b)
     return s
 
-# %% ../nbs/02a_metrics.ipynb #102e7f33
+# %% ../nbs/02a_metrics.ipynb #caeb005a
 def paper_numbers(system: str, table: str) -> dict:
     "The reference numbers of one paper table: `forensicslab/<system>/paper/<table>.yaml` as a mapping."
     p = Path(forensicslab.__file__).resolve().parent / system / "paper" / f"{table}.yaml"

@@ -180,6 +180,7 @@ class RunFolder:
             os.fsync(fd)
         finally: os.close(fd)
 
+# %% ../nbs/02_runs.ipynb #ba594413
 def _atomic_write(path: Path, text: str):
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

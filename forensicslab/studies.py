@@ -111,7 +111,8 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     check_parameters(nb, params)
     stem = Path(nb).stem
     if out_dir is None: out_dir = (Path(out_root) if out_root else project_root() / "outputs") / stem
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     p = {"quick": False, "out_dir": str(out_dir.resolve()), **params}
     executed = out_dir / f"{stem}.ipynb"
     pm.execute_notebook(str(nb), str(executed), parameters=p, kernel_name=kernel, language="python",
@@ -186,7 +187,8 @@ def run_batch(grid_file: str | Path, progress: bool = True, log: Callable[[str],
     import pandas as pd
     g = load_grid(grid_file)
     runner = runner or run_study
-    out = Path(g["out"]); out.mkdir(parents=True, exist_ok=True)
+    out = Path(g["out"])
+    out.mkdir(parents=True, exist_ok=True)
     cells, records = grid_cells(g), []
     for study, _, params in cells: check_parameters(study, params)
     bar = tqdm(cells, desc="batch", unit="cell", disable=not progress, dynamic_ncols=True)

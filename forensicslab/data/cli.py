@@ -43,7 +43,9 @@ def build_cmd(root: Optional[Path] = typer.Option(None, help="Output folder (def
                            train_authentic={k: int(round(v * train_scale)) for k, v in _TRAIN_REAL.items()})
     t0 = time.time()
     try: r = ensure_bench(root, seed, sizes, force=force, log=lambda m: typer.echo(f"  {m}"))
-    except ValueError as e: typer.echo(f"error: {e}", err=True); raise typer.Exit(2)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     _print_info(r, time.time() - t0)
 
 def _print_info(r: Path, elapsed: Optional[float] = None):
@@ -60,10 +62,12 @@ def _print_info(r: Path, elapsed: Optional[float] = None):
 def info_cmd(root: Optional[Path] = typer.Option(None, help="Benchmark folder (default: data/bench).")):
     "Print the counts of a built benchmark."
     r = Path(root or default_root())
-    if bench_info(r) is None: typer.echo(f"no benchmark at {r}; run `forensicslab bench build`", err=True); raise typer.Exit(1)
+    if bench_info(r) is None:
+        typer.echo(f"no benchmark at {r}; run `forensicslab bench build`", err=True)
+        raise typer.Exit(1)
     _print_info(r)
 
-# %% ../../nbs/03c_data.cli.ipynb #9dd5e7d1
+# %% ../../nbs/03c_data.cli.ipynb #ba14b15a
 data_app = typer.Typer(help="Datasets: download the public files of the out-of-context benchmarks.", no_args_is_help=True)
 
 @data_app.callback()
