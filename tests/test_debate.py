@@ -504,7 +504,7 @@ def test_debate_pair_offline_shows_sources_and_flags(tmp_path):
     assert "sources:" in r.output and "teaching://" in r.output and "offline: rule-based" in r.output
     assert "final: MISINFORMATION" in r.output and "total cost $0.0000" in r.output
     r = CliRunner().invoke(debate_app, ["pair", str(img), ts.samples[0].caption])   # no retrieval: no evidence, said so
-    assert r.exit_code == 0 and "no evidence" in r.output and "sources: none" in r.output
+    assert r.exit_code == 0 and "final: NO VERDICT (no evidence" in r.output and "sources: none" in r.output
 
 
 @pytest.mark.parametrize("content", [b"", b"not an image at all", b"\xff\xd8\xff\xe0\x00\x10JFIF truncated"])

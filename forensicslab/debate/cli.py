@@ -50,6 +50,9 @@ def print_result(res: DebateResult, offline: bool) -> None:
         typer.echo("offline: rule-based context and entities debaters calibrated on the teaching set; a baseline that shows "
                    "the protocol, not a fact-checker (use --backend SPEC for the paper's LLM debate)")
         if res.failure: typer.echo(f"note: {res.failure}")
+    if res.final is None:
+        typer.echo(f"\nfinal: NO VERDICT ({res.failure or 'no answer'}); total cost ${res.cost_usd:.4f}")
+        return
     verdict = "MISINFORMATION" if res.final else "NOT misinformation"
     flag = " UNRESOLVED (agents disagree; tie broken by the first agent; the authors' convention counts it as misinformation)" if res.unresolved else ""
     typer.echo(f"\nfinal: {verdict};{flag} converged at round {res.converged_round}; total cost ${res.cost_usd:.4f}; {res.latency_s:.1f} s")

@@ -151,7 +151,7 @@ class TextEncoder:
         return e
 
 
-# %% ../../nbs/07d_debate.offline.ipynb #d8995823
+# %% ../../nbs/07d_debate.offline.ipynb #3978cb4a
 class ViewCalibration:
     "Logistic calibration of one evidence view (a score or a feature vector per pair) into misinformation log-odds."
     def fit(self, scores, labels) -> "ViewCalibration":
@@ -362,7 +362,9 @@ class OfflinePairDebate:
                                              ", ".join(f"{k}={v:.2f}" for k, v in zip(ENTITY_FEATURES, ent))))
         res = evidence_debate(sample_id, debaters, self.prior, self.max_rounds, self.min_strength, retrieval=context is not None)
         if context is not None: res.sources, res.retrieval_error = context.sources(), context.error
-        if not text: res.failure = "no evidence: retrieval found no page for this image, so the answer is the teaching set's prior"
+        if not text:  # no evidence on either side: no verdict (the prior alone would be a guess)
+            res.final, res.converged_round, res.unresolved = None, None, True
+            res.failure = "no evidence: retrieval found no page for this image, so there is no verdict"
         return res
 
 # %% ../../nbs/07d_debate.offline.ipynb #931ca98b
