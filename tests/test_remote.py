@@ -390,3 +390,16 @@ def test_imdl_trufor_through_the_protocol(tmp_path):
         p.terminate()
         try: p.wait(10)
         except subprocess.TimeoutExpired: p.kill()
+
+
+def test_remote_listed_and_carded_under_its_registered_name(trufor_server, tmp_path):
+    "Issue 19 item 2: a remote registered as `mytrufor` is listed, carded and reported under that name."
+    R.register_remote("mytrufor", trufor_server)
+    try:
+        assert D.get_card("mytrufor").id == "mytrufor"
+        assert D.pool_table(["mytrufor"])[0]["id"] == "mytrufor"
+        res = D.run_pool(photo_jpeg(tmp_path / "n.jpg"), ["mytrufor"])
+        assert res["mytrufor"].status == "ok" and res["mytrufor"].detector == "mytrufor"
+        assert D.get_detector("mytrufor").served_id == "trufor"     # answers still checked against the served id
+    finally:
+        D.unregister("mytrufor")

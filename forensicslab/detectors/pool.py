@@ -335,9 +335,9 @@ def cache_version(det) -> str:
     return _FINGERPRINTS[k][1]
 
 def default_cache_dir() -> Path:
-    "`<repo>/data/cache/detections`."
-    from forensicslab.runs import project_root
-    return project_root() / "data" / "cache" / "detections"
+    "`<repo>/data/cache/detections` inside a checkout, else the user cache folder (`forensicslab.runs.cache_dir`)."
+    from forensicslab.runs import cache_dir
+    return cache_dir("detections", project="data/cache")
 
 # %% ../../nbs/04_detectors.pool.ipynb #81ad3a43
 def _run_one(det, view: LoadedImage, det_id: str) -> Detection:

@@ -127,16 +127,34 @@ class CFADetector:
     energy_floor = 1.0      # mean squared prediction error below which a block carries no information
     match_tol = 0.05        # median block re-interpolation residual (grey levels) below which an algorithm matches
     residual_scale = 1.0    # re-interpolation evidence: clip(residual / residual_scale, 0, 1)
+    probe_pixels = 2_000_000  # above this, applicability is first decided on a centre crop of this area
+
+    def _strength(self, pat: np.ndarray, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        "Informative-block weights, the image's median phase signature P and its norm."
+        informative = np.clip((energy - self.energy_floor) / (4 * self.energy_floor), 0, 1)
+        valid = informative > 0.5
+        P = np.median(pat[valid], 0) if valid.sum() >= 4 else np.zeros(12, np.float32)
+        return informative, P, float(np.linalg.norm(P))
+
+    def _probe(self, rgb: np.ndarray) -> float:
+        "Signature strength on a block-aligned centre crop of `probe_pixels` (a camera's CFA trace covers the whole photo)."
+        H, W = rgb.shape[:2]
+        side = int(self.probe_pixels ** 0.5) // self.block * self.block
+        y0 = max(0, (H - side) // 2) // self.block * self.block
+        x0 = max(0, (W - side) // 2) // self.block * self.block
+        return self._strength(*cfa_phase_signature(rgb[y0:y0 + side, x0:x0 + side], self.block))[2]
 
     def detect(self, image: LoadedImage) -> Detection:
         H, W = image.height, image.width
         if min(H, W) < self.block:
             return not_applicable(self.card, f"image smaller than one {self.block}x{self.block} block", (H, W))
+        if H * W > self.probe_pixels:   # large photo: a centre crop without a trace settles it at bounded cost
+            probe = self._probe(image.rgb)
+            if probe < self.min_strength:
+                return not_applicable(self.card, "no usable demosaicing trace in the centre crop (resized, compressed, "
+                                      "or not from a camera)", (H, W), cfa_strength=round(probe, 4), probe="centre crop")
         pat, energy = cfa_phase_signature(image.rgb, self.block)
-        informative = np.clip((energy - self.energy_floor) / (4 * self.energy_floor), 0, 1)
-        valid = informative > 0.5
-        P = np.median(pat[valid], 0) if valid.sum() >= 4 else np.zeros(12, np.float32)
-        strength = float(np.linalg.norm(P))
+        informative, P, strength = self._strength(pat, energy)
         if strength < self.min_strength:
             return not_applicable(self.card, "no usable demosaicing trace (resized, compressed, or not from a camera)",
                                   (H, W), cfa_strength=round(strength, 4))
