@@ -94,7 +94,8 @@ def crop_box(width: int, height: int, bbox, min_side: int = MIN_CROP_SIDE) -> Bo
         need = min(min_side, limit)
         if hi - lo < need:
             c = (lo + hi) / 2
-            lo = int(round(c - need / 2)); hi = lo + need
+            lo = int(round(c - need / 2))
+            hi = lo + need
             if lo < 0: lo, hi = 0, need
             if hi > limit: lo, hi = limit - need, limit
         return lo, hi
@@ -153,7 +154,9 @@ class ZoomAnswer(BaseModel):
         return self
 
     @property
-    def label(self) -> int: "1 for fake, 0 for real." ; return int(self.verdict == "fake")
+    def label(self) -> int:
+        "1 for fake, 0 for real."
+        return int(self.verdict == "fake")
     @property
     def global_text(self) -> str: return self.evidence[0].text
     @property
@@ -306,11 +309,15 @@ class ZoomResult(BaseModel):
     rejected: list[ZoomStep] = Field(default_factory=list)   # the rejected turns (kind "invalid")
 
     @property
-    def valid(self) -> bool: "True when the episode ended in a parsed final answer." ; return self.status == "ok"
+    def valid(self) -> bool:
+        "True when the episode ended in a parsed final answer."
+        return self.status == "ok"
     @property
     def prediction(self) -> Optional[int]: return self.answer.label if self.valid else None
     @property
-    def n_zooms(self) -> int: "Crops actually taken." ; return sum(s.kind == "crop" and s.bbox is not None for s in self.steps)
+    def n_zooms(self) -> int:
+        "Crops actually taken."
+        return sum(s.kind == "crop" and s.bbox is not None for s in self.steps)
     @property
     def zoom_boxes(self) -> list[Box]: return [pixel_box(s.bbox) for s in self.steps if s.kind == "crop" and s.bbox is not None]
 
@@ -388,9 +395,13 @@ class Episode:
     feedback: Optional[dict] = None    # during a re-ask: {"text": the rejected turn, "error": why it was rejected}
 
     @property
-    def turn(self) -> int: "Index of the turn about to be taken (0-based)." ; return len(self.steps)
+    def turn(self) -> int:
+        "Index of the turn about to be taken (0-based)."
+        return len(self.steps)
     @property
-    def last_turn(self) -> bool: "True when this turn must be the final answer." ; return self.turn >= self.max_turns - 1
+    def last_turn(self) -> bool:
+        "True when this turn must be the final answer."
+        return self.turn >= self.max_turns - 1
 
 @runtime_checkable
 class ZoomPolicy(Protocol):
@@ -429,15 +440,22 @@ def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6,
         repaired += act.repaired
         step = ZoomStep(text=text, think=act.think, kind=act.kind, error=act.error, seconds=dt)
         if act.kind == "invalid":
-            ep.steps.append(step); status, error = "invalid_format", act.error; break
+            ep.steps.append(step)
+            status, error = "invalid_format", act.error
+            break
         if act.kind == "answer":
-            ep.steps.append(step); status, answer = "ok", act.answer; break
+            ep.steps.append(step)
+            status, answer = "ok", act.answer
+            break
         if ep.last_turn:
             step.error = "crop requested on the last allowed turn"
-            ep.steps.append(step); status, error = "turn_limit", step.error; break
+            ep.steps.append(step)
+            status, error = "turn_limit", step.error
+            break
         c = zoom(img, act.bbox, **(crop_kw or {}))
         step.bbox, step.scale = c.box.as_list(), c.scale
-        ep.steps.append(step); ep.crops.append(c)
+        ep.steps.append(step)
+        ep.crops.append(c)
     return ZoomResult(sample_id=sample_id, variant=variant, policy=policy.policy_id, status=status, answer=answer,
                       steps=ep.steps, width=img.width, height=img.height, error=error,
                       seconds=time.perf_counter() - t0, repaired=repaired, reasked=len(rejected), rejected=rejected,
@@ -470,7 +488,8 @@ class LLMZoomPolicy:
 
     def respond(self, ep: Episode) -> str:
         reply = self.model.chat(self.messages(ep), **self.params)
-        ep.usage["input_tokens"] += reply.input_tokens; ep.usage["output_tokens"] += reply.output_tokens
+        ep.usage["input_tokens"] += reply.input_tokens
+        ep.usage["output_tokens"] += reply.output_tokens
         return reply.text
 
 # %% ../../nbs/08_zoom.agent.ipynb #8c026f10
@@ -495,7 +514,8 @@ def _detail_ratio(g: np.ndarray) -> float:
 
 def cue_scores(region: np.ndarray, image_ratio: float | None = None) -> dict[str, float]:
     "The local cues `smooth`, `light`, `text` of a region (RGB or grey); `image_ratio` = `_detail_ratio` of the whole image."
-    g = _grey(region); h, w = g.shape
+    g = _grey(region)
+    h, w = g.shape
     out = {"smooth": 0.0, "light": 0.0, "text": 0.0}
     if h < 8 or w < 8: return out
     gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
@@ -511,7 +531,8 @@ def cue_scores(region: np.ndarray, image_ratio: float | None = None) -> dict[str
 
 def _text_misalignment(g: np.ndarray) -> float:
     "How badly glyph-like components of a two-tone region fail to share a baseline and cap height (0 when no such region)."
-    v = g.ravel(); t = v.mean()
+    v = g.ravel()
+    t = v.mean()
     for _ in range(8):                                    # iterative (Ridler-Calvard) two-class threshold
         lo, hi = v[v <= t], v[v > t]
         if not len(lo) or not len(hi): return 0.0
@@ -523,21 +544,27 @@ def _text_misalignment(g: np.ndarray) -> float:
     lab, n = ndi.label(ink)
     if n < 3: return 0.0
     sl = ndi.find_objects(lab)
-    hgt = np.array([s[0].stop - s[0].start for s in sl]); wid = np.array([s[1].stop - s[1].start for s in sl])
+    hgt = np.array([s[0].stop - s[0].start for s in sl])
+    wid = np.array([s[1].stop - s[1].start for s in sl])
     keep = (hgt >= 0.12 * g.shape[0]) & (hgt <= 0.8 * g.shape[0]) & (wid <= 0.5 * g.shape[1]) & (hgt * wid >= 12)
     if keep.sum() < 3: return 0.0
-    tops = np.array([s[0].start for s in sl])[keep]; bots = np.array([s[0].stop for s in sl])[keep]
+    tops = np.array([s[0].start for s in sl])[keep]
+    bots = np.array([s[0].stop for s in sl])[keep]
     mh = np.median(hgt[keep])
     return float((tops.std() + bots.std()) / mh)
 
 def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
                       max_dist: float = 1.5) -> tuple[float, Optional[list[int]]]:
     "Exact or mirrored repeats of textured blocks: `(number of blocks in the best agreeing group, box around both copies)`."
-    g = _grey(rgb); H, W = g.shape; q = block // 4
+    g = _grey(rgb)
+    H, W = g.shape
+    q = block // 4
     if H < 2 * block or W < 2 * block: return 0.0, None
-    M = ndi.uniform_filter(g, q, mode="nearest"); M2 = ndi.uniform_filter(g * g, block, mode="nearest")
+    M = ndi.uniform_filter(g, q, mode="nearest")
+    M2 = ndi.uniform_filter(g * g, block, mode="nearest")
     M1 = ndi.uniform_filter(g, block, mode="nearest")
-    ys, xs = np.mgrid[0:H - block + 1, 0:W - block + 1]; ys, xs = ys.ravel(), xs.ravel()
+    ys, xs = np.mgrid[0:H - block + 1, 0:W - block + 1]
+    ys, xs = ys.ravel(), xs.ravel()
     std = np.sqrt(np.maximum(M2 - M1 * M1, 0))[ys + block // 2, xs + block // 2]
     ok = std > min_std
     if ok.sum() < 2: return 0.0, None
@@ -556,11 +583,14 @@ def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
             sel = (src[a_] != src[b_]) if mirror else np.ones(len(a_), bool)
             a_, b_ = a_[sel], b_[sel]
             good = (np.abs(allf[a_] - allf[b_]).mean(1) < max_dist) & (idx[a_] != idx[b_])
-            I.append(idx[a_][good]); J.append(idx[b_][good])
+            I.append(idx[a_][good])
+            J.append(idx[b_][good])
         i, j = np.concatenate(I), np.concatenate(J)
         if not len(i): continue
-        swap = (ys[i] > ys[j]) | ((ys[i] == ys[j]) & (xs[i] > xs[j])); i, j = np.where(swap, j, i), np.where(swap, i, j)
-        dy = ys[j] - ys[i]; dx = (xs[j] + xs[i]) if mirror else (xs[j] - xs[i])
+        swap = (ys[i] > ys[j]) | ((ys[i] == ys[j]) & (xs[i] > xs[j]))
+        i, j = np.where(swap, j, i), np.where(swap, i, j)
+        dy = ys[j] - ys[i]
+        dx = (xs[j] + xs[i]) if mirror else (xs[j] - xs[i])
         far = (np.abs(xs[j] - xs[i]) >= block) | (np.abs(dy) >= block)
         i, j, dy, dx = i[far], j[far], dy[far], dx[far]
         if not len(i): continue
@@ -580,7 +610,8 @@ MIN_RULE_SIDE = 16
 "Fallback cue thresholds; `fit_rule_thresholds` measures them on real training images instead."
 
 def _resize_long(rgb, side):
-    h, w = rgb.shape[:2]; s = side / max(h, w)
+    h, w = rgb.shape[:2]
+    s = side / max(h, w)
     if s >= 1: return rgb, 1.0
     return np.asarray(Image.fromarray(rgb).resize((max(1, round(w * s)), max(1, round(h * s))), Image.Resampling.BICUBIC)), s
 
@@ -610,19 +641,23 @@ def candidates(rgb: np.ndarray, thresholds: dict = DEFAULT_THRESHOLDS, view_side
     if min(H, W) < MIN_RULE_SIDE: return []        # too small for any window: nothing can be measured
     g = _grey(view)
     lap = _integral(np.abs(ndi.laplace(g)))
-    gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5)); gb = _integral(np.hypot(gx, gy))
-    gy, gx = np.gradient(ndi.gaussian_filter(g, 1.0)); e1 = _integral(np.hypot(gx, gy))
+    gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
+    gb = _integral(np.hypot(gx, gy))
+    gy, gx = np.gradient(ndi.gaussian_filter(g, 1.0))
+    e1 = _integral(np.hypot(gx, gy))
     gi = _integral(g)
     ratio = (lap[-1, -1] / (H * W) + 0.5) / (gb[-1, -1] / (H * W) + 0.5)
     out = []
     n, b = duplicate_regions(view)
     if b is not None: out.append({"cue": "dup", "score": n, "box": b})
     for bx in _windows(W, H):
-        x1, y1, x2, y2 = bx; w, h = x2 - x1, y2 - y1
+        x1, y1, x2, y2 = bx
+        w, h = x2 - x1, y2 - y1
         m_gb = _box_mean(gb, bx)
         sm = float(np.log(ratio) - np.log((_box_mean(lap, bx) + 0.5) / (m_gb + 0.5))) if m_gb > 1.0 else 0.0
         c = _box_mean(gi, [x1 + w // 3, y1 + h // 3, x2 - w // 3, y2 - h // 3])
-        tot = _box_mean(gi, bx) * w * h; inner = _box_mean(gi, [x1 + w // 5, y1 + h // 5, x2 - w // 5, y2 - h // 5]) * (w - 2 * (w // 5)) * (h - 2 * (h // 5))
+        tot = _box_mean(gi, bx) * w * h
+        inner = _box_mean(gi, [x1 + w // 5, y1 + h // 5, x2 - w // 5, y2 - h // 5]) * (w - 2 * (w // 5)) * (h - 2 * (h // 5))
         border = (tot - inner) / max(1, w * h - (w - 2 * (w // 5)) * (h - 2 * (h // 5)))
         li = float(abs(c - border) / (_box_mean(e1, bx) + 4.0))
         te = _text_misalignment(g[y1:y2, x1:x2])
@@ -637,15 +672,19 @@ def candidates(rgb: np.ndarray, thresholds: dict = DEFAULT_THRESHOLDS, view_side
     return picked
 
 def _iou(a, b):
-    ix = max(0, min(a[2], b[2]) - max(a[0], b[0])); iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    i = ix * iy; u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - i
+    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    i = ix * iy
+    u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - i
     return i / u if u else 0.0
 
 def region_cue(rgb: np.ndarray, box, cue: str, image_ratio: float) -> tuple[float, list[int]]:
     "Re-measure `cue` inside `box` at full resolution: `(score, refined box)`."
-    x1, y1, x2, y2 = box_ints(box); reg = rgb[y1:y2, x1:x2]
+    x1, y1, x2, y2 = box_ints(box)
+    reg = rgb[y1:y2, x1:x2]
     if cue == "dup":
-        pad = 0; n, b = duplicate_regions(reg)
+        pad = 0
+        n, b = duplicate_regions(reg)
         return n, ([b[0] + x1, b[1] + y1, b[2] + x1, b[3] + y1] if b else [x1, y1, x2, y2])
     return cue_scores(reg, image_ratio)[cue], [x1, y1, x2, y2]
 

@@ -71,8 +71,10 @@ def photo(name: str) -> np.ndarray:
 # %% ../../nbs/08a_zoom.artifacts.ipynb #bd2045f0
 def _window(rgb, aspect: float, long_side: int, rng) -> tuple[np.ndarray, list[int]]:
     H, W = rgb.shape[:2]
-    w = min(W, H * aspect); h = w / aspect
-    f = rng.uniform(0.55, 1.0); w, h = int(w * f), int(h * f)
+    w = min(W, H * aspect)
+    h = w / aspect
+    f = rng.uniform(0.55, 1.0)
+    w, h = int(w * f), int(h * f)
     x, y = int(rng.integers(0, W - w + 1)), int(rng.integers(0, H - h + 1))
     size = (long_side, round(long_side / aspect)) if aspect >= 1 else (round(long_side * aspect), long_side)
     out = Image.fromarray(rgb[y:y + h, x:x + w]).resize(size, Image.Resampling.LANCZOS)
@@ -97,32 +99,43 @@ def _sign(rgb, rng, mode: str):
     light = rng.random() < 0.5
     bg = tuple(int(v) for v in (rng.integers(200, 250, 3) if light else rng.integers(20, 70, 3)))
     fg = (20, 20, 25) if light else (240, 235, 220)
-    sign = Image.new("RGB", (sw, sh), bg); d = ImageDraw.Draw(sign)
+    sign = Image.new("RGB", (sw, sh), bg)
+    d = ImageDraw.Draw(sign)
     d.rectangle([0, 0, sw - 1, sh - 1], outline=fg, width=max(1, sh // 14))
-    fs = int(sh * 0.62); font = _font(fs)
+    fs = int(sh * 0.62)
+    font = _font(fs)
     if mode in ("legible", "melted"):
         word = str(rng.choice(_WORDS))
-        while font.getlength(word) > sw * 0.9 and fs > 8: fs -= 1; font = _font(fs)
+        while font.getlength(word) > sw * 0.9 and fs > 8:
+            fs -= 1
+            font = _font(fs)
         tw = font.getlength(word)
-        layer = Image.new("L", (sw, sh), 0); ImageDraw.Draw(layer).text(((sw - tw) / 2, (sh - fs) / 2 - fs * 0.1), word, fill=255, font=font)
+        layer = Image.new("L", (sw, sh), 0)
+        ImageDraw.Draw(layer).text(((sw - tw) / 2, (sh - fs) / 2 - fs * 0.1), word, fill=255, font=font)
         if mode == "melted":
-            a = np.asarray(layer).copy(); strip = max(2, sw // int(rng.integers(10, 16)))
+            a = np.asarray(layer).copy()
+            strip = max(2, sw // int(rng.integers(10, 16)))
             for s0 in range(0, sw, strip):
                 a[:, s0:s0 + strip] = np.roll(a[:, s0:s0 + strip], int(rng.integers(-fs // 3, fs // 3 + 1)), axis=0)
             layer = Image.fromarray(a)
         sign.paste(Image.new("RGB", (sw, sh), fg), (0, 0), layer)
     else:
-        n = int(rng.integers(4, 8)); cw = sw * 0.9 / n
+        n = int(rng.integers(4, 8))
+        cw = sw * 0.9 / n
         for i in range(n):
             g = Image.new("L", (fs + 4, fs + 4), 0)
             ImageDraw.Draw(g).text((2, -fs * 0.1), str(rng.choice(list(string.ascii_uppercase))), fill=255, font=font)
             op = rng.integers(0, 4)
             if op == 0: g = g.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             elif op == 1: g = g.rotate(float(rng.uniform(60, 300)))
-            elif op == 2: a = np.asarray(g).copy(); a[: a.shape[0] // 2 + int(rng.integers(-3, 4))] = 0; g = Image.fromarray(a)
+            elif op == 2:
+                a = np.asarray(g).copy()
+                a[: a.shape[0] // 2 + int(rng.integers(-3, 4))] = 0
+                g = Image.fromarray(a)
             else: g = g.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
             sign.paste(Image.new("RGB", g.size, fg), (int(sw * 0.05 + i * cw), int((sh - fs) / 2)), g)
-    out = Image.fromarray(rgb); out.paste(sign, (x, y))
+    out = Image.fromarray(rgb)
+    out.paste(sign, (x, y))
     return np.asarray(out), [x, y, x + sw, y + sh]
 
 _T = {
@@ -167,15 +180,21 @@ _GLOBAL_REAL = ["Lighting, textures and structures agree across the frame; nothi
 def _text(key, rng, box, W, H, **kw): return str(rng.choice(_T[key])).format(w=where(box, W, H), **kw)
 
 def _feather(h, w, edge=3):
-    m = np.ones((h, w), np.float32); e = max(1, min(edge, h // 4, w // 4))
+    m = np.ones((h, w), np.float32)
+    e = max(1, min(edge, h // 4, w // 4))
     ramp = np.linspace(0, 1, e + 2)[1:-1]
-    m[:e] *= ramp[:, None]; m[-e:] *= ramp[::-1, None]; m[:, :e] *= ramp[None]; m[:, -e:] *= ramp[None, ::-1]
+    m[:e] *= ramp[:, None]
+    m[-e:] *= ramp[::-1, None]
+    m[:, :e] *= ramp[None]
+    m[:, -e:] *= ramp[None, ::-1]
     return m[..., None]
 
 def _structured_point(rgb, rng, size):
     "A box of side `size` around a high-gradient point (best of 12 random tries)."
-    H, W = rgb.shape[:2]; g = rgb.mean(2)
-    gy, gx = np.gradient(g); e = np.hypot(gx, gy)
+    H, W = rgb.shape[:2]
+    g = rgb.mean(2)
+    gy, gx = np.gradient(g)
+    e = np.hypot(gx, gy)
     best = None
     for _ in range(12):
         x, y = _place(rng, W, H, size, size)
@@ -191,11 +210,14 @@ def render_text(rgb, rng, ood=False):
 def render_distorted(rgb, rng, ood=False):
     from skimage.transform import swirl
     import cv2
-    H, W = rgb.shape[:2]; s = int(min(H, W) * rng.uniform(0.25, 0.36))
-    x, y = _structured_point(rgb, rng, s); out = rgb.copy()
+    H, W = rgb.shape[:2]
+    s = int(min(H, W) * rng.uniform(0.25, 0.36))
+    x, y = _structured_point(rgb, rng, s)
+    out = rgb.copy()
     if not ood:
         reg = swirl(rgb[y:y + s, x:x + s].astype(np.float64) / 255, strength=float(rng.uniform(4, 7)), radius=s * 0.5)
-        yy, xx = np.mgrid[:s, :s]; circ = (((yy - s / 2) ** 2 + (xx - s / 2) ** 2) < (s * 0.5) ** 2)[..., None]
+        yy, xx = np.mgrid[:s, :s]
+        circ = (((yy - s / 2) ** 2 + (xx - s / 2) ** 2) < (s * 0.5) ** 2)[..., None]
         out[y:y + s, x:x + s] = np.where(circ, np.clip(reg * 255, 0, 255), rgb[y:y + s, x:x + s]).astype(np.uint8)
     else:
         mask = np.zeros((H, W), np.uint8)
@@ -205,23 +227,27 @@ def render_distorted(rgb, rng, ood=False):
     return out, box, _text("distorted_ood" if ood else "distorted", rng, box, W, H)
 
 def render_repeat(rgb, rng, ood=False):
-    H, W = rgb.shape[:2]; s = int(min(H, W) * rng.uniform(0.16, 0.24))
+    H, W = rgb.shape[:2]
+    s = int(min(H, W) * rng.uniform(0.16, 0.24))
     for _ in range(20):
         x, y = _structured_point(rgb, rng, s)
-        horiz = rng.random() < 0.5; gap = int(s * rng.uniform(1.05, 1.4)) * (1 if rng.random() < 0.5 else -1)
+        horiz = rng.random() < 0.5
+        gap = int(s * rng.uniform(1.05, 1.4)) * (1 if rng.random() < 0.5 else -1)
         dx, dy = (x + gap, y) if horiz else (x, y + gap)
         if 0 <= dx <= W - s and 0 <= dy <= H - s: break
     else:
         dx, dy = (x + s if x + 2 * s <= W else x - s), y
     patch = rgb[y:y + s, x:x + s].astype(np.float32)
     if ood: patch = patch[:, ::-1]
-    out = rgb.astype(np.float32); m = _feather(s, s, 2)
+    out = rgb.astype(np.float32)
+    m = _feather(s, s, 2)
     out[dy:dy + s, dx:dx + s] = m * patch + (1 - m) * out[dy:dy + s, dx:dx + s]
     box = [min(x, dx), min(y, dy), max(x, dx) + s, max(y, dy) + s]
     return np.clip(out, 0, 255).astype(np.uint8), box, _text("repeat_ood" if ood else "repeat", rng, box, W, H)
 
 def render_lighting(rgb, rng, ood=False):
-    H, W = rgb.shape[:2]; sig = min(H, W) * rng.uniform(0.06, 0.1)
+    H, W = rgb.shape[:2]
+    sig = min(H, W) * rng.uniform(0.06, 0.1)
     cx, cy = rng.uniform(0.2, 0.8) * W, rng.uniform(0.2, 0.8) * H
     yy, xx = np.mgrid[:H, :W].astype(np.float32)
     g = np.exp(-(((xx - cx) / (sig * (1.6 if ood else 1))) ** 2 + ((yy - cy) / sig) ** 2) / 2)
@@ -229,23 +255,29 @@ def render_lighting(rgb, rng, ood=False):
     out = rgb.astype(np.float32)
     if not ood: out = out + g * rng.uniform(80, 120) * np.array([1.0, 0.85, 0.6], np.float32)
     else: out = out * (1 - rng.uniform(0.5, 0.65) * g)
-    r = 2 * sig; rx = r * (1.6 if ood else 1)
+    r = 2 * sig
+    rx = r * (1.6 if ood else 1)
     box = [int(max(0, cx - rx)), int(max(0, cy - r)), int(min(W, cx + rx)), int(min(H, cy + r))]
     return np.clip(out, 0, 255).astype(np.uint8), box, _text("lighting_ood" if ood else "lighting", rng, box, W, H)
 
 def render_impossible(rgb, rng, ood=False, exclude: str = ""):
     H, W = rgb.shape[:2]
     names = [n for n, v in PHOTOS.items() if v[2] and n != exclude]
-    src = str(rng.choice(names)); obj, ob = PHOTOS[src][2]
+    src = str(rng.choice(names))
+    obj, ob = PHOTOS[src][2]
     piece = Image.fromarray(photo(src)[ob[1]:ob[3], ob[0]:ob[2]])
     piece = piece.rotate(90 if ood else 180, expand=True)
     long = max(H, W) * (rng.uniform(0.45, 0.6) if ood else rng.uniform(0.22, 0.34))
-    f = long / max(piece.size); piece = piece.resize((max(8, int(piece.width * f)), max(8, int(piece.height * f))), Image.Resampling.LANCZOS)
-    pw, ph = min(piece.width, W - 8), min(piece.height, H - 8); piece = piece.crop((0, 0, pw, ph))
+    f = long / max(piece.size)
+    piece = piece.resize((max(8, int(piece.width * f)), max(8, int(piece.height * f))), Image.Resampling.LANCZOS)
+    pw, ph = min(piece.width, W - 8), min(piece.height, H - 8)
+    piece = piece.crop((0, 0, pw, ph))
     x, y = _place(rng, W, H, pw, ph)
-    yy, xx = np.mgrid[:ph, :pw]; m = (((xx - pw / 2) / (pw / 2)) ** 2 + ((yy - ph / 2) / (ph / 2)) ** 2) < 1
+    yy, xx = np.mgrid[:ph, :pw]
+    m = (((xx - pw / 2) / (pw / 2)) ** 2 + ((yy - ph / 2) / (ph / 2)) ** 2) < 1
     alpha = Image.fromarray((m * 255).astype(np.uint8)).filter(ImageFilter.GaussianBlur(1.5))
-    out = Image.fromarray(rgb); out.paste(piece, (x, y), alpha)
+    out = Image.fromarray(rgb)
+    out.paste(piece, (x, y), alpha)
     box = [x, y, x + pw, y + ph]
     return np.asarray(out), box, _text("impossible_ood" if ood else "impossible", rng, box, W, H, o=obj)
 
@@ -264,11 +296,14 @@ SPLITS = {
 def artifacts_root() -> Path: return project_root() / "data" / "artifacts"
 
 def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
-    spec = SPLITS[split]; rng = np.random.default_rng(seed + spec["seed_offset"])
+    spec = SPLITS[split]
+    rng = np.random.default_rng(seed + spec["seed_offset"])
     by_cat = {c: [p for p, v in PHOTOS.items() if v[1] == c] for c in CATEGORIES}
-    (root / split).mkdir(parents=True, exist_ok=True); out = []
+    (root / split).mkdir(parents=True, exist_ok=True)
+    out = []
     for i in range(n):
-        label = i % 2; j = i // 2
+        label = i % 2
+        j = i // 2
         cat = CATEGORIES[j % len(CATEGORIES)]
         name = by_cat[cat][int(rng.integers(len(by_cat[cat])))]
         aspect = spec["aspects"][(j // len(CATEGORIES)) % len(spec["aspects"])]
@@ -283,7 +318,8 @@ def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
             items = [EvidenceItem(text=str(rng.choice(_GLOBAL_FAKE)), box=None), EvidenceItem(text=text, box=Box.from_list(box))]
         else:
             if j % 5 == 0:
-                rgb, sb = _sign(rgb, rng, "legible"); prov.update(distractor="legible_sign", distractor_box=sb)
+                rgb, sb = _sign(rgb, rng, "legible")
+                prov.update(distractor="legible_sign", distractor_box=sb)
             items = [EvidenceItem(text=str(rng.choice(_GLOBAL_REAL)), box=None)]
         sid = f"artifacts-{split}-{i:04d}"
         rel = f"{split}/{sid}.jpg"
@@ -297,7 +333,8 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
     "Build the artifact benchmark if missing (or built with other settings) and return its root."
     root = Path(root) if root else artifacts_root()
     cfg = dict(seed=seed, n={"train": n_train, "test": n_test, "ood": n_ood}, version=1)
-    h = config_hash(cfg); man = root / "manifest.json"
+    h = config_hash(cfg)
+    man = root / "manifest.json"
     if not force and man.exists() and json.loads(man.read_text()).get("config_hash") == h: return root
     for n in cfg["n"].values():
         if n < 2 or n % 2: raise ValueError(f"split sizes must be even and >= 2 (balanced real/fake), got {cfg['n']}")

@@ -79,7 +79,8 @@ def _random_box(rng, W, H, avoid=None, frac=(0.15, 0.3)):
     return b
 
 def _overlap(a, b):
-    ix = max(0, min(a[2], b[2]) - max(a[0], b[0])); iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
     return ix * iy
 
 class RuleProposer:
@@ -91,25 +92,30 @@ class RuleProposer:
 
     def propose(self, sample: Sample) -> Annotation:
         rng = np.random.default_rng([self.seed, zlib.crc32(sample.id.encode())])
-        im = load_image(sample.image); W, H = im.width, im.height
+        im = load_image(sample.image)
+        W, H = im.width, im.height
         refs = [b for b in sample.boxes if b.box is not None]
         glob = next((b.text for b in sample.boxes if b.box is None), None)
         cands: list[tuple[list[int], str, str]] = []
         if sample.label == 1:
             for r in refs:
-                b = r.box.as_list(); dw, dh = (b[2] - b[0]) * self.jitter, (b[3] - b[1]) * self.jitter
+                b = r.box.as_list()
+                dw, dh = (b[2] - b[0]) * self.jitter, (b[3] - b[1]) * self.jitter
                 jb = [b[0] + rng.uniform(-dw, dw), b[1] + rng.uniform(-dh, dh), b[2] + rng.uniform(-dw, dw), b[3] + rng.uniform(-dh, dh)]
                 cands.append((pixel_box(jb, W, H).as_list(), r.text, "valid"))
             n_inv = int(rng.choice(len(self.n_invalid_p), p=self.n_invalid_p))
             kinds, probs = zip(*self.kind_p)
             for _ in range(n_inv):
-                kind = str(rng.choice(kinds, p=probs)); avoid = [r.box.as_list() for r in refs]
+                kind = str(rng.choice(kinds, p=probs))
+                avoid = [r.box.as_list() for r in refs]
                 if kind == "wrong_box" and refs:
                     cands.append((_random_box(rng, W, H, avoid), refs[0].text, kind))
                 elif kind == "contradiction":
-                    b = _random_box(rng, W, H, avoid); cands.append((b, str(rng.choice(_CONTRA)).format(w=_where(b, W, H)), kind))
+                    b = _random_box(rng, W, H, avoid)
+                    cands.append((b, str(rng.choice(_CONTRA)).format(w=_where(b, W, H)), kind))
                 else:
-                    b = _random_box(rng, W, H); cands.append((b, str(rng.choice(_NONSPEC)).format(w=_where(b, W, H)), "non_specific"))
+                    b = _random_box(rng, W, H)
+                    cands.append((b, str(rng.choice(_NONSPEC)).format(w=_where(b, W, H)), "non_specific"))
             glob = glob or "The image looks photographic overall, but some regions deserve a closer look."
         else:
             glob = glob or "The whole image is consistent with a photograph."
@@ -216,7 +222,8 @@ def annotation_answer(ann: Annotation, width: int, height: int) -> ZoomAnswer:
 
 def trajectory_steps(sample: Sample, ann: Annotation, variant: str = "o3") -> list[ZoomStep]:
     "The annotation as a trajectory of `ZoomStep`s for `variant` (`o3`, `cot`, `direct`)."
-    im = load_image(sample.image); W, H = im.width, im.height
+    im = load_image(sample.image)
+    W, H = im.width, im.height
     answer = annotation_answer(ann, W, H)
     thoughts = [s.thought for s in ann.exploration_trajectory]
     if variant == "direct": return [ZoomStep(text=render_turn("", answer=answer), kind="answer")]
@@ -226,8 +233,11 @@ def trajectory_steps(sample: Sample, ann: Annotation, variant: str = "o3") -> li
     if variant != "o3": raise ValueError(f"unknown variant {variant!r}")
     steps, pending = [], []
     for st in ann.exploration_trajectory:
-        if st.bbox is None: pending.append(st.thought); continue
-        b = norm_to_box(st.bbox, W, H); th = " ".join(pending)
+        if st.bbox is None:
+            pending.append(st.thought)
+            continue
+        b = norm_to_box(st.bbox, W, H)
+        th = " ".join(pending)
         steps.append(ZoomStep(text=render_turn(th, bbox=b), think=th, kind="crop", bbox=b.as_list()))
         pending = [st.thought]
     th = " ".join(pending)
@@ -244,7 +254,8 @@ class Constructed(BaseModel):
 
     def save(self, folder: str | Path) -> Path:
         "Write `trajectories.jsonl`, `verifier_items.jsonl`, `annotations.json` and `stats.json` under `folder`."
-        d = Path(folder); d.mkdir(parents=True, exist_ok=True)
+        d = Path(folder)
+        d.mkdir(parents=True, exist_ok=True)
         (d / "trajectories.jsonl").write_text("".join(json.dumps(t) + "\n" for t in self.trajectories))
         (d / "verifier_items.jsonl").write_text("".join(json.dumps(t) + "\n" for t in self.verifier_items))
         (d / "annotations.json").write_text(json.dumps(self.annotations))
@@ -255,14 +266,18 @@ def load_trajectories(path: str | Path) -> list[dict]:
     "Trajectory records from `trajectories.jsonl`, with `steps` as `ZoomStep`s."
     out = []
     for line in Path(path).read_text().splitlines():
-        r = json.loads(line); r["steps"] = [ZoomStep(**s) for s in r["steps"]]; out.append(r)
+        r = json.loads(line)
+        r["steps"] = [ZoomStep(**s) for s in r["steps"]]
+        out.append(r)
     return out
 
 def random_items(samples: Sequence[Sample], seed: int = 0, per_image: int = 1) -> list[dict]:
     "Fabricated evidence on random boxes (text of a flaw that is not there): Figure 5's random controls."
-    rng = np.random.default_rng(seed); out = []
+    rng = np.random.default_rng(seed)
+    out = []
     for s in samples:
-        im = load_image(s.image); W, H = im.width, im.height
+        im = load_image(s.image)
+        W, H = im.width, im.height
         avoid = [b.box.as_list() for b in s.boxes if b.box is not None]
         for _ in range(per_image):
             b = _random_box(rng, W, H, avoid)
@@ -274,7 +289,8 @@ def construct(samples: Sequence[Sample], proposer=None, votes: dict | None = Non
               seed: int = 0, variants: Sequence[str] = ("o3", "cot", "direct")) -> Constructed:
     "Candidate annotation -> verification (soft labels) -> rewriting, over `samples`."
     proposer = proposer or RuleProposer(seed)
-    out = Constructed(); n_cand = n_valid = n_unan = n_fake = 0
+    out = Constructed()
+    n_cand = n_valid = n_unan = n_fake = 0
     for s in samples:
         ann = proposer.propose(s)
         if ann.verdict != ("fake" if s.label else "real"):
@@ -283,13 +299,17 @@ def construct(samples: Sequence[Sample], proposer=None, votes: dict | None = Non
             v = votes.get(s.id, [])
             if len(v) != len(ann.key): raise ValueError(f"{s.id}: {len(v)} voted items for {len(ann.key)} key candidates")
         else: v = simulate_votes(ann, M, seed, key=s.id)
-        soft = soft_labels(v); keep = [m / mm > 0.5 for m, mm, _ in soft]
+        soft = soft_labels(v)
+        keep = [m / mm > 0.5 for m, mm, _ in soft]
         im = load_image(s.image)
         for c, (m, mm, y) in zip(ann.key, soft):
             out.verifier_items.append(dict(sample_id=s.id, image=s.image, box=norm_to_box(c.bbox, im.width, im.height).as_list(),
                                            text=c.text, m=m, M=mm, soft_label=y, kind=c.truth or "candidate"))
         if s.label:
-            n_fake += 1; n_cand += len(ann.key); n_valid += sum(keep); n_unan += sum(m in (0, mm) for m, mm, _ in soft)
+            n_fake += 1
+            n_cand += len(ann.key)
+            n_valid += sum(keep)
+            n_unan += sum(m in (0, mm) for m, mm, _ in soft)
         final = (rewriter or rewrite_rule)(s, ann, keep)
         out.annotations[s.id] = dict(candidate=ann.model_dump(), votes=v, rewritten=final.model_dump())
         for var in variants:

@@ -63,11 +63,14 @@ def table1_metrics(results: Sequence[ZoomResult], samples: Sequence[Sample]) -> 
     m = binary_metrics(y, p)
     ev = {"bleu1": [], "bleu2": [], "rouge_l": [], "iou": []}
     for r in results:
-        s = by[r.sample_id]; ref = _key(s)
+        s = by[r.sample_id]
+        ref = _key(s)
         if s.label != 1 or not ref: continue
         pred = r.answer.key_items if (r.valid and r.answer.verdict == "fake") else []
         c, t = " ".join(e.text for e in pred), " ".join(e.text for e in ref)
-        ev["bleu1"].append(bleu(c, t, 1)); ev["bleu2"].append(bleu(c, t, 2)); ev["rouge_l"].append(rouge_l(c, t))
+        ev["bleu1"].append(bleu(c, t, 1))
+        ev["bleu2"].append(bleu(c, t, 2))
+        ev["rouge_l"].append(rouge_l(c, t))
         ev["iou"].append(union_iou(pred, ref))
     fakes = [r for r in results if r.valid and r.answer.verdict == "fake"]
     return dict(acc=m["accuracy"], f1=m["f1"], **{k: float(np.mean(v)) if v else float("nan") for k, v in ev.items()},
@@ -78,7 +81,8 @@ def table1_metrics(results: Sequence[ZoomResult], samples: Sequence[Sample]) -> 
 def class_metrics(results: Sequence[ZoomResult], samples: Sequence[Sample]) -> dict:
     "Table 3's Real Acc, Fake Acc, Acc and F1 (invalid output = wrong)."
     by = {s.id: s for s in samples}
-    y = np.array([by[r.sample_id].label for r in results]); p = np.array([r.prediction if r.valid else 1 - by[r.sample_id].label for r in results])
+    y = np.array([by[r.sample_id].label for r in results])
+    p = np.array([r.prediction if r.valid else 1 - by[r.sample_id].label for r in results])
     m = binary_metrics(y, p)
     return dict(real_acc=float((p[y == 0] == 0).mean()) if (y == 0).any() else float("nan"),
                 fake_acc=float((p[y == 1] == 1).mean()) if (y == 1).any() else float("nan"), acc=m["accuracy"], f1=m["f1"], n=len(y))
@@ -128,7 +132,8 @@ def marked(image, item: EvidenceItem) -> Image.Image:
     "The image with the item's box outlined in red (unchanged when the item has no box)."
     im = load_image(image).pil()
     if item.box is not None:
-        d = ImageDraw.Draw(im); w = max(2, round(max(im.size) / 200))
+        d = ImageDraw.Draw(im)
+        w = max(2, round(max(im.size) / 200))
         d.rectangle(item.box.as_list(), outline=(255, 0, 0), width=w)
     return im
 
@@ -221,15 +226,20 @@ def judge_protocol(judge, cases: Sequence[tuple[str, object, list[EvidenceItem]]
     "Quality Score, Prior-Acc, Hit@Img and Hit@Evi (per prompt and mean) over `(id, image, items)` of fake images."
     if not cases: raise ValueError("the judge protocol needs at least one fake image")
     qs, prior, n_items, rows = [], [], [], []
-    hit_img = {l: [] for l in levels}; hit_evi = {l: [] for l in levels}
+    hit_img = {l: [] for l in levels}
+    hit_evi = {l: [] for l in levels}
     for cid, image, items in cases:
-        p = judge.prior(image); prior.append(p == "fake"); n_items.append(len(items))
+        p = judge.prior(image)
+        prior.append(p == "fake")
+        n_items.append(len(items))
         ratings = [judge.quality(image, it) for it in items]
         qs.append(float(np.mean([(r - 1) / 9 for r in ratings])) if ratings else 0.0)
         row = dict(id=cid, prior=p, n_items=len(items), ratings=ratings)
         for l in levels:
             v = [judge.persuaded(image, it, l) == "fake" for it in items]
-            hit_img[l].append(any(v)); hit_evi[l].extend(v); row[f"persuaded_{l}"] = v
+            hit_img[l].append(any(v))
+            hit_evi[l].extend(v)
+            row[f"persuaded_{l}"] = v
         rows.append(row)
     per = {l: dict(hit_img=float(np.mean(hit_img[l])), hit_evi=float(np.mean(hit_evi[l])) if hit_evi[l] else 0.0) for l in levels}
     return dict(judge=judge.judge_id, n_images=len(cases), avg_evi=float(np.mean(n_items)), qs=float(np.mean(qs)),
@@ -244,7 +254,9 @@ def perturb_image(image, kind: str) -> np.ndarray:
     im = load_image(image).pil()
     if kind == "original": return np.asarray(im)
     if kind == "jpeg70":
-        buf = io.BytesIO(); im.save(buf, "JPEG", quality=70); return np.asarray(Image.open(buf).convert("RGB"))
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=70)
+        return np.asarray(Image.open(buf).convert("RGB"))
     if kind == "blur1": return np.asarray(im.filter(ImageFilter.GaussianBlur(radius=1)))
     if kind == "resize0.5":
         return np.asarray(im.resize((max(1, round(im.width * 0.5)), max(1, round(im.height * 0.5))), Image.Resampling.BICUBIC))
@@ -255,7 +267,8 @@ def throughput(policy, images: Sequence, variant: str = "o3", max_turns: int = 6
     "Samples per second of `policy` over `images` (after `warmup` untimed episodes), with turns and tokens."
     images = list(images)
     for im in images[:warmup]: run_zoom(policy, im, variant, max_turns)
-    t0 = time.perf_counter(); res = [run_zoom(policy, im, variant, max_turns) for im in images]
+    t0 = time.perf_counter()
+    res = [run_zoom(policy, im, variant, max_turns) for im in images]
     dt = time.perf_counter() - t0
     return dict(policy=policy.policy_id, variant=variant, n=len(res), seconds=dt, samples_per_s=len(res) / dt if dt else float("nan"),
                 turns=float(np.mean([len(r.steps) for r in res])), output_tokens=float(np.mean([r.output_tokens for r in res])))
@@ -264,7 +277,8 @@ def throughput(policy, images: Sequence, variant: str = "o3", max_turns: int = 6
 def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", split: str | None = None,
                     dataset: str = "groundfake") -> list[Sample]:
     "Samples from a GroundFake-format folder (see above); `split` keeps only that split."
-    root = Path(root); path = root / annotations
+    root = Path(root)
+    path = root / annotations
     if not path.exists(): raise FileNotFoundError(f"no annotation file {path}; expected a .json list or .jsonl of records")
     text = path.read_text()
     recs = json.loads(text) if path.suffix == ".json" else [json.loads(l) for l in text.splitlines() if l.strip()]
@@ -272,7 +286,8 @@ def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", sp
     for i, r in enumerate(recs):
         where = f"{path}, record {i + 1}"
         if split is not None and r.get("split") != split: continue
-        lab = r.get("label"); lab = {"fake": 1, "real": 0, 1: 1, 0: 0, "1": 1, "0": 0}.get(lab)
+        lab = r.get("label")
+        lab = {"fake": 1, "real": 0, 1: 1, 0: 0, "1": 1, "0": 0}.get(lab)
         if lab is None: raise ValueError(f"{where}: label must be real/fake or 1/0, got {r.get('label')!r}")
         img = root / r["image"]
         if not img.exists(): raise FileNotFoundError(f"{where}: image {img} not found")
@@ -301,7 +316,8 @@ def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, se
         by = {l: [s for s in samples if s.label == l] for l in (0, 1)}
         keep = []
         for l, k in ((0, n // 2), (1, n - n // 2)):
-            idx = rng.permutation(len(by[l]))[:k]; keep += [by[l][i] for i in sorted(idx)]
+            idx = rng.permutation(len(by[l]))[:k]
+            keep += [by[l][i] for i in sorted(idx)]
         samples = sorted(keep, key=lambda s: s.id)
     return samples
 
@@ -315,7 +331,8 @@ def fitted_thresholds(n_fit: int = 60, seed: int = 0) -> dict[str, float]:
     from forensicslab.zoom.agent import fit_rule_thresholds
     reals = [s.image for s in load_study_data("artifacts", "train", seed=seed) if s.label == 0]
     th = fit_rule_thresholds(reals[:n_fit])
-    path.write_text(json.dumps(th)); return th
+    path.write_text(json.dumps(th))
+    return th
 
 
 def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, max_new_tokens: int = 512, **model_kw):
@@ -324,7 +341,8 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
     if spec.startswith("ckpt:"):
         from forensicslab.zoom.checkpoint import checkpoint_info
         from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint
-        folder = Path(spec[5:]); info = checkpoint_info(folder)
+        folder = Path(spec[5:])
+        info = checkpoint_info(folder)
         model, proc = load_checkpoint(folder)
         stamp = f"{folder.resolve()}|{(folder / 'zoom_train.json').stat().st_mtime_ns}"     # unique per checkpoint and save
         return HFZoomPolicy(model, proc, max_new_tokens=max_new_tokens, max_zooms=info["config"].get("max_zooms", max_zooms),

@@ -72,16 +72,19 @@ def union_iou(pred, ref) -> float:
     "IoU of the union of `pred` boxes with the union of `ref` boxes (`Box`es, pixel lists or `EvidenceItem`s)."
     P, R = _boxes(pred), _boxes(ref)
     if not P or not R: return 0.0
-    xs = sorted({v for b in P + R for v in (b.x1, b.x2)}); ys = sorted({v for b in P + R for v in (b.y1, b.y2)})
+    xs = sorted({v for b in P + R for v in (b.x1, b.x2)})
+    ys = sorted({v for b in P + R for v in (b.y1, b.y2)})
     inter = union = 0.0
     for i in range(len(xs) - 1):
-        cx = (xs[i] + xs[i + 1]) / 2; w = xs[i + 1] - xs[i]
+        cx = (xs[i] + xs[i + 1]) / 2
+        w = xs[i + 1] - xs[i]
         for j in range(len(ys) - 1):
             cy = (ys[j] + ys[j + 1]) / 2
             inp = any(b.x1 <= cx < b.x2 and b.y1 <= cy < b.y2 for b in P)
             inr = any(b.x1 <= cx < b.x2 and b.y1 <= cy < b.y2 for b in R)
             a = w * (ys[j + 1] - ys[j])
-            inter += a * (inp and inr); union += a * (inp or inr)
+            inter += a * (inp and inr)
+            union += a * (inp or inr)
     return inter / union if union else 0.0
 
 # %% ../../nbs/08c_zoom.rewards.ipynb #280a455a
@@ -127,7 +130,8 @@ def item_reward(score: float, cfg: RewardConfig = RewardConfig()) -> float:
 
 def aggregate_model_reward(item_rewards: Sequence[float], beta: float = 0.5) -> float:
     "Sum of the penalties plus the top-1 and beta x the top-2 of the non-negative item rewards."
-    neg = [r for r in item_rewards if r < 0]; pos = sorted((r for r in item_rewards if r >= 0), reverse=True)
+    neg = [r for r in item_rewards if r < 0]
+    pos = sorted((r for r in item_rewards if r >= 0), reverse=True)
     return sum(neg) + (pos[0] if pos else 0.0) + (beta * pos[1] if len(pos) > 1 else 0.0)
 
 def rule_reward(answer: ZoomAnswer, label: int, reference: Sequence[EvidenceItem],

@@ -218,8 +218,10 @@ def resolve_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[str
 
 def save_vlm(model, processor, path: str | Path) -> Path:
     "Write model weights, tokenizer, image processor and chat template to `path`."
-    path = Path(path); path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path); processor.save_pretrained(path)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
     return path
 
 def resolve_model_path(spec: str | Path) -> Path:

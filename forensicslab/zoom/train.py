@@ -253,7 +253,8 @@ from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 class ToolVLMCollator(DataCollatorForVisionLanguageModeling):
     "TRL's vision-language SFT collator, rendering each chat with the tool schema `tools` (assistant-only labels)."
     def __init__(self, *args, tools: list | None = None, **kw):
-        super().__init__(*args, **kw); self.tools = tools
+        super().__init__(*args, **kw)
+        self.tools = tools
 
     def _collate_language_modeling(self, examples):
         if "messages" not in examples[0]: raise KeyError("ToolVLMCollator expects conversational rows with 'messages'")
@@ -282,7 +283,9 @@ class CSVLogger(TrainerCallback):
         self.rows.append(row)
         cols = list(dict.fromkeys(k for r in self.rows for k in r))
         with open(self.path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols); w.writeheader(); w.writerows(self.rows)
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(self.rows)
 
 CURVES = {"loss": ["loss"], "reward": ["reward"],
           "reward parts": ["reward_parts/r_cls", "reward_parts/r_evi", "reward_parts/r_rule", "reward_parts/r_model"],
@@ -298,7 +301,8 @@ def read_curves(path: str | Path):
 
 def plot_curves(path: str | Path, out: str | Path | None = None, title: str = ""):
     "Plot the logged curves present in the CSV (one panel per `CURVES` entry); save to `out` when given."
-    import matplotlib; matplotlib.use("Agg")
+    import matplotlib
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     df = read_curves(path)
     panels = {t: [k for k in ks if k in df and df[k].notna().any()] for t, ks in CURVES.items()}
@@ -307,9 +311,12 @@ def plot_curves(path: str | Path, out: str | Path | None = None, title: str = ""
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3), squeeze=False)
     for ax, (t, ks) in zip(axes[0], panels.items()):
         for k in ks: ax.plot(df["step"], df[k], label=k.split("/")[-1], lw=1.2)
-        ax.set_title(t, fontsize=9); ax.set_xlabel("step", fontsize=8); ax.tick_params(labelsize=7)
+        ax.set_title(t, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
         if len(ks) > 1: ax.legend(fontsize=6)
-    fig.suptitle(title, fontsize=9); fig.tight_layout()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
     if out: fig.savefig(out, dpi=120)
     return fig
 
@@ -342,7 +349,8 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
             callbacks: Sequence = ()):
     "SFT with LoRA on trajectories; returns the trainer (its `.model` is the PEFT model). Curves go to `out_dir/sft_log.csv`."
     from trl import SFTConfig, SFTTrainer
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     output_dir, save_kw, resume = _trainer_dir(cfg, out_dir, "sft")
     args = SFTConfig(output_dir=output_dir, max_steps=cfg.sft_steps, num_train_epochs=cfg.sft_epochs,
                      per_device_train_batch_size=cfg.sft_per_device(world_size()), gradient_accumulation_steps=cfg.sft_grad_accum,
@@ -403,7 +411,8 @@ class HybridReward:
             b = zoom_reward(answer, smp.label, smp.boxes, image=im,
                             verifier=self._counting_verifier if self.verifier is not None else None, cfg=self.cfg)
             n_crops = sum(len(m.get("tool_calls") or []) for m in comp if isinstance(m, dict) and m.get("role") == "assistant")
-            totals.append(b.total); parts.append({**{k: getattr(b, k) for k in ("r_cls", "r_evi", "r_rule", "r_model", "iou")},
+            totals.append(b.total)
+            parts.append({**{k: getattr(b, k) for k in ("r_cls", "r_evi", "r_rule", "r_model", "iou")},
                                                    "valid_format": float(b.valid_format), "crops": float(n_crops),
                                                    "correct": float(answer is not None and answer.label == smp.label)})
         if log_metric is not None:
@@ -437,7 +446,8 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
              out_dir: str | Path, callbacks: Sequence = (), env_factory: Callable = ZoomEnv):
     "GRPO (DAPO settings) with the crop tool in the rollouts; returns the trainer. Curves go to `out_dir/grpo_log.csv`."
     from trl import GRPOConfig
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     output_dir, save_kw, resume = _trainer_dir(cfg, out_dir, "grpo")
     vllm = {}
     if cfg.use_vllm:
@@ -463,8 +473,10 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
 def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, cfg: ZoomTrainConfig,
                     extra: dict | None = None) -> Path:
     "Save the adapter, the processor and `zoom_train.json` (base folder, config, extra facts) to `path`."
-    path = Path(path); path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path); processor.save_pretrained(path)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
     meta = {"base_path": portable_path(base_path, path), "config": asdict(cfg), **(extra or {})}
     (path / "zoom_train.json").write_text(json.dumps(meta, indent=2, default=str))
     return path
@@ -511,7 +523,8 @@ class HFZoomPolicy:
         ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens,
                                   pad_token_id=self.processor.tokenizer.pad_token_id, **kw)
         new = ids[0, batch["input_ids"].shape[1]:]
-        ep.usage["input_tokens"] += int(batch["input_ids"].shape[1]); ep.usage["output_tokens"] += int(len(new))
+        ep.usage["input_tokens"] += int(batch["input_ids"].shape[1])
+        ep.usage["output_tokens"] += int(len(new))
         return self.processor.tokenizer.decode(new, skip_special_tokens=True)
 
 
@@ -528,7 +541,8 @@ def train_zoom(cfg: ZoomTrainConfig, trajectories: Sequence[dict], grpo_samples:
                verifier: Optional[Callable] = None, texts: Sequence[str] = (), skip_grpo: bool = False) -> dict:
     "SFT then GRPO; checkpoints under `out_dir/sft` and `out_dir/grpo`, curves in `out_dir/*_log.csv`, timings returned."
     torch.manual_seed(cfg.seed)
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     cfg.to_yaml(out_dir / "config.yaml")
     base_path = out_dir / "base" if cfg.base == "tiny" else Path(cfg.base)
     model, proc = load_policy(cfg, texts=texts, save_to=base_path if cfg.base == "tiny" else None)
@@ -553,15 +567,19 @@ def smoke_task(root: str | Path, n: int = 4, size: int = 96, seed: int = 0) -> t
     "Toy `(trajectories, samples)` written under `root`: a bright square, one zoom on it, a fake verdict with its box."
     from forensicslab.core import Box, EvidenceItem
     from forensicslab.zoom.agent import ZoomAnswer, steps_from_plan
-    root = Path(root); root.mkdir(parents=True, exist_ok=True)
-    r = np.random.default_rng(seed); trajs, samples = [], []
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    r = np.random.default_rng(seed)
+    trajs, samples = [], []
     side = max(8, size // 3)
     for i in range(n):
         rgb = np.full((size, size, 3), 100, np.uint8)
-        x, y = (int(v) for v in r.integers(0, size - side, 2)); rgb[y:y + side, x:x + side] = 240
+        x, y = (int(v) for v in r.integers(0, size - side, 2))
+        rgb[y:y + side, x:x + side] = 240
         box = [x, y, x + side, y + side]
         items = [EvidenceItem(text="bright patch without a light source", box=Box.from_list(box))]
-        path = root / f"square{i}.png"; Image.fromarray(rgb).save(path)
+        path = root / f"square{i}.png"
+        Image.fromarray(rgb).save(path)
         ans = ZoomAnswer.build("fake", "flat synthetic texture", items)
         trajs.append({"image": str(path), "steps": steps_from_plan([("check the bright square", box)], ans, "clear flaw")})
         samples.append(Sample(id=f"square{i}", image=str(path), label=1, boxes=[EvidenceItem(text="flat synthetic texture"), *items]))

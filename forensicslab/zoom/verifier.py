@@ -73,7 +73,8 @@ def verifier_crop(image: Image.Image, box: Sequence[float], min_side: int = 8) -
         if b - a >= min_side or size <= min_side: return (a, b) if b - a >= min_side else (0, size)
         c = min(max((a + b) / 2, min_side / 2), size - min_side / 2)
         return c - min_side / 2, c + min_side / 2
-    x1, x2 = grow(x1, x2, W); y1, y2 = grow(y1, y2, H)
+    x1, x2 = grow(x1, x2, W)
+    y1, y2 = grow(y1, y2, H)
     return image.crop((int(x1), int(y1), int(math.ceil(x2)), int(math.ceil(y2))))
 
 def verifier_messages(image, box: Sequence[float], text: str) -> list[dict]:
@@ -108,7 +109,8 @@ class EvidenceVerifier(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
         self.backbone, self.score = backbone, nn.Linear(hidden_size, 1)
-        nn.init.normal_(self.score.weight, std=0.02); nn.init.zeros_(self.score.bias)
+        nn.init.normal_(self.score.weight, std=0.02)
+        nn.init.zeros_(self.score.bias)
 
     @classmethod
     def from_vlm(cls, vlm) -> "EvidenceVerifier":
@@ -241,7 +243,8 @@ class Verifier:
 
     def to(self, device) -> "Verifier":
         "Move the model to `device` (e.g. `trainer.accelerator.device`); returns self."
-        self.model.to(device); return self
+        self.model.to(device)
+        return self
 
     @torch.no_grad()
     def score_items(self, items: Sequence[VerifierItem]) -> list[float]:
@@ -274,7 +277,8 @@ def save_verifier(verifier: Verifier | EvidenceVerifier, path: str | Path, base_
     "Write the trained tensors and a `verifier.json` that points at `base_path`."
     model = verifier.model if isinstance(verifier, Verifier) else verifier
     cfg = cfg or VerifierTrainConfig()
-    path = Path(path); path.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     save_file(state, str(path / "trainable.safetensors"))
     meta = {"base_path": portable_path(base_path, path), "lora": cfg.lora, "lora_r": cfg.lora_r,
