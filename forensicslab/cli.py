@@ -78,19 +78,20 @@ def reproduce_cmd(ctx: typer.Context,
     declared = {n: set(study_parameters(n)) for n in names}
     unused = sorted(k for k in given if not any(k in d for d in declared.values()))
     if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
-    failed = []
+    failed, roots = [], set()
     for n in names:
         t0 = time.time()
         typer.echo(f"== {n}")
         p = {"quick": quick, **{k: v for k, v in given.items() if k in declared[n]}}
         try:
             nb = run_study(n, p, out)
+            roots.add(nb.parent.parent)
             typer.echo(f"   ok in {time.time()-t0:.0f} s -> {nb.parent}")
         except Exception as e:
             failed.append(n)
             typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {_execution_failed(e)}", err=True)
-    root = Path(out) if out else project_root() / "outputs"
-    typer.echo(f"\nResults: {root.resolve()}")
+    root = Path(out) if out else (roots.pop() if len(roots) == 1 else project_root() / "outputs")
+    typer.echo(f"\nResults: {root.resolve()}" + (" (quick runs: a scratch folder, outputs/ untouched)" if quick and not out else ""))
     if failed:
         typer.echo(f"failed studies: {', '.join(failed)}", err=True)
         raise typer.Exit(1)

@@ -18,7 +18,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import project_root
+from .runs import project_root, study_output_dir
 
 # %% auto #0
 __all__ = ['STUDY_ORDER', 'StudyError', 'UnknownStudy', 'list_studies', 'study_path', 'study_parameters', 'parse_value',
@@ -110,6 +110,9 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     params = dict(params or {})
     check_parameters(nb, params)
     stem = Path(nb).stem
+    quick = bool(params.get("quick", False))
+    if out_dir is None and out_root is None and quick:
+        out_dir = study_output_dir(stem, quick=True)   # a quick run never writes over the reference outputs
     if out_dir is None: out_dir = (Path(out_root) if out_root else project_root() / "outputs") / stem
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -112,3 +112,16 @@ def test_every_image_command_refuses_bad_files_in_one_line(capsys, bad_files, co
     code, out, err = run_main(capsys, *args)
     assert code == 2, (out, err)
     assert err.startswith("error: ") and err.count("\n") == 1 and name in err and "Traceback" not in out + err, err
+
+
+def test_quick_study_never_writes_into_outputs(monkeypatch):
+    "Issue 19 item 3: `study NAME --quick` with no --out ran into outputs/<study> and overwrote the reference run."
+    import papermill
+    from forensicslab.studies import run_study
+    seen = {}
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, parameters, **kw: seen.update(dst=dst, p=parameters))
+    run_study("triage_table4", {"quick": True}, progress=False)
+    assert not seen["p"]["out_dir"].startswith(str(REPO / "outputs")) and "forensicslab-quick" in seen["p"]["out_dir"]
+    assert not seen["dst"].startswith(str(REPO / "outputs"))
+    run_study("triage_table4", {"quick": False}, progress=False)
+    assert seen["p"]["out_dir"] == str((REPO / "outputs" / "triage_table4").resolve())
