@@ -103,7 +103,7 @@ def write_config(docs: Path, site: Path, path: Path) -> Path:
         "docs_dir": str(docs), "site_dir": str(site), "use_directory_urls": False,
         "theme": {"name": "material", "font": False, "features": ["navigation.sections", "navigation.indexes"]},
         "plugins": [{"search": {}}, {"mkdocs-jupyter": {"execute": False, "include_source": True,
-                                                         "ignore_h1_titles": False, "include_requirejs": False}}],
+                                                         "ignore_h1_titles": True, "include_requirejs": False}}],
         "nav": course_nav(),
         "markdown_extensions": ["tables", "admonition", "pymdownx.details", "pymdownx.superfences"],
     }
