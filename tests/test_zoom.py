@@ -289,3 +289,29 @@ def test_trained_checkpoint_is_evaluated_by_the_study_helpers(tmp_path):
         m = table1_metrics(res, te)
         assert len(res) == 2 and 0 <= m["acc"] <= 1 and all(r.status in ("ok", "invalid_format", "turn_limit") for r in res)
     assert len(ids) == 2
+
+
+def test_zoom_cli_without_a_key_is_one_line(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    img = tmp_path / "x.png"
+    Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(img)
+    from forensicslab.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["zoom", str(img), "--policy", "openai:gpt-4o"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "OPENAI_API_KEY" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_zoom_cli_rule_output_says_what_it_is(tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+    from forensicslab.cli import app
+    img = tmp_path / "x.png"
+    Image.fromarray(_texture()).save(img)
+    r = CliRunner().invoke(app, ["zoom", str(img)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["answer"]["verdict"] == "real"                  # the shipped (fitted) thresholds: no false alarm here
+    assert "rule-based offline baseline" in out["about"] and "false alarms" in out["about"]

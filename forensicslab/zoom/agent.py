@@ -715,7 +715,7 @@ class RulePolicy:
         self.thresholds = dict(DEFAULT_THRESHOLDS, **(thresholds or {}))
         self.view_side, self.max_zooms = view_side, max_zooms
         th = json.dumps({k: round(float(v), 6) for k, v in sorted(self.thresholds.items())})
-        self.policy_id = f"rules:v1:view{view_side}:z{max_zooms}:{zlib.crc32(th.encode()):08x}"   # thresholds hashed in
+        self.policy_id = f"rules:v2:view{view_side}:z{max_zooms}:{zlib.crc32(th.encode()):08x}"   # v2: new text-cue wording; thresholds hashed in
 
     def _plan(self, ep: Episode) -> list[dict]:
         if "plan" not in ep.scratch:

@@ -25,7 +25,7 @@ from .agent import (ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box,
 # %% auto #0
 __all__ = ['Truth', 'SIM_ERROR', 'TrajStep', 'Candidate', 'Annotation', 'RuleProposer', 'LLMProposer', 'LLMRewriter',
            'simulate_votes', 'read_votes', 'soft_labels', 'rewrite_rule', 'annotation_answer', 'trajectory_steps',
-           'Constructed', 'load_trajectories', 'random_items', 'construct']
+           'Constructed', 'load_trajectories', 'random_items', 'construct', 'grounding_negatives']
 
 # %% ../../nbs/08b_zoom.construct.ipynb #1a010e7d
 Truth = Literal["valid", "wrong_box", "contradiction", "non_specific"]
@@ -319,4 +319,18 @@ def construct(samples: Sequence[Sample], proposer=None, votes: dict | None = Non
                      majority_valid_share=n_valid / max(n_cand, 1), unanimous_share=n_unan / max(n_cand, 1),
                      proposer=getattr(proposer, "source", type(proposer).__name__),
                      votes="csv" if votes is not None else f"simulated M={M} {SIM_ERROR}")
+    return out
+
+# %% ../../nbs/08b_zoom.construct.ipynb #aa940038
+def grounding_negatives(records: Sequence[dict], samples: Sequence[Sample], seed: int = 0, per_item: int = 1) -> list[dict]:
+    "Wrong-box copies (soft label 0) of the accepted verifier records: same image and text, a box away from every flaw."
+    by = {s.id: s for s in samples}
+    rng, out = np.random.default_rng([seed, 7]), []
+    for r in records:
+        if r.get("soft_label", 0) <= 0.5 or r["sample_id"] not in by: continue
+        s = by[r["sample_id"]]
+        im = load_image(s.image)
+        avoid = [b.box.as_list() for b in s.boxes if b.box is not None] + [list(r["box"])]
+        for _ in range(per_item):
+            out.append(dict(r, box=_random_box(rng, im.width, im.height, avoid), m=0, soft_label=0.0, kind="wrong_box_aug"))
     return out

@@ -55,7 +55,9 @@ def _pipeline_verifier(cfg: ZoomTrainConfig, base_path: Path, data: dict, out: P
     vcfg = VerifierTrainConfig(**{"lora": not tiny, "lr": 3e-3 if tiny else 1e-4, "freeze_vision": bool(tiny and cfg.vision),
                                   "seed": cfg.seed, **cfg.verifier})
     model, proc = new_verifier(base_path, vcfg, device=cfg.device, dtype="float32" if vcfg.autocast else cfg.dtype)
-    hist = train_verifier(model, proc, items_from_records(data["verifier_items"]), vcfg)
+    from forensicslab.zoom.construct import grounding_negatives
+    recs = data["verifier_items"] + (grounding_negatives(data["verifier_items"], data["pool"], seed=cfg.seed) if cfg.curriculum else [])
+    hist = train_verifier(model, proc, items_from_records(recs), vcfg)
     ver = Verifier(model, proc)
     if _is_main(): save_verifier(ver, out / "verifier", base_path, vcfg, extra={"steps": len(hist)})
     log(f"verifier: {len(hist)} steps, loss {np.mean(hist[:3]):.3f} -> {np.mean(hist[-3:]):.3f}")
