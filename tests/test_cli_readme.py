@@ -31,8 +31,8 @@ QUICK = {
     "forensicslab study triage_table4 --quick": (SLOW, "forensicslab study triage_table4 --quick -p n_boot 50"),
     'forensicslab study triage_table4 -p backbone "openai:gpt-4o" -y collections "[ood]" -p seed 1':
         (SLOW, 'forensicslab study triage_table4 --quick -p backbone "" -y collections "[ood]" -p seed 1 -p n_boot 50'),
-    'papermill nbs/studies/triage_table4.ipynb out.ipynb -p quick True -y collections "[ood]"':
-        (SLOW, 'papermill nbs/studies/triage_table4.ipynb {tmp}/out.ipynb -p quick True -y collections "[ood]" -p n_boot 50'),
+    'papermill nbs/studies/triage_table4.ipynb out.ipynb -p quick True -y "collections: [ood]"':
+        (SLOW, 'papermill nbs/studies/triage_table4.ipynb {tmp}/out.ipynb -p quick True -y "collections: [ood]" -p n_boot 50'),
     "forensicslab batch grids/triage_table4_quick_seeds.yaml": (SLOW, None),
     "forensicslab batch grids/triage_table4_backbones.yaml": (SKIP, "needs an OpenAI key and a Gemma server; its grid is checked by tests/test_cli_batch.py"),
     "forensicslab --help": (AS_IS, None),
