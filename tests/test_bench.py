@@ -31,7 +31,15 @@ def test_counts_and_labels(tiny):
         assert x.label == 0 or x.family == GROUPS[x.provenance["group"]]
     ood_fams = [x.family for x in s["ood"] if x.label]
     assert {f: ood_fams.count(f) for f in set(ood_fams)} == {f: SIZES.ood_per_family for f in FAMILIES}
-    assert sum(1 - x.label for x in s["ood"]) == SIZES.ood_authentic
+    assert sum(1 - x.label for x in s["ood"]) == SIZES.ood_authentic + SIZES.ood_processed
+    proc = [x for x in s["ood"] if x.provenance["domain"].startswith("processed_")]
+    assert len(proc) == SIZES.ood_processed and all(x.label == 0 and x.family is None for x in proc)
+    assert {x.provenance["domain"] for x in proc} == {f"processed_{k}" for k in bench.PROCESSINGS}
+    for x in proc:   # the processing really happened: JPEG generations, screenshots as PNG, recorded parameters
+        k = x.provenance["domain"][len("processed_"):]
+        assert x.provenance["recipe"] == f"authentic_{k}" and x.provenance["params"]["processing"] == k
+        assert (x.provenance["format"] == "PNG") == (k == "screenshot"), x.id
+        if k == "recompress": assert len(x.provenance["params"]["qualities"]) >= 2
     for c in COLLECTIONS:
         for x in s[c]:
             assert (x.mask is not None) == (x.label == 1 and x.family != "synthesis"), x.id
@@ -112,10 +120,10 @@ def test_cli_build_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_full_build_time_and_counts(tmp_path):
-    "The default build from nothing, counts as in the paper (240 = 135 + 105, 200 = 5 x 20 + 100)."
+    "The default build from nothing, counts as in the paper (240 = 135 + 105, 200 = 5 x 20 + 100) plus 70 processed authentic OOD images."
     root = ensure_bench(tmp_path / "full", seed=0)
     idc, ood = load_bench("id", root), load_bench("ood", root)
     assert (len(idc), sum(s.label for s in idc)) == (240, 135)
-    assert (len(ood), sum(s.label for s in ood)) == (200, 100)
+    assert (len(ood), sum(s.label for s in ood)) == (270, 100)
     tr = load_bench("train", root)
     assert sum(s.family == "synthesis" for s in tr) >= 60 and sum(s.family == "gen_inpaint" for s in tr) >= 60

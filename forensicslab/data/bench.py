@@ -28,11 +28,11 @@ from ..imageio import load_image
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS', 'lfw_faces', 'Crop',
-           'random_crop', 'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice', 'face_edit',
-           'jpeg_roundtrip', 'camera_demosaic', 'BenchSizes', 'spread', 'default_root', 'contact_sheet',
-           'shortcut_checks', 'write_card', 'BenchError', 'BenchMissing', 'build_bench', 'bench_info', 'ensure_bench',
-           'load_bench', 'mask_leak']
+__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS',
+           'lfw_faces', 'Crop', 'random_crop', 'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move',
+           'splice', 'face_edit', 'jpeg_roundtrip', 'camera_demosaic', 'process_authentic', 'BenchSizes', 'spread',
+           'default_root', 'contact_sheet', 'shortcut_checks', 'write_card', 'BenchError', 'BenchMissing',
+           'build_bench', 'bench_info', 'ensure_bench', 'load_bench', 'mask_leak']
 
 # %% ../../nbs/03_data.bench.ipynb #3373238e
 ID_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "motorcycle_left", "motorcycle_right", "hubble")
@@ -311,6 +311,83 @@ def camera_demosaic(rgb: np.ndarray, method: str = "bilinear") -> np.ndarray:
     raw[1::2, 1::2] = bgr[1::2, 1::2, 2]
     return np.ascontiguousarray(cv2.cvtColor(raw, _DEMOSAIC[method]))
 
+# %% ../../nbs/03_data.bench.ipynb #267ab363
+PROCESSINGS = ("resize", "recompress", "sharpen", "screenshot", "text", "sticker", "tonemap")
+"Everyday processings applied to authentic photographs in the `ood` collection (label 0 all the same)."
+
+_WORDS = ("SALE", "Happy birthday!", "lol", "#tbt", "Breaking", "Summer 2024", "wow", "me rn", "Paris", "OMG")
+
+def _outlined_text(rgb: np.ndarray, text: str, org, scale: float, colour) -> None:
+    cv2.putText(rgb, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), max(2, int(4 * scale)), cv2.LINE_AA)
+    cv2.putText(rgb, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, max(1, int(2 * scale)), cv2.LINE_AA)
+
+
+# %% ../../nbs/03_data.bench.ipynb #1fa0a96e
+def process_authentic(rgb: np.ndarray, rng: np.random.Generator, kind: str) -> tuple[np.ndarray, dict, str, Optional[int]]:
+    "Apply one everyday processing `kind` (see `PROCESSINGS`) to an authentic image: (pixels, params, format, JPEG quality)."
+    h, w = rgb.shape[:2]
+    out, p = np.ascontiguousarray(rgb).copy(), {"processing": kind}
+    if kind == "resize":          # downscaled for upload, shown (and saved) at the original size
+        s = float(rng.uniform(0.45, 0.8))
+        small = cv2.resize(out, (max(8, int(w * s)), max(8, int(h * s))), interpolation=cv2.INTER_AREA)
+        out = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
+        p.update(scale=round(s, 3))
+        q = int(rng.integers(75, 93))
+    elif kind == "recompress":    # shared again and again: two or three JPEG generations
+        qs = [int(v) for v in rng.integers(50, 96, int(rng.integers(2, 4)))]
+        for qq in qs[:-1]: out = jpeg_roundtrip(out, qq)
+        p.update(qualities=qs)
+        q = qs[-1]
+    elif kind == "sharpen":       # unsharp mask, as phone galleries and editors apply
+        a, sg = float(rng.uniform(0.6, 1.8)), float(rng.uniform(0.8, 2.0))
+        blur = cv2.GaussianBlur(out.astype(np.float32), (0, 0), sg)
+        out = np.clip(out + a * (out - blur), 0, 255).astype(np.uint8)
+        p.update(amount=round(a, 3), sigma=round(sg, 3))
+        q = int(rng.integers(85, 96))
+    elif kind == "screenshot":    # the photo shown smaller inside an app frame, captured as PNG
+        s = float(rng.uniform(0.6, 0.85))
+        canvas = np.full_like(out, int(rng.integers(230, 256)))
+        canvas[: max(4, h // 10)] = int(rng.integers(20, 80))
+        ph, pw = int(h * s), int(w * s)
+        y0, x0 = h // 10 + (h - h // 10 - ph) // 2, (w - pw) // 2
+        canvas[y0:y0 + ph, x0:x0 + pw] = cv2.resize(out, (pw, ph), interpolation=cv2.INTER_AREA)
+        _outlined_text(canvas, "12:0" + str(int(rng.integers(10))), (4, max(10, h // 14)), 0.35 * w / 256, (255, 255, 255))
+        out, q = canvas, None
+        p.update(scale=round(s, 3))
+    elif kind == "text":          # a caption or meme text burnt in
+        t = _WORDS[int(rng.integers(len(_WORDS)))]
+        sc = float(rng.uniform(0.5, 1.0)) * w / 256
+        org = (int(rng.integers(2, max(3, w // 3))), int(rng.integers(h // 5, h - 4)))
+        _outlined_text(out, t, org, sc, (255, 255, 255) if rng.random() < 0.7 else (255, 230, 0))
+        p.update(text=t, scale=round(sc, 3))
+        q = int(rng.integers(80, 94))
+    elif kind == "sticker":       # flat, hard-edged emoji-like stickers pasted on
+        n = int(rng.integers(1, 4))
+        for _ in range(n):
+            r = int(rng.integers(h // 14, h // 6))
+            cx, cy = int(rng.integers(r, w - r)), int(rng.integers(r, h - r))
+            col = tuple(int(v) for v in rng.integers(0, 256, 3))
+            cv2.circle(out, (cx, cy), r, col, -1, cv2.LINE_AA)
+            cv2.circle(out, (cx - r // 3, cy - r // 4), max(1, r // 7), (0, 0, 0), -1)
+            cv2.circle(out, (cx + r // 3, cy - r // 4), max(1, r // 7), (0, 0, 0), -1)
+            cv2.ellipse(out, (cx, cy + r // 6), (r // 2, r // 3), 0, 10, 170, (0, 0, 0), max(1, r // 10))
+        p.update(stickers=n)
+        q = int(rng.integers(80, 94))
+    elif kind == "tonemap":       # HDR-like local contrast (CLAHE on lightness) and a saturation boost
+        lab = cv2.cvtColor(out, cv2.COLOR_RGB2LAB)
+        clip = float(rng.uniform(2.0, 4.0))
+        lab[..., 0] = cv2.createCLAHE(clipLimit=clip, tileGridSize=(8, 8)).apply(lab[..., 0])
+        out = cv2.cvtColor(lab, cv2.COLOR_LAB2RGB)
+        hsv = cv2.cvtColor(out, cv2.COLOR_RGB2HSV).astype(np.float32)
+        sat = float(rng.uniform(1.1, 1.4))
+        hsv[..., 1] = np.clip(hsv[..., 1] * sat, 0, 255)
+        out = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)
+        p.update(clahe_clip=round(clip, 3), saturation=round(sat, 3))
+        q = int(rng.integers(85, 96))
+    else: raise ValueError(f"unknown processing {kind!r}; use one of {PROCESSINGS}")
+    if q is not None: p.update(quality=q)
+    return np.ascontiguousarray(out, dtype=np.uint8), p, ("JPEG" if q is not None else "PNG"), q
+
 # %% ../../nbs/03_data.bench.ipynb #f79ecd29
 _TRAIN_FAKE = {"spectral": 40, "npr": 40, "face_blend": 30, "inpaint_net": 80, "noise": 30, "adq": 25, "copymove": 25, "cfa": 25}
 _TRAIN_REAL = {"spectral": 30, "npr": 30, "face_blend": 25, "inpaint_net": 40, "noise": 20, "adq": 20, "copymove": 15, "cfa": 20}
@@ -322,6 +399,7 @@ class BenchSizes:
     id_authentic: int = 105
     ood_per_family: int = 20
     ood_authentic: int = 100
+    ood_processed: int = 70
     train_manipulated: dict = field(default_factory=lambda: dict(_TRAIN_FAKE))
     train_authentic: dict = field(default_factory=lambda: dict(_TRAIN_REAL))
     image: int = 256
@@ -331,7 +409,7 @@ class BenchSizes:
     @classmethod
     def tiny(cls, per_group: int = 1) -> "BenchSizes":
         "A few images per group and family, generators trained for a few steps (for tests)."
-        return cls(id_manipulated=8 * per_group, id_authentic=8 * per_group, ood_per_family=per_group, ood_authentic=5 * per_group,
+        return cls(id_manipulated=8 * per_group, id_authentic=8 * per_group, ood_per_family=per_group, ood_authentic=5 * per_group, ood_processed=len(PROCESSINGS) * per_group,
                    train_manipulated={g: per_group for g in GROUPS}, train_authentic={g: per_group for g in GROUPS},
                    image=128, vae_steps=4, fill_steps=4)
 
@@ -438,6 +516,11 @@ class _Maker:
     # --- OOD: other photos, parameters and generators, then post-processing ----------------
     def ood_item(self, rng, family: str, label: int) -> _Made:
         P = tuple(p for p in OOD_PHOTOS if p != "grace_hopper")
+        if family.startswith("processed_"):   # an authentic photo after one everyday processing
+            c, host = self._crop(rng, OOD_PHOTOS)
+            kind = family[len("processed_"):]
+            rgb, params, fmt, q = process_authentic(host, rng, kind)
+            return _Made(rgb, None, fmt, q, f"authentic_{kind}", None, params, [asdict(c)])
         if family == "face":
             c, host = self._crop(rng, ("grace_hopper",), face=True)
             if not label: m = _Made(host, None, "PNG", None, "authentic", None, {}, [asdict(c)])
@@ -528,7 +611,7 @@ def _train_models(root: Path, seed: int, sizes: BenchSizes, log: Callable) -> di
     return out
 
 # %% ../../nbs/03_data.bench.ipynb #3fa2002d
-BENCH_VERSION = "3"
+BENCH_VERSION = "4"
 DATASET = "forensicslab-bench"
 
 def default_root() -> Path:
@@ -557,7 +640,9 @@ def _plan(coll: str, sizes: BenchSizes) -> list[tuple[str, int, int]]:
     if coll == "ood":
         fams = IMAGE_FAMILIES
         out = [(f, 1, i) for f in fams for i in range(sizes.ood_per_family)]
-        return out + [(f, 0, i) for f, n in spread(sizes.ood_authentic, fams).items() for i in range(n)]
+        out += [(f, 0, i) for f, n in spread(sizes.ood_authentic, fams).items() for i in range(n)]
+        proc = spread(sizes.ood_processed, PROCESSINGS)   # last, so the items above are unchanged
+        return out + [(f"processed_{k}", 0, i) for k, n in proc.items() for i in range(n)]
     fake = spread(sizes.id_manipulated, GROUPS) if coll == "id" else {g: sizes.train_manipulated.get(g, 0) for g in GROUPS}
     real = spread(sizes.id_authentic, GROUPS) if coll == "id" else {g: sizes.train_authentic.get(g, 0) for g in GROUPS}
     return [(g, 1, i) for g in GROUPS for i in range(fake[g])] + [(g, 0, i) for g in GROUPS for i in range(real[g])]
@@ -700,6 +785,10 @@ copy-move, feathered splices on a non-aligned JPEG history, larger Telea/NS radi
 masks, stronger face edits), a bilinear-up-sampling VAE and fill network instead of the
 transposed-convolution ones, then for every image (authentic or not, same distribution) a resize
 with probability 0.6 (to 0.6-1.5x) and a JPEG re-compression with probability 0.75 (quality 60-95).
+It also holds authentic photographs after one everyday processing each (resized for upload, two or
+three JPEG generations, unsharp-mask sharpening, a screenshot inside an app frame, burnt-in text,
+stickers, HDR-like tone mapping; `domain` = `processed_<kind>`), so that out-of-scope firing on
+realistic authentic photos is exercised offline.
 
 ## Shortcut checks
 

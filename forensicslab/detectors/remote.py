@@ -111,7 +111,7 @@ def image_bytes(image: ImageSource) -> bytes:
     Image.fromarray(img.rgb).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
-# %% ../../nbs/04b_detectors.remote.ipynb #bb41aa80
+# %% ../../nbs/04b_detectors.remote.ipynb #f7b878f8
 def load_plugin(spec: str) -> None:
     "Import a module by name, or a `.py` file by path, so the detectors it registers become available."
     p = Path(spec)
@@ -125,7 +125,7 @@ def load_plugin(spec: str) -> None:
     else: importlib.import_module(spec)
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #48787c3f
+# %% ../../nbs/04b_detectors.remote.ipynb #bfb4876a
 class _Refusal(Exception):
     "An HTTP error answer decided while reading a request: status code and message."
     def __init__(self, code: int, message: str):
@@ -155,7 +155,7 @@ def read_body(rfile, n: int, chunk: int = 2**20) -> bytes:
     return bytes(buf)
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #4022d29f
+# %% ../../nbs/04b_detectors.remote.ipynb #4e31af93
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS) -> LoadedImage:
     "Decode image file bytes with the loader's pixel cap (run inside the concurrency slot)."
     try: return load_image(data, max_pixels=max_pixels)
@@ -182,7 +182,7 @@ def parse_request(body: bytes, max_pixels: int = MAX_PIXELS) -> bytes:
     return data
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #5237421d
+# %% ../../nbs/04b_detectors.remote.ipynb #8a5bb247
 class _Handler(BaseHTTPRequestHandler):
     server_version = "forensicslab-detector/" + PROTOCOL
     protocol_version = "HTTP/1.1"
@@ -211,7 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
         else: self._send(404, {"error": f"unknown route {self.path}; routes: /v1/health, /v1/card, /v1/detect"})
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #71548423
+# %% ../../nbs/04b_detectors.remote.ipynb #1936e0ab
 def _detect_answer(det, img: LoadedImage) -> dict:
     "Run `det` on `img` and build the protocol's answer (raises on a detector failure)."
     t0 = time.perf_counter()
@@ -259,7 +259,7 @@ def _do_post(self):
 _Handler.do_POST = _do_post
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #e0e348e4
+# %% ../../nbs/04b_detectors.remote.ipynb #8a8ff08c
 class DetectorServer(ThreadingHTTPServer):
     "A `ThreadingHTTPServer` for one detector, with a configurable listen backlog."
     daemon_threads = True
@@ -301,7 +301,7 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
     finally: srv.server_close()
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #139fb3e5
+# %% ../../nbs/04b_detectors.remote.ipynb #bcd91b18
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 class RemoteDetector:
@@ -324,7 +324,7 @@ class RemoteDetector:
     def __repr__(self): return f"RemoteDetector({self.url!r}, id={self.card.id!r})"
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #8e70bd7a
+# %% ../../nbs/04b_detectors.remote.ipynb #213a8176
 def _call_once(self, method: str, url: str, body: bytes | None):
     "One HTTP exchange: (status, body bytes), the answer read in chunks up to the response limit."
     with httpx.Client(timeout=self.timeout) as c, \
@@ -370,7 +370,7 @@ def _call(self, method: str, route: str, schema=None, body: bytes | None = None)
 RemoteDetector._call = _call
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #5c6bf6df
+# %% ../../nbs/04b_detectors.remote.ipynb #80a8c262
 def _health(self) -> Health:
     "The server's health record."
     return self._call("GET", "/v1/health", Health)
@@ -400,7 +400,7 @@ RemoteDetector.health = _health
 RemoteDetector.detect = _detect
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #b1da7b6f
+# %% ../../nbs/04b_detectors.remote.ipynb #5c07ae7a
 def register_remote(name: str, url: str, check: bool = True, **kw) -> None:
     """Register the detector served at `url` (see `forensicslab.detectors.remote`) under `name`; its card comes
     from the server's `/v1/card`, carried under `name` (so `--list`, `get_card` and `load_card` find it)."""
