@@ -311,7 +311,7 @@ def camera_demosaic(rgb: np.ndarray, method: str = "bilinear") -> np.ndarray:
     raw[1::2, 1::2] = bgr[1::2, 1::2, 2]
     return np.ascontiguousarray(cv2.cvtColor(raw, _DEMOSAIC[method]))
 
-# %% ../../nbs/03_data.bench.ipynb #267ab363
+# %% ../../nbs/03_data.bench.ipynb #bfad537b
 PROCESSINGS = ("resize", "recompress", "sharpen", "screenshot", "text", "sticker", "tonemap")
 "Everyday processings applied to authentic photographs in the `ood` collection (label 0 all the same)."
 
@@ -322,7 +322,7 @@ def _outlined_text(rgb: np.ndarray, text: str, org, scale: float, colour) -> Non
     cv2.putText(rgb, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, max(1, int(2 * scale)), cv2.LINE_AA)
 
 
-# %% ../../nbs/03_data.bench.ipynb #1fa0a96e
+# %% ../../nbs/03_data.bench.ipynb #1326eb25
 def process_authentic(rgb: np.ndarray, rng: np.random.Generator, kind: str) -> tuple[np.ndarray, dict, str, Optional[int]]:
     "Apply one everyday processing `kind` (see `PROCESSINGS`) to an authentic image: (pixels, params, format, JPEG quality)."
     h, w = rgb.shape[:2]
@@ -448,6 +448,7 @@ class _Made:
     sources: list
     reference: Optional[np.ndarray] = None  # the same pipeline without the edit (local edits only)
 
+# %% ../../nbs/03_data.bench.ipynb #9ccc25ff
 class _Maker:
     def __init__(self, models: dict, size: int):
         self.models, self.size, self.used = models, size, set()
@@ -647,6 +648,7 @@ def _plan(coll: str, sizes: BenchSizes) -> list[tuple[str, int, int]]:
     real = spread(sizes.id_authentic, GROUPS) if coll == "id" else {g: sizes.train_authentic.get(g, 0) for g in GROUPS}
     return [(g, 1, i) for g in GROUPS for i in range(fake[g])] + [(g, 0, i) for g in GROUPS for i in range(real[g])]
 
+# %% ../../nbs/03_data.bench.ipynb #557e798b
 def _build_collection(tmp: Path, coll: str, seed: int, sizes: BenchSizes, maker: _Maker, references: bool,
                       log: Callable) -> list[Sample]:
     d = tmp / coll
@@ -742,6 +744,7 @@ def shortcut_checks(samples: list[Sample], root: str | Path) -> dict[str, dict[s
                      "sharpness": round(float(np.mean([np.abs(cv2.Laplacian(i.grey, cv2.CV_32F)).mean() for i in ims])), 2)}
     return out
 
+# %% ../../nbs/03_data.bench.ipynb #85968843
 def write_card(root: Path, colls: dict[str, list[Sample]], info: dict) -> Path:
     "Write the dataset card `README.md` of a built benchmark."
     checks = {c: shortcut_checks(ss, root) for c, ss in colls.items()}
@@ -867,6 +870,7 @@ def bench_info(root: str | Path | None = None) -> Optional[dict]:
     p = Path(root or default_root()) / "bench.json"
     return json.loads(p.read_text()) if p.exists() else None
 
+# %% ../../nbs/03_data.bench.ipynb #d109ca30
 def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[BenchSizes] = None, force: bool = False,
                  references: bool = False, log: Callable[[str], None] = print) -> Path:
     "Return the root of a built benchmark with this seed and these sizes, building it first if missing (cached)."

@@ -85,6 +85,7 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
     if panels:
         for k, p in write_panels(img, res, panels).items(): typer.echo(f"panel {k}: {p}", err=as_json)
 
+# %% ../../nbs/04l_detectors.cli.ipynb #27e4ca9a
 def serve_detector(name: str = typer.Argument(..., help="Registered detector id to serve."),
                    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
                    port: int = typer.Option(8765, help="Port (0 = pick a free one and print it)."),

@@ -165,6 +165,7 @@ def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop
         if log and (step + 1) % log_every == 0: log(f"npr step {step+1}/{steps} loss {loss.item():.4f}")
     return model.eval()
 
+# %% ../../nbs/04i_detectors.learned.ipynb #9a8221a4
 def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 16, crop: int = 96, lr: float = 2e-3,
                       seed: int = 0, log_every: int = 100, log=print) -> FillSegNet:
     "Train `FillSegNet` on generative-inpainting images with masks against authentic ones of the `train` collection."

@@ -214,6 +214,7 @@ def discover(force: bool = False) -> None:
                 warnings.warn(f"detector plug-in {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}")
         for hook in DISCOVERY_HOOKS: hook()
 
+# %% ../../nbs/04_detectors.pool.ipynb #583ba016
 def discovery_errors() -> dict[str, str]:
     "Detector modules or plug-ins that failed to load, with the error."
     discover()
@@ -240,7 +241,6 @@ def get_detector(name: str) -> Detector:
 def get_card(name: str) -> ToolCard:
     "The tool card of a registered detector."
     return get_detector(name).card
-
 
 # %% ../../nbs/04_detectors.pool.ipynb #28c656db
 def pool_table(names: Iterable[str] | None = None) -> list[dict]:
@@ -400,6 +400,7 @@ def _job(det, view, det_id, slot, background: bool = False):
     except BaseException as e: slot["e"] = e
     finally: slot["t"] = time.perf_counter() - t0
 
+# %% ../../nbs/04_detectors.pool.ipynb #c3154b69
 def _failed(det_id: str, version: str, status: str, error: str, runtime: float, threshold: float = 0.5) -> Detection:
     return Detection(detector=det_id, version=version, status=status, error=error, runtime_s=round(runtime, 4),
                      threshold=threshold)
@@ -590,6 +591,7 @@ def composite_panels(image: ImageSource, detections: dict[str, Detection], tile:
         raw.append(_tile(jet(hm), _label(d), tile, font))
     return _grid(over), _grid(raw)
 
+# %% ../../nbs/04_detectors.pool.ipynb #a2b5df0c
 def write_panels(image: ImageSource, detections: dict[str, Detection], out_dir: str | Path,
                  side: int = 512, tile: int = 384) -> dict[str, Path]:
     "Write `<id>_panel.png` per map detector and `composite_overlay.png`, `composite_raw.png`; returns the paths."
