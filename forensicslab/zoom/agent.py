@@ -217,6 +217,7 @@ def _json(s: str, what: str, fixed: list | None = None):
     if fixed is not None: fixed.append(what)
     return out
 
+# %% ../../nbs/08_zoom.agent.ipynb #0a556aca
 def _errmsg(e: Exception) -> str:
     if hasattr(e, "errors"):
         return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'answer'}: {d['msg']}" for d in e.errors())
@@ -416,6 +417,7 @@ def _ask_turn(policy, ep: Episode, size) -> tuple[str, Action, float]:
     text = text if isinstance(text, str) else repr(text)
     return text, parse_action(text, ep.variant, size), time.perf_counter() - t
 
+# %% ../../nbs/08_zoom.agent.ipynb #f4fad5eb
 def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,
              crop_kw: dict | None = None, reask: int = 1) -> ZoomResult:
     "Run one episode of `policy` on `image`; an unusable turn is asked again `reask` times before `invalid_format`."
@@ -553,6 +555,7 @@ def _text_misalignment(g: np.ndarray) -> float:
     mh = np.median(hgt[keep])
     return float((tops.std() + bots.std()) / mh)
 
+# %% ../../nbs/08_zoom.agent.ipynb #8849fdbc
 def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
                       max_dist: float = 1.5) -> tuple[float, Optional[list[int]]]:
     "Exact or mirrored repeats of textured blocks: `(number of blocks in the best agreeing group, box around both copies)`."
@@ -627,6 +630,7 @@ def _windows(W, H, frac=(0.22, 0.34), steps=6):
         for x in np.linspace(0, W - sw, 5).astype(int): out.append([int(x), int(y), int(x + sw), int(y + sh)])
     return out
 
+# %% ../../nbs/08_zoom.agent.ipynb #7dfae550
 def _box_mean(ii, b):
     "Mean over box `[x1, y1, x2, y2]` from an integral image `ii` (shape H+1 x W+1)."
     x1, y1, x2, y2 = b
@@ -671,6 +675,7 @@ def candidates(rgb: np.ndarray, thresholds: dict = DEFAULT_THRESHOLDS, view_side
         if all(_iou(c["box"], p["box"]) < 0.3 for p in picked): picked.append(c)
     return picked
 
+# %% ../../nbs/08_zoom.agent.ipynb #61d34dfe
 def _iou(a, b):
     ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
@@ -758,6 +763,7 @@ class RulePolicy:
         kinds = ", ".join(sorted({c["cue"] for c in hits}))
         return ZoomAnswer.build("fake", f"The image is photographic overall, but local measurements flag {kinds} in {len(hits)} region(s).", items)
 
+# %% ../../nbs/08_zoom.agent.ipynb #b091785c
 def where_phrase(box, width: int, height: int) -> str:
     "A location phrase for a pixel box ('in the upper left', 'at the centre', ...)."
     cx, cy = (box[0] + box[2]) / 2 / width, (box[1] + box[3]) / 2 / height

@@ -91,6 +91,7 @@ def _place(rng, W, H, w, h, margin=4):
 
 _WORDS = ["OPEN", "CAFE", "EXIT", "HOTEL", "PARKING", "BAKERY", "MARKET", "POLICE", "STATION", "BOOKS", "PHARMACY", "TAXI"]
 
+# %% ../../nbs/08a_zoom.artifacts.ipynb #888e06a4
 def _sign(rgb, rng, mode: str):
     "Draw a sign; mode 'legible' (real words), 'glyphs' (broken letters) or 'melted' (words cut into shifted strips)."
     H, W = rgb.shape[:2]
@@ -177,6 +178,7 @@ _GLOBAL_REAL = ["Lighting, textures and structures agree across the frame; nothi
                 "The image is coherent everywhere: consistent light, natural detail and legible content.",
                 "No region shows a generation flaw; the scene is physically and visually consistent."]
 
+# %% ../../nbs/08a_zoom.artifacts.ipynb #fb1d2f96
 def _text(key, rng, box, W, H, **kw): return str(rng.choice(_T[key])).format(w=where(box, W, H), **kw)
 
 def _feather(h, w, edge=3):
@@ -226,6 +228,7 @@ def render_distorted(rgb, rng, ood=False):
     box = [x, y, x + s, y + s]
     return out, box, _text("distorted_ood" if ood else "distorted", rng, box, W, H)
 
+# %% ../../nbs/08a_zoom.artifacts.ipynb #b9fc24c7
 def render_repeat(rgb, rng, ood=False):
     H, W = rgb.shape[:2]
     s = int(min(H, W) * rng.uniform(0.16, 0.24))
@@ -345,6 +348,7 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
     man.write_text(json.dumps(dict(cfg, config_hash=h, splits=SPLITS), indent=2, default=str))
     return root
 
+# %% ../../nbs/08a_zoom.artifacts.ipynb #e3a4c17c
 def load_artifacts(split: str, root: str | Path | None = None) -> list[Sample]:
     "The samples of `split` (`train`, `test`, `ood`) with absolute image paths; builds the benchmark if needed."
     if split not in SPLITS: raise ValueError(f"unknown split {split!r}; use one of {list(SPLITS)}")

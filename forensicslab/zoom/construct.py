@@ -78,6 +78,7 @@ def _random_box(rng, W, H, avoid=None, frac=(0.15, 0.3)):
         if avoid is None or all(_overlap(b, a) == 0 for a in avoid): return b
     return b
 
+# %% ../../nbs/08b_zoom.construct.ipynb #c763a443
 def _overlap(a, b):
     ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
@@ -285,6 +286,7 @@ def random_items(samples: Sequence[Sample], seed: int = 0, per_image: int = 1) -
                             m=0, M=0, soft_label=0.0, kind="random_fake" if s.label else "random_real"))
     return out
 
+# %% ../../nbs/08b_zoom.construct.ipynb #44846bac
 def construct(samples: Sequence[Sample], proposer=None, votes: dict | None = None, rewriter=None, M: int = 3,
               seed: int = 0, variants: Sequence[str] = ("o3", "cot", "direct")) -> Constructed:
     "Candidate annotation -> verification (soft labels) -> rewriting, over `samples`."

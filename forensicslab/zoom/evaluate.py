@@ -137,6 +137,7 @@ def marked(image, item: EvidenceItem) -> Image.Image:
         d.rectangle(item.box.as_list(), outline=(255, 0, 0), width=w)
     return im
 
+# %% ../../nbs/08d_zoom.evaluate.ipynb #431615e8
 class LLMEvidenceJudge:
     "The judge protocol over any `ChatModel`; `params` go to every call."
     def __init__(self, model, mark_boxes: bool = True, **params):

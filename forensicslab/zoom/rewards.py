@@ -143,6 +143,7 @@ def rule_reward(answer: ZoomAnswer, label: int, reference: Sequence[EvidenceItem
     b2 = bleu(" ".join(e.text for e in pred), " ".join(r.text for r in ref), 2)
     return cfg.lambda_iou * iou + cfg.lambda_bleu * b2, iou, b2
 
+# %% ../../nbs/08c_zoom.rewards.ipynb #ecbf3abb
 def zoom_reward(answer: Optional[ZoomAnswer], label: int, reference: Sequence[EvidenceItem] = (),
                 image=None, verifier: Optional[VerifierFn] = None, cfg: RewardConfig = RewardConfig()) -> RewardBreakdown:
     "R_total of one final output; `answer=None` means an invalid format. `reference` = the sample's evidence items."

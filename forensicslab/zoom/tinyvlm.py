@@ -238,6 +238,7 @@ def resolve_model_path(spec: str | Path) -> Path:
                                  f"{str(e).splitlines()[0][:160]}); download it first and pass the folder") from None
     raise FileNotFoundError(f"model folder {spec} does not exist (give a local folder or a hub id such as Qwen/Qwen3-VL-8B-Instruct)")
 
+# %% ../../nbs/08e_zoom.tinyvlm.ipynb #a82a431a
 def model_type_of(path: str | Path) -> str:
     "`model_type` from a model folder's `config.json`."
     cfg = Path(path) / "config.json"

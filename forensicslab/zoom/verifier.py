@@ -174,6 +174,7 @@ class VerifierTrainConfig:
     autocast: bool = True            # on CUDA: bf16 autocast over fp32 master weights (load the base in float32)
     freeze_vision: bool = False      # keep the vision tower fixed (e.g. one pretrained offline, see zoom.vision)
 
+# %% ../../nbs/08f_zoom.verifier.ipynb #477ecae4
 def _lr_lambda(total: int, warmup: int):
     "Linear warm-up then cosine decay to 0, as a LambdaLR factor."
     def f(step):
