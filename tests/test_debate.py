@@ -552,6 +552,7 @@ def test_teaching_set_llm_rows_with_chat_summaries(tmp_path, monkeypatch):
     with openai_server(responder) as url:
         pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), progress_bar=False, kernel_name="python3",
                             language="python", parameters={"quick": True, "out_dir": str(tmp_path / "out"), "workers": 2,
+                                                           "cache_dir": str(tmp_path / "cache"),
                                                            "backend": f"openai-compatible:{url}#persuadable",
                                                            "strategies": "async_human,single-noretr", "max_tokens": 99})
         reqs = [c.json for c in url.calls]

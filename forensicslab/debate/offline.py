@@ -151,7 +151,7 @@ class TextEncoder:
         return e
 
 
-# %% ../../nbs/07d_debate.offline.ipynb #3978cb4a
+# %% ../../nbs/07d_debate.offline.ipynb #274e9898
 class ViewCalibration:
     "Logistic calibration of one evidence view (a score or a feature vector per pair) into misinformation log-odds."
     def fit(self, scores, labels) -> "ViewCalibration":

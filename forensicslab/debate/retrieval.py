@@ -202,7 +202,7 @@ def _variants(img: Image.Image) -> list[Image.Image]:
     return out
 
 
-# %% ../../nbs/07a_debate.retrieval.ipynb #02c9cd13
+# %% ../../nbs/07a_debate.retrieval.ipynb #e38da8f5
 class LocalIndex:
     "Offline reverse image search over a corpus of images and their source pages (pHash + dHash, crop variants)."
     name = "local"
@@ -371,7 +371,7 @@ def fetch_page(url: str, client: httpx.Client, max_bytes: int = 3_000_000) -> tu
     return extract_text(bytes(buf).decode(enc, errors="replace"))
 
 
-# %% ../../nbs/07a_debate.retrieval.ipynb #0d452a95
+# %% ../../nbs/07a_debate.retrieval.ipynb #489c1633
 class Retriever:
     "Reverse image search -> page texts -> English filter -> summary, cached per (backend, image, k, summariser)."
     def __init__(self, backend: ReverseImageSearch, summarizer=None, cache_dir: str | Path | None = None,
@@ -385,32 +385,6 @@ class Retriever:
     def _key(self, data: bytes) -> tuple[str, str]:
         img = hashlib.sha256(data).hexdigest()
         return img, hashlib.sha256(f"{self.backend.name}|{img}|{self.k}|{self.summarizer.name}|{self.english_only}".encode()).hexdigest()[:32]
-
-    def _pages(self, hits: Sequence[PageHit]) -> tuple[list[PageHit], list[dict]]:
-        pages, skipped = [], []
-        for h in hits:
-            if not h.text:
-                title, text, lang = fetch_page(h.url, self.client, self.max_page_bytes)
-                h = h.model_copy(update={"title": h.title or title, "text": text, "lang": lang})
-            if not h.text: skipped.append({"url": h.url, "title": h.title, "reason": "no text (download failed or not HTML)"})
-            elif self.english_only and not looks_english(h.text, h.lang):
-                skipped.append({"url": h.url, "title": h.title, "reason": f"not English (lang={h.lang})"})
-            else: pages.append(h)
-        return pages, skipped
-
-    def summarize(self, pages: Sequence[PageHit]) -> str:
-        "The summariser's summary of `pages`, cached by the hash of their texts and the summariser's name."
-        if not pages: return ""
-        h = hashlib.sha256(self.summarizer.name.encode())
-        for p in pages:
-            h.update(b"\x00" + p.url.encode() + b"\x00" + p.text.encode())
-        path = self.cache_dir / "summaries" / f"{h.hexdigest()[:32]}.txt" if self.cache_dir else None
-        if path is not None and path.exists(): return path.read_text(encoding="utf-8")
-        out = self.summarizer.summarize(pages)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(out, encoding="utf-8")
-        return out
 
     def retrieve(self, image) -> RetrievalResult:
         "The context of `image` (path, bytes, array, PIL or `LoadedImage`)."
@@ -439,6 +413,35 @@ class Retriever:
             tmp.write_text(res.model_dump_json())
             tmp.replace(path)
         return res
+
+# %% ../../nbs/07a_debate.retrieval.ipynb #5209fc41
+def _retriever_pages(self, hits: Sequence[PageHit]) -> tuple[list[PageHit], list[dict]]:
+    pages, skipped = [], []
+    for h in hits:
+        if not h.text:
+            title, text, lang = fetch_page(h.url, self.client, self.max_page_bytes)
+            h = h.model_copy(update={"title": h.title or title, "text": text, "lang": lang})
+        if not h.text: skipped.append({"url": h.url, "title": h.title, "reason": "no text (download failed or not HTML)"})
+        elif self.english_only and not looks_english(h.text, h.lang):
+            skipped.append({"url": h.url, "title": h.title, "reason": f"not English (lang={h.lang})"})
+        else: pages.append(h)
+    return pages, skipped
+
+def _retriever_summarize(self, pages: Sequence[PageHit]) -> str:
+    "The summariser's summary of `pages`, cached by the hash of their texts and the summariser's name."
+    if not pages: return ""
+    h = hashlib.sha256(self.summarizer.name.encode())
+    for p in pages:
+        h.update(b"\x00" + p.url.encode() + b"\x00" + p.text.encode())
+    path = self.cache_dir / "summaries" / f"{h.hexdigest()[:32]}.txt" if self.cache_dir else None
+    if path is not None and path.exists(): return path.read_text(encoding="utf-8")
+    out = self.summarizer.summarize(pages)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(out, encoding="utf-8")
+    return out
+
+Retriever._pages, Retriever.summarize = _retriever_pages, _retriever_summarize
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #eff802e6
 class EmbeddingArchive:
