@@ -311,7 +311,7 @@ def camera_demosaic(rgb: np.ndarray, method: str = "bilinear") -> np.ndarray:
     raw[1::2, 1::2] = bgr[1::2, 1::2, 2]
     return np.ascontiguousarray(cv2.cvtColor(raw, _DEMOSAIC[method]))
 
-# %% ../../nbs/03_data.bench.ipynb #bfad537b
+# %% ../../nbs/03_data.bench.ipynb #69c43e1a
 PROCESSINGS = ("resize", "recompress", "sharpen", "screenshot", "text", "sticker", "tonemap")
 "Everyday processings applied to authentic photographs in the `ood` collection (label 0 all the same)."
 
@@ -322,7 +322,7 @@ def _outlined_text(rgb: np.ndarray, text: str, org, scale: float, colour) -> Non
     cv2.putText(rgb, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, colour, max(1, int(2 * scale)), cv2.LINE_AA)
 
 
-# %% ../../nbs/03_data.bench.ipynb #1326eb25
+# %% ../../nbs/03_data.bench.ipynb #4ee76123
 def process_authentic(rgb: np.ndarray, rng: np.random.Generator, kind: str) -> tuple[np.ndarray, dict, str, Optional[int]]:
     "Apply one everyday processing `kind` (see `PROCESSINGS`) to an authentic image: (pixels, params, format, JPEG quality)."
     h, w = rgb.shape[:2]

@@ -111,7 +111,7 @@ def image_bytes(image: ImageSource) -> bytes:
     Image.fromarray(img.rgb).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
-# %% ../../nbs/04b_detectors.remote.ipynb #f7b878f8
+# %% ../../nbs/04b_detectors.remote.ipynb #7f91aac8
 def load_plugin(spec: str) -> None:
     "Import a module by name, or a `.py` file by path, so the detectors it registers become available."
     p = Path(spec)
@@ -125,7 +125,7 @@ def load_plugin(spec: str) -> None:
     else: importlib.import_module(spec)
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #bfb4876a
+# %% ../../nbs/04b_detectors.remote.ipynb #59a6d6ca
 class _Refusal(Exception):
     "An HTTP error answer decided while reading a request: status code and message."
     def __init__(self, code: int, message: str):
@@ -155,7 +155,7 @@ def read_body(rfile, n: int, chunk: int = 2**20) -> bytes:
     return bytes(buf)
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #4e31af93
+# %% ../../nbs/04b_detectors.remote.ipynb #198e96ad
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS) -> LoadedImage:
     "Decode image file bytes with the loader's pixel cap (run inside the concurrency slot)."
     try: return load_image(data, max_pixels=max_pixels)
@@ -182,7 +182,7 @@ def parse_request(body: bytes, max_pixels: int = MAX_PIXELS) -> bytes:
     return data
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #8a5bb247
+# %% ../../nbs/04b_detectors.remote.ipynb #32dee77c
 class _Handler(BaseHTTPRequestHandler):
     server_version = "forensicslab-detector/" + PROTOCOL
     protocol_version = "HTTP/1.1"
@@ -211,7 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
         else: self._send(404, {"error": f"unknown route {self.path}; routes: /v1/health, /v1/card, /v1/detect"})
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #1936e0ab
+# %% ../../nbs/04b_detectors.remote.ipynb #94910e03
 def _detect_answer(det, img: LoadedImage) -> dict:
     "Run `det` on `img` and build the protocol's answer (raises on a detector failure)."
     t0 = time.perf_counter()
@@ -259,7 +259,7 @@ def _do_post(self):
 _Handler.do_POST = _do_post
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #8a8ff08c
+# %% ../../nbs/04b_detectors.remote.ipynb #875d2377
 class DetectorServer(ThreadingHTTPServer):
     "A `ThreadingHTTPServer` for one detector, with a configurable listen backlog."
     daemon_threads = True
@@ -301,7 +301,7 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
     finally: srv.server_close()
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #bcd91b18
+# %% ../../nbs/04b_detectors.remote.ipynb #5c5369fd
 _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 class RemoteDetector:
@@ -324,7 +324,7 @@ class RemoteDetector:
     def __repr__(self): return f"RemoteDetector({self.url!r}, id={self.card.id!r})"
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #213a8176
+# %% ../../nbs/04b_detectors.remote.ipynb #947628a1
 def _call_once(self, method: str, url: str, body: bytes | None):
     "One HTTP exchange: (status, body bytes), the answer read in chunks up to the response limit."
     with httpx.Client(timeout=self.timeout) as c, \
@@ -370,7 +370,7 @@ def _call(self, method: str, route: str, schema=None, body: bytes | None = None)
 RemoteDetector._call = _call
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #80a8c262
+# %% ../../nbs/04b_detectors.remote.ipynb #6b2008d9
 def _health(self) -> Health:
     "The server's health record."
     return self._call("GET", "/v1/health", Health)
@@ -400,7 +400,7 @@ RemoteDetector.health = _health
 RemoteDetector.detect = _detect
 
 
-# %% ../../nbs/04b_detectors.remote.ipynb #5c07ae7a
+# %% ../../nbs/04b_detectors.remote.ipynb #3af8ca89
 def register_remote(name: str, url: str, check: bool = True, **kw) -> None:
     """Register the detector served at `url` (see `forensicslab.detectors.remote`) under `name`; its card comes
     from the server's `/v1/card`, carried under `name` (so `--list`, `get_card` and `load_card` find it)."""
