@@ -127,3 +127,16 @@ def test_full_build_time_and_counts(tmp_path):
     assert (len(ood), sum(s.label for s in ood)) == (270, 100)
     tr = load_bench("train", root)
     assert sum(s.family == "synthesis" for s in tr) >= 60 and sum(s.family == "gen_inpaint" for s in tr) >= 60
+
+
+def test_one_source_of_shipped_photos():
+    "Issue 12: the benchmark draws its photographs and face boxes from forensicslab.data.photos, read-only."
+    from forensicslab.data import photos
+    assert bench.shipped_photos is photos.shipped_photos and bench.FACE_BOXES is photos.FACE_BOXES
+    ph = photos.shipped_photos()
+    assert set(bench.ID_PHOTOS) | set(bench.OOD_PHOTOS) <= set(ph)
+    a = photos.photo("astronaut")
+    with pytest.raises(ValueError): a[0, 0, 0] = 1          # nobody can change what the next caller sees
+    for name, (x, y, w, h) in photos.FACE_BOXES.items():
+        assert photos.PHOTOS[name].category == "human" and x + w <= ph[name].shape[1] and y + h <= ph[name].shape[0]
+    with pytest.raises(KeyError, match="unknown photograph"): photos.photo("nope")
