@@ -139,8 +139,6 @@ def test_readme_command_runs_as_written(cmd, scratch, capsys, monkeypatch):
         assert (scratch / "photo.triage.html").is_file() and "verdict:" in r.stdout
 
 
-@pytest.mark.xfail(strict=False, reason="detection and debate caches still default to the current folder outside a "
-                                        "checkout until detectors/debate switch to forensicslab.runs.cache_dir")
 def test_image_commands_leave_no_cache_in_the_current_folder(tmp_path):
     "Issue 17 item 11: outside a checkout, analyze/debate cache in the user cache folder, not ./data or ./.cache."
     from PIL import Image

@@ -11,7 +11,7 @@ import pytest
 
 from forensicslab.core import Sample
 from forensicslab.debate.engine import STRATEGIES, DebateConfig, DebateInput, run_debate, run_llm_setup, score_rows
-from forensicslab.debate.offline import Evidence, EvidenceDebater, evidence_debate, verite_views, compare
+from forensicslab.debate.offline import Argument, EvidenceDebater, evidence_debate, verite_views, compare
 from forensicslab.chat.models import get_model
 from forensicslab.data.datasets import MissingData
 from forensicslab.debate.data import (article_split, load_mmfakebench, load_newsclippings, load_verite,
@@ -103,7 +103,7 @@ def test_malformed_answer_is_a_failure_not_a_guess(tmp_path):
 
 def test_offline_debaters_update_only_for_evidence_they_lack():
     def mk(*views):
-        return [EvidenceDebater(n, [Evidence(n, v, n)] if v is not None else []) for n, v in views]
+        return [EvidenceDebater(n, [Argument(n, v, n)] if v is not None else []) for n, v in views]
     r = evidence_debate("x", mk(("visual", 2.0), ("context", -0.6), ("entities", None)))
     assert r.rounds[0] == {"visual": True, "context": False, "entities": False}
     assert r.converged_round == 1 and r.final is True and not r.unresolved   # strong visual evidence travelled

@@ -17,7 +17,7 @@ from ..core import ForensicsLabError, Sample
 from .engine import STRATEGIES, DebateConfig, DebateInput, DebateResult, models_from_spec, run_debate
 from .retrieval import LocalIndex, PageHit, make_retriever
 from ..imageio import load_image
-from ..runs import project_root
+from ..runs import cache_dir
 
 # %% auto #0
 __all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd']
@@ -75,11 +75,10 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
                     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the reply cache."),
                     as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON.")):
     "Debate whether CAPTION puts IMAGE in a false context; prints the transcript, sources, unresolved flag and total cost."
-    if not image.is_file(): raise typer.BadParameter(f"no image file at {image}", param_hint="IMAGE")
     try:
         load_image(image)
         cfg = DebateConfig(strategy=strategy, retrieval=retrieval != "none", n_agents=agents, max_rounds=rounds, sample=sample)
-        cache = project_root() / ".cache" / "debate"
+        cache = cache_dir("debate")
         models = models_from_spec(backend, cfg.n_agents, None, cache="off" if no_cache else "rw", temperature=temperature,
                                   max_tokens=max_tokens, budget_usd=budget, budget_tokens=budget_tokens) if backend else None
         retr = _retriever(retrieval, cache, chat=models[0] if models else None)

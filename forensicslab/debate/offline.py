@@ -20,14 +20,14 @@ from ..metrics import mcnemar
 from .engine import DebateResult, Turn, agreed, majority
 
 # %% auto #0
-__all__ = ['ENTITY_FEATURES', 'OFFLINE_METHODS', 'PROTOCOLS', 'BY_CONSTRUCTION', 'Evidence', 'EvidenceDebater', 'evidence_debate',
+__all__ = ['ENTITY_FEATURES', 'OFFLINE_METHODS', 'PROTOCOLS', 'BY_CONSTRUCTION', 'Argument', 'EvidenceDebater', 'evidence_debate',
            'caption_entities', 'entity_features', 'clip_consistency', 'TextEncoder', 'ViewCalibration', 'fit_threshold',
            'OfflineError', 'OfflineViews', 'predict', 'compare', 'equal_rows', 'verite_views', 'teaching_views',
            'OfflinePairDebate', 'offline_table']
 
 # %% ../../nbs/07d_debate.offline.ipynb #745245de
 @dataclass
-class Evidence:
+class Argument:
     "One piece of evidence: the view it comes from, its log-likelihood ratio (positive: misinformation) and its claim."
     view: str
     llr: float
@@ -37,7 +37,7 @@ class Evidence:
 class EvidenceDebater:
     "An offline debater: the evidence it holds (it starts with its own view only)."
     name: str
-    held: list[Evidence] = field(default_factory=list)
+    held: list[Argument] = field(default_factory=list)
 
     def belief(self, prior: float) -> float:
         "Prior log-odds plus the LLR of every view held."
@@ -47,7 +47,7 @@ class EvidenceDebater:
         "The views this debater holds."
         return {e.view for e in self.held}
 
-    def argument(self, prior: float) -> Optional[Evidence]:
+    def argument(self, prior: float) -> Optional[Argument]:
         "The strongest item held that supports the current answer (None when nothing held supports it)."
         yes = self.belief(prior) > 0
         support = [e for e in self.held if (e.llr > 0) == yes and e.llr != 0]
@@ -240,7 +240,7 @@ def _fold_predict(self, fit, test, method: str, retrieval: bool) -> list[dict]:
     names = [v for v in ("visual", "context", "entities") if v in self.views]
     rows = []
     for i in test:
-        debaters = [EvidenceDebater(n, [Evidence(n, float(cals[n].llr(self.views[n][i:i+1])[0]), self._claim(n, i))] if n in cals else [])
+        debaters = [EvidenceDebater(n, [Argument(n, float(cals[n].llr(self.views[n][i:i+1])[0]), self._claim(n, i))] if n in cals else [])
                     for n in names]
         res = evidence_debate(self.ids[i], debaters, prior, self.max_rounds, self.min_strength, retrieval=retrieval)
         rows.append(self._row(i, int(res.final), res))
@@ -357,8 +357,8 @@ class OfflinePairDebate:
         if text:
             e = self.encoder.encode([caption, text])
             sim, ent = float(e[0] @ e[1]), entity_features(caption, [text])
-            debaters[0].held.append(Evidence("context", float(self.cals["context"].llr([sim])[0]), f"caption vs. retrieved pages similarity {sim:.3f}"))
-            debaters[1].held.append(Evidence("entities", float(self.cals["entities"].llr(ent[None])[0]),
+            debaters[0].held.append(Argument("context", float(self.cals["context"].llr([sim])[0]), f"caption vs. retrieved pages similarity {sim:.3f}"))
+            debaters[1].held.append(Argument("entities", float(self.cals["entities"].llr(ent[None])[0]),
                                              ", ".join(f"{k}={v:.2f}" for k, v in zip(ENTITY_FEATURES, ent))))
         res = evidence_debate(sample_id, debaters, self.prior, self.max_rounds, self.min_strength, retrieval=context is not None)
         if context is not None: res.sources, res.retrieval_error = context.sources(), context.error
