@@ -23,7 +23,7 @@ from ..imageio import MAX_PIXELS, ImageError, load_image
 
 
 # %% auto #0
-__all__ = ['dispatch_table', 'detect_cmd', 'serve_detector', 'main']
+__all__ = ['dispatch_table', 'detect_cmd', 'serve_detector', 'serve_main']
 
 # %% ../../nbs/04l_detectors.cli.ipynb #e0068470
 def dispatch_table(detections: dict[str, Detection]) -> list[dict]:
@@ -101,10 +101,10 @@ def serve_detector(name: str = typer.Argument(..., help="Registered detector id 
           concurrency=concurrency, max_pixels=int(max_mpix * 1e6), backlog=backlog, idle_timeout=idle_timeout, queue=queue)
 
 # %% ../../nbs/04l_detectors.cli.ipynb #41c3e2dd
-def main(argv: list[str] | None = None) -> None:
+def serve_main(argv: list[str] | None = None) -> None:
     "Entry point of `python -m forensicslab.detectors.cli`: serve one detector."
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(serve_detector)
     app(args=argv)
 
-if __name__ == "__main__" and "__file__" in globals(): main()
+if __name__ == "__main__" and "__file__" in globals(): serve_main()
