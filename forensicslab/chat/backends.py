@@ -76,6 +76,8 @@ def image_part(src: Any, max_side: Optional[int] = None) -> ImagePart:
     h = im.hash if scale == 1.0 else pixel_hash(rgb)
     return ImagePart(h, rgb.shape[1], rgb.shape[0], mime, data, source, rgb)
 
+
+# %% ../../nbs/05a_chat.backends.ipynb #a44d7601
 @dataclass
 class Prepared:
     "One message with text parts (`str`) and image parts (`ImagePart`), in order."
@@ -381,55 +383,60 @@ class GeminiBackend(Backend):
                 self._clients[t] = self._make(t)
             return self._clients[t]
 
-    def request(self, messages: list[Prepared], schema, params: dict):
-        "`(contents, config)` for `client.models.generate_content`."
-        t = self._types
-        mode = self.effective_structured()
-        if schema is not None and mode == "prompt": messages = with_schema_instruction(messages, schema)
-        system = "\n".join(m.text for m in messages if m.role == "system") or None
-        contents = []
-        for m in messages:
-            if m.role == "system": continue
-            parts = [t.Part.from_text(text=p) if isinstance(p, str) else t.Part.from_bytes(data=p.data, mime_type=p.mime)
-                     for p in m.parts]
-            contents.append(t.Content(role="model" if m.role == "assistant" else "user", parts=parts))
-        cfg: dict = {"system_instruction": system}
-        names = {"max_tokens": "max_output_tokens", "stop": "stop_sequences"}
-        for k, v in params.items():
-            if k == "thinking_budget": cfg["thinking_config"] = t.ThinkingConfig(thinking_budget=v)
-            elif k == "stop": cfg["stop_sequences"] = [v] if isinstance(v, str) else list(v)
-            else: cfg[names.get(k, k)] = v
-        if schema is not None and mode != "prompt":
-            cfg["response_mime_type"] = "application/json"
-            if mode == "json_schema": cfg["response_json_schema"] = schema_json(schema)
-        return contents, t.GenerateContentConfig(**cfg)
 
-    def complete(self, messages, schema, params, timeout) -> Completion:
-        from google.genai import errors
-        if schema is not None and self.effective_structured() == "json_object": messages = with_schema_instruction(messages, schema)
-        contents, config = self.request(messages, schema, params)
-        try: r = self._client(timeout).models.generate_content(model=self.model, contents=contents, config=config)
-        except errors.APIError as e:
-            resp = getattr(e, "response", None)
-            ra = parse_retry_after(getattr(resp, "headers", None))
-            msg = f"{self.model_id}: HTTP {e.code}: {e.message or e.status}"
-            if e.code in (408, 409, 429) or (e.code or 0) >= 500: raise TransientError(msg, status=e.code, retry_after=ra) from None
-            raise BackendError(msg, status=e.code, model_id=self.model_id) from None
-        except json.JSONDecodeError:
-            raise TransientError(f"{self.model_id}: malformed response body") from None
-        except Exception as e:
-            if _is_httpx_transient(e):
-                what = "timed out" if "Timeout" in type(e).__name__ else f"connection failed ({type(e).__name__})"
-                raise TransientError(f"{self.model_id}: request {what}") from None
-            raise
-        text = "".join(p.text for c in (r.candidates or [])[:1] for p in ((c.content and c.content.parts) or [])
-                       if getattr(p, "text", None) and not getattr(p, "thought", False))
-        u = r.usage_metadata
-        out = (getattr(u, "candidates_token_count", 0) or 0) + (getattr(u, "thoughts_token_count", 0) or 0)
-        finish = r.candidates[0].finish_reason if r.candidates else None
-        tin = getattr(u, "prompt_token_count", None) if u is not None else None
-        return Completion(text, tin, out if u is not None else None, r.model_version or self.model,
-                          str(getattr(finish, "value", finish)) if finish is not None else None)
+# %% ../../nbs/05a_chat.backends.ipynb #00e130p1
+@patch
+def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict):
+    "`(contents, config)` for `client.models.generate_content`."
+    t = self._types
+    mode = self.effective_structured()
+    if schema is not None and mode == "prompt": messages = with_schema_instruction(messages, schema)
+    system = "\n".join(m.text for m in messages if m.role == "system") or None
+    contents = []
+    for m in messages:
+        if m.role == "system": continue
+        parts = [t.Part.from_text(text=p) if isinstance(p, str) else t.Part.from_bytes(data=p.data, mime_type=p.mime)
+                 for p in m.parts]
+        contents.append(t.Content(role="model" if m.role == "assistant" else "user", parts=parts))
+    cfg: dict = {"system_instruction": system}
+    names = {"max_tokens": "max_output_tokens", "stop": "stop_sequences"}
+    for k, v in params.items():
+        if k == "thinking_budget": cfg["thinking_config"] = t.ThinkingConfig(thinking_budget=v)
+        elif k == "stop": cfg["stop_sequences"] = [v] if isinstance(v, str) else list(v)
+        else: cfg[names.get(k, k)] = v
+    if schema is not None and mode != "prompt":
+        cfg["response_mime_type"] = "application/json"
+        if mode == "json_schema": cfg["response_json_schema"] = schema_json(schema)
+    return contents, t.GenerateContentConfig(**cfg)
+
+@patch
+def complete(self: GeminiBackend, messages, schema, params, timeout) -> Completion:
+    from google.genai import errors
+    if schema is not None and self.effective_structured() == "json_object": messages = with_schema_instruction(messages, schema)
+    contents, config = self.request(messages, schema, params)
+    try: r = self._client(timeout).models.generate_content(model=self.model, contents=contents, config=config)
+    except errors.APIError as e:
+        resp = getattr(e, "response", None)
+        ra = parse_retry_after(getattr(resp, "headers", None))
+        msg = f"{self.model_id}: HTTP {e.code}: {e.message or e.status}"
+        if e.code in (408, 409, 429) or (e.code or 0) >= 500: raise TransientError(msg, status=e.code, retry_after=ra) from None
+        raise BackendError(msg, status=e.code, model_id=self.model_id) from None
+    except json.JSONDecodeError:
+        raise TransientError(f"{self.model_id}: malformed response body") from None
+    except Exception as e:
+        if _is_httpx_transient(e):
+            what = "timed out" if "Timeout" in type(e).__name__ else f"connection failed ({type(e).__name__})"
+            raise TransientError(f"{self.model_id}: request {what}") from None
+        raise
+    text = "".join(p.text for c in (r.candidates or [])[:1] for p in ((c.content and c.content.parts) or [])
+                   if getattr(p, "text", None) and not getattr(p, "thought", False))
+    u = r.usage_metadata
+    out = (getattr(u, "candidates_token_count", 0) or 0) + (getattr(u, "thoughts_token_count", 0) or 0)
+    finish = r.candidates[0].finish_reason if r.candidates else None
+    tin = getattr(u, "prompt_token_count", None) if u is not None else None
+    return Completion(text, tin, out if u is not None else None, r.model_version or self.model,
+                      str(getattr(finish, "value", finish)) if finish is not None else None)
+
 
 # %% ../../nbs/05a_chat.backends.ipynb #56d2566f
 def resolve_device(device: str = "auto", dtype: str = "auto"):
@@ -586,6 +593,8 @@ def _load_net(path: str, dtype):
         if "Unrecognized configuration class" not in str(e): raise
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True), False
 
+
+# %% ../../nbs/05a_chat.backends.ipynb #56d25601
 class HFBackend(Backend):
     """A local `transformers` model: a vision-language model (`AutoModelForImageTextToText` + processor)
     or a text-only causal LM (`AutoModelForCausalLM` + tokenizer), from a folder, a hub id, or a GGUF

@@ -98,6 +98,8 @@ class ChatCache:
             if key not in _SHARED: _SHARED[key] = cls(path)
             return _SHARED[key]
 
+
+# %% ../../nbs/05b_chat.cache.ipynb #dc640101
 _SHARED: dict[str, ChatCache] = {}
 _SHARED_LOCK = threading.Lock()
 

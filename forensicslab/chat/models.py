@@ -210,6 +210,8 @@ def _limiter(endpoint: str, n: int) -> threading.BoundedSemaphore:
     with _LIMITERS_LOCK:
         return _LIMITERS.setdefault((endpoint, n), threading.BoundedSemaphore(n))
 
+
+# %% ../../nbs/05_chat.models.ipynb #18401b01
 @dataclass
 class _Tally:
     "Usage summed over every exchange of one `chat` call, failed and invalid ones included."
@@ -243,6 +245,8 @@ class _Tally:
         e.usage_unknown = self.unknown or getattr(e, "usage_unknown", False)
         return e
 
+
+# %% ../../nbs/05_chat.models.ipynb #18401b02
 class Model:
     "A chat model: a backend plus structured output, cache, retries, budget, cost and traces (thread-safe)."
     def __init__(self, backend: Backend, *, cache: str = "off", cache_path: str | Path | None = None,
@@ -598,28 +602,33 @@ class ModelControls(BaseModel):
         try: return cls(**base)
         except ValidationError as e: raise ControlsError(f"bad model controls: {_describe(e)}") from None
 
-    def spec_for(self, role: Optional[str], default: Any = None) -> Any:
-        "The backend spec of `role`: `backends[role]`, else `backends['*']`, else `default`."
-        return self.backends.get(role or "", self.backends.get("*", default))
 
-    @property
-    def budget(self) -> Optional[Budget]:
-        "The one `Budget` shared by every model built from these controls (None without limits)."
-        with self._lock:
-            if self._budget is None and (self.budget_usd is not None or self.budget_tokens is not None):
-                self._budget = Budget(max_usd=self.budget_usd, max_tokens=self.budget_tokens)
-            return self._budget
+# %% ../../nbs/05_chat.models.ipynb #eabd82p1
+@patch
+def spec_for(self: ModelControls, role: Optional[str], default: Any = None) -> Any:
+    "The backend spec of `role`: `backends[role]`, else `backends['*']`, else `default`."
+    return self.backends.get(role or "", self.backends.get("*", default))
 
-    def generation(self) -> dict:
-        "The generation parameters these controls impose on every call (`max_tokens`, `temperature` when set)."
-        return {k: v for k, v in (("max_tokens", self.max_tokens), ("temperature", self.temperature)) if v is not None}
+@patch(as_prop=True)
+def budget(self: ModelControls) -> Optional[Budget]:
+    "The one `Budget` shared by every model built from these controls (None without limits)."
+    with self._lock:
+        if self._budget is None and (self.budget_usd is not None or self.budget_tokens is not None):
+            self._budget = Budget(max_usd=self.budget_usd, max_tokens=self.budget_tokens)
+        return self._budget
 
-    def model(self, role: Optional[str] = None, default_spec: Any = None) -> "Model":
-        "The model of `role` (`spec_for(role, default_spec)`), built once per role and spec."
-        spec = self.spec_for(role, default_spec)
-        if spec is None: raise ControlsError(f"no model spec for role {role!r}: set model_controls['backends'][{role!r}]")
-        key = (role, json.dumps(spec, sort_keys=True, default=str))
-        with self._lock:
-            if key not in self._models: self._models[key] = get_model(spec, controls=self, role=role)
-            return self._models[key]
+@patch
+def generation(self: ModelControls) -> dict:
+    "The generation parameters these controls impose on every call (`max_tokens`, `temperature` when set)."
+    return {k: v for k, v in (("max_tokens", self.max_tokens), ("temperature", self.temperature)) if v is not None}
+
+@patch
+def model(self: ModelControls, role: Optional[str] = None, default_spec: Any = None) -> "Model":
+    "The model of `role` (`spec_for(role, default_spec)`), built once per role and spec."
+    spec = self.spec_for(role, default_spec)
+    if spec is None: raise ControlsError(f"no model spec for role {role!r}: set model_controls['backends'][{role!r}]")
+    key = (role, json.dumps(spec, sort_keys=True, default=str))
+    with self._lock:
+        if key not in self._models: self._models[key] = get_model(spec, controls=self, role=role)
+        return self._models[key]
 

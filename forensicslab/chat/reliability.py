@@ -175,8 +175,12 @@ class PriceTable:
         if isinstance(prices, PriceTable): return prices
         if isinstance(prices, dict): return cls(prices)
         path = prices or os.environ.get("FORENSICSLAB_PRICES")
-        if path: p = Path(path); text = p.read_text()
-        else: p = "forensicslab/chat/prices.yaml"; text = resources.files("forensicslab").joinpath("chat", "prices.yaml").read_text()
+        if path:
+            p = Path(path)
+            text = p.read_text()
+        else:
+            p = "forensicslab/chat/prices.yaml"
+            text = resources.files("forensicslab").joinpath("chat", "prices.yaml").read_text()
         data = yaml.safe_load(text) or {}
         for prov, rows in data.items():
             for m, r in (rows or {}).items():

@@ -119,7 +119,8 @@ def _make_handler(protocol, responder, url: ServerURL, lock: threading.Lock):
             if truncate: self.send_header("Connection", "close")
             self.end_headers()
             try:
-                self.wfile.write(body[: len(body) // 2] if truncate else body); self.wfile.flush()
+                self.wfile.write(body[: len(body) // 2] if truncate else body)
+                self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError): pass  # the client gave up (e.g. its timeout)
             if truncate: self.close_connection = True
 
@@ -145,7 +146,8 @@ def _make_handler(protocol, responder, url: ServerURL, lock: threading.Lock):
             except Exception as e:  # a bug in the responder is a 500 the client will see
                 return self._json(500, protocol.error(500, f"responder raised {type(e).__name__}: {e}"))
             if isinstance(out, Delayed):
-                time.sleep(out.seconds); out = out.reply
+                time.sleep(out.seconds)
+                out = out.reply
             if isinstance(out, Fault):
                 if out.delay: time.sleep(out.delay)
                 body = out.body
@@ -160,6 +162,8 @@ def _make_handler(protocol, responder, url: ServerURL, lock: threading.Lock):
             self._json(500, protocol.error(500, f"responder returned {type(out).__name__}; expected str, dict, Fault or Delayed"))
     return Handler
 
+
+# %% ../../nbs/05d_chat.testing.ipynb #3c2ad101
 @contextmanager
 def _serve(protocol, responder, suffix: str) -> Iterator[ServerURL]:
     url_holder: list = []
@@ -174,7 +178,9 @@ def _serve(protocol, responder, suffix: str) -> Iterator[ServerURL]:
     th.start()
     try: yield url
     finally:
-        srv.shutdown(); srv.server_close(); th.join(timeout=5)
+        srv.shutdown()
+        srv.server_close()
+        th.join(timeout=5)
 
 # %% ../../nbs/05d_chat.testing.ipynb #ea97a456
 def echo_responder(request: dict) -> str:
