@@ -22,51 +22,30 @@ from ..runs import config_hash, project_root
 from .agent import where_phrase
 
 # %% auto #0
-__all__ = ['PHOTOS', 'CATEGORIES', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'photo', 'render_text', 'render_distorted',
-           'render_repeat', 'render_lighting', 'render_impossible', 'artifacts_root', 'ensure_artifacts',
-           'load_artifacts', 'extra_train']
+__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'photo_facts', 'artifact_photo', 'render_text',
+           'render_distorted', 'render_repeat', 'render_lighting', 'render_impossible', 'artifacts_root',
+           'ensure_artifacts', 'load_artifacts', 'extra_train']
 
 # %% ../../nbs/08a_zoom.artifacts.ipynb #d54cec8d
-def _skimage(name):
-    from skimage import data
-    a = getattr(data, name)()
-    return a[0] if isinstance(a, tuple) else a
+from ..data.photos import CATEGORIES, PHOTOS as SHIPPED_PHOTOS, photo as shipped_photo
 
-def _sklearn(i):
-    from sklearn.datasets import load_sample_images
-    return load_sample_images().images[i]
+ARTIFACT_PHOTOS = ("astronaut", "grace_hopper", "camera", "chelsea", "coffee", "motorcycle", "coins", "flower",
+                   "china", "rocket", "hubble")
+"The shipped photographs (`forensicslab.data.photos`) the benchmark draws from, in draw order (the order is part of the benchmark)."
+_ALIAS = {"motorcycle": "motorcycle_left"}
 
-def _mpl(name):
-    import matplotlib.cbook as cb
-    with cb.get_sample_data(name) as f: return np.asarray(Image.open(f).convert("RGB"))
+def photo_facts(name: str) -> tuple[str, Optional[tuple[str, list]]]:
+    "`(category, (object name, [x1, y1, x2, y2]) or None)` of an artifact photograph."
+    if name not in ARTIFACT_PHOTOS: raise KeyError(f"unknown photograph {name!r}; known: {sorted(ARTIFACT_PHOTOS)}")
+    p = SHIPPED_PHOTOS[_ALIAS.get(name, name)]
+    return p.category, ((p.obj[0], list(p.obj[1])) if p.obj else None)
 
-PHOTOS = {
-    # name: (loader, category, (object name, [x1, y1, x2, y2]) or None)
-    "astronaut": (lambda: _skimage("astronaut"), "human", ("smiling face", [160, 10, 300, 150])),
-    "grace_hopper": (lambda: _mpl("grace_hopper.jpg"), "human", ("face with glasses", [160, 120, 340, 340])),
-    "camera": (lambda: _skimage("camera"), "human", ("film camera", [250, 120, 335, 190])),
-    "chelsea": (lambda: _skimage("chelsea"), "animal", ("cat's eye", [115, 80, 215, 170])),
-    "coffee": (lambda: _skimage("coffee"), "object", ("coffee cup", [170, 10, 430, 220])),
-    "motorcycle": (lambda: _skimage("stereo_motorcycle"), "object", ("motorcycle", [110, 140, 690, 470])),
-    "coins": (lambda: _skimage("coins"), "object", ("coin", [300, 165, 360, 232])),
-    "flower": (lambda: _sklearn(1), "object", None),
-    "china": (lambda: _sklearn(0), "scene", ("pagoda", [60, 40, 365, 427])),
-    "rocket": (lambda: _skimage("rocket"), "scene", ("rocket", [285, 110, 345, 410])),
-    "hubble": (lambda: _skimage("hubble_deep_field"), "scene", None),
-}
-"Real photographs shipped in packages: name -> (loader, category, nameable object with its pixel box)."
-CATEGORIES = ("human", "animal", "object", "scene")
+def artifact_photo(name: str) -> np.ndarray:
+    "The RGB pixels (read-only) of artifact photograph `name`, from `forensicslab.data.photos`."
+    if name not in ARTIFACT_PHOTOS: raise KeyError(f"unknown photograph {name!r}; known: {sorted(ARTIFACT_PHOTOS)}")
+    return shipped_photo(_ALIAS.get(name, name))
 KINDS = ("text", "distorted", "repeat", "lighting", "impossible")
 
-_PHOTO_CACHE: dict[str, np.ndarray] = {}
-def photo(name: str) -> np.ndarray:
-    "The RGB pixels of source photograph `name` (grey photographs are repeated to 3 channels)."
-    if name not in PHOTOS: raise KeyError(f"unknown photograph {name!r}; known: {sorted(PHOTOS)}")
-    if name not in _PHOTO_CACHE:
-        a = np.asarray(PHOTOS[name][0]())
-        if a.ndim == 2: a = np.repeat(a[..., None], 3, axis=2)
-        _PHOTO_CACHE[name] = np.ascontiguousarray(a[..., :3].astype(np.uint8))
-    return _PHOTO_CACHE[name]
 
 # %% ../../nbs/08a_zoom.artifacts.ipynb #bd2045f0
 def _window(rgb, aspect: float, long_side: int, rng) -> tuple[np.ndarray, list[int]]:
@@ -265,10 +244,10 @@ def render_lighting(rgb, rng, ood=False):
 
 def render_impossible(rgb, rng, ood=False, exclude: str = ""):
     H, W = rgb.shape[:2]
-    names = [n for n, v in PHOTOS.items() if v[2] and n != exclude]
+    names = [n for n in ARTIFACT_PHOTOS if photo_facts(n)[1] and n != exclude]
     src = str(rng.choice(names))
-    obj, ob = PHOTOS[src][2]
-    piece = Image.fromarray(photo(src)[ob[1]:ob[3], ob[0]:ob[2]])
+    obj, ob = photo_facts(src)[1]
+    piece = Image.fromarray(artifact_photo(src)[ob[1]:ob[3], ob[0]:ob[2]])
     piece = piece.rotate(90 if ood else 180, expand=True)
     long = max(H, W) * (rng.uniform(0.45, 0.6) if ood else rng.uniform(0.22, 0.34))
     f = long / max(piece.size)
@@ -301,7 +280,7 @@ def artifacts_root() -> Path: return project_root() / "data" / "artifacts"
 def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
     spec = SPLITS[split]
     rng = np.random.default_rng(seed + spec["seed_offset"])
-    by_cat = {c: [p for p, v in PHOTOS.items() if v[1] == c] for c in CATEGORIES}
+    by_cat = {c: [p for p in ARTIFACT_PHOTOS if photo_facts(p)[0] == c] for c in CATEGORIES}
     (root / split).mkdir(parents=True, exist_ok=True)
     out = []
     for i in range(n):
@@ -310,7 +289,7 @@ def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
         cat = CATEGORIES[j % len(CATEGORIES)]
         name = by_cat[cat][int(rng.integers(len(by_cat[cat])))]
         aspect = spec["aspects"][(j // len(CATEGORIES)) % len(spec["aspects"])]
-        rgb, win = _window(photo(name), aspect, spec["long_side"], rng)
+        rgb, win = _window(artifact_photo(name), aspect, spec["long_side"], rng)
         H, W = rgb.shape[:2]
         prov = dict(photo=name, window=win, category=cat, quality=spec["quality"], aspect=round(aspect, 4))
         if label:
