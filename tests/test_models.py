@@ -481,7 +481,12 @@ def test_invalid_replies_are_not_cached_and_a_rerun_retries(tmp_path):
         m = oai(url, cache="rw", cache_path=tmp_path / "c.sqlite")
         with pytest.raises(ChatFailure):
             m.chat("Edited?", schema=Verdict, temperature=0)
-        assert len(ChatCache(tmp_path / "c.sqlite")) == 0          # neither the answer nor the re-ask was stored
+        stored = [json.loads(r[0]) for r in ChatCache(tmp_path / "c.sqlite")._conn().execute("SELECT reply FROM replies")]
+        assert all("text" not in r for r in stored)                  # neither reply was stored (only a failure note)
+        with pytest.raises(ChatFailure, match="after repair and one re-ask"):   # a replay reproduces the failure...
+            get_model(f"openai-compatible:{url}#local-vlm", cache="replay", cache_path=tmp_path / "c.sqlite").chat(
+                "Edited?", schema=Verdict, temperature=0)
+        assert url.hits == 2                                         # ...with no call
         r = m.chat("Edited?", schema=Verdict, temperature=0)       # the re-run reaches the server again
         assert url.hits == 3 and r.parsed.verdict == "manipulated" and not r.cached
         again = m.chat("Edited?", schema=Verdict, temperature=0)

@@ -345,6 +345,10 @@ def _call(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict
 
 
 # %% ../../nbs/05_chat.models.ipynb #18401bd3
+def _failure_key(key: str) -> str:
+    "Where a call that failed validation is noted: read only by replays, never served as a reply."
+    return cache_key("failure", [], {"of": key})
+
 @patch
 def _exchange(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict, step: str) -> tuple[Completion, dict, Optional[str]]:
     "One exchange through the cache (a hit costs nothing) or the backend; returns `(completion, info, key)`."
@@ -360,6 +364,9 @@ def _exchange(self: Model, prepared: list[Prepared], schema, params: dict, ctx: 
             return Completion(hit["text"], hit.get("input_tokens", 0), hit.get("output_tokens", 0),
                               hit.get("served_model"), hit.get("finish_reason")), info, key
         if self.cache_mode == "replay":
+            failed = self.cache.get(_failure_key(key))
+            if failed is not None and step == "answer":   # recorded as a failure: replayed as one, at no cost
+                raise ChatFailure(failed["error"], raw_text=failed.get("raw_text"), model_id=self.model_id)
             raise CacheMiss(f"replay cache miss for case {ctx.get('case')!r} (role {ctx.get('role')!r}, {step}) "
                             f"with {self.model_id} in {self.cache.path}: key {key[:16]}; record it first "
                             f"with cache='rw' or check that prompts, images and parameters are unchanged")
@@ -468,9 +475,11 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
     try: parsed, repaired = parse_reply(comp.text, schema)
     except SchemaError as err2:
         self._trace(ctx, "reask", again, params, schema, comp, info2, status="invalid", error=str(err2))
-        raise ChatFailure(f"{self.model_id}: reply for case {ctx.get('case')!r} (role {ctx.get('role')!r}) does not "
-                          f"match {schema.__name__} after repair and one re-ask: {err2}",
-                          raw_text=comp.text, model_id=self.model_id) from None
+        msg = (f"{self.model_id}: reply for case {ctx.get('case')!r} (role {ctx.get('role')!r}) does not "
+               f"match {schema.__name__} after repair and one re-ask: {err2}")
+        if key is not None and self.cache_mode == "rw":   # a replay reproduces the failure; a rw re-run retries it
+            self.cache.put(_failure_key(key), self.model_id, {"failure_of": key}, {"error": msg, "raw_text": comp.text[:2000]})
+        raise ChatFailure(msg, raw_text=comp.text, model_id=self.model_id) from None
     self._trace(ctx, "reask", again, params, schema, comp, info2, status="ok", repaired=repaired)
     self._store(key, prepared, params, schema, ctx, comp, tally, reasked=True)
     return reply(comp, parsed)
