@@ -8,6 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/triage.agents.html.md"""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import json
 import re
 import threading
@@ -293,9 +294,11 @@ class Usage(BaseModel):
 class TriageError(ForensicsLabError, RuntimeError):
     "An agent answer that passed the schema but cannot be used (e.g. it names a detector it was not shown, even after a re-ask)."
 
-def _chat(model, messages, schema, usage: "Usage | None", **params):
-    "One schema-bound call whose usage is counted, failed attempts included."
-    try: reply = model.chat(messages, schema=schema, **params)
+def _chat(model, messages, schema, usage: "Usage | None", role: str | None = None, **params):
+    "One schema-bound call whose usage is counted, failed attempts included; traces name the `role`."
+    from forensicslab.chat.models import chat_context
+    try:
+        with chat_context(role=role): reply = model.chat(messages, schema=schema, **params)
     except ChatFailure as e:
         if usage is not None: usage.add_failure(e)
         raise
@@ -328,7 +331,7 @@ class LLMAuditor:
               usage: Usage | None = None) -> AuditVerdict:
         "Audit one detection; when the model gives no valid answer the detection is dropped with the failure recorded."
         if det.status != "ok": return _failed_audit(det)
-        try: reply = _chat(self.model, self.messages(image, det, card), AuditVerdict, usage, **self.params)
+        try: reply = _chat(self.model, self.messages(image, det, card), AuditVerdict, usage, "auditor", **self.params)
         except ChatFailure as e:   # a failed auditor sets its detector aside; the case goes on without it
             return AuditVerdict(reasoning=f"The auditor gave no usable answer ({e}); this detector is set aside unaudited.",
                                 tool_id=det.detector, audit_verdict="invalid", failure=f"{type(e).__name__}: {e}")
@@ -406,7 +409,8 @@ def run_auditors(auditor, image: LoadedImage, detections: dict[str, Detection], 
         return {n: auditor.audit(image, detections[n], cards[n], facts, usage) for n in names}
     lock = threading.Lock(); local: dict[str, Usage] = {n: Usage() for n in names}
     with cf.ThreadPoolExecutor(max_workers=min(workers, len(names)), thread_name_prefix="auditor") as pool:
-        futs = {n: pool.submit(auditor.audit, image, detections[n], cards[n], facts, local[n]) for n in names}
+        futs = {n: pool.submit(contextvars.copy_context().run, auditor.audit, image, detections[n], cards[n], facts, local[n])
+                for n in names}   # each auditor thread keeps the caller's chat context (case name in traces)
         out = {n: futs[n].result() for n in names}
     if usage is not None:
         with lock:
@@ -436,13 +440,14 @@ def _check_tools(v: Verdict, allowed: set[str], who: str) -> Verdict:
 
 def _ask_verdict(model, messages, allowed: set[str], who: str, usage, **params) -> Verdict:
     "A verdict whose tools are among `allowed`: normalised names, else one re-ask naming the allowed ids, else `TriageError`."
-    reply = _chat(model, messages, Verdict, usage, **params)
+    role = "single_agent" if who == "single agent" else who
+    reply = _chat(model, messages, Verdict, usage, role, **params)
     try: return _check_tools(reply.parsed, allowed, who)
     except TriageError as e:
         fix = (f"Your answer named a detector that is not available here ({e}). Use only these ids, spelled exactly: "
                f"{', '.join(sorted(allowed))}. Answer again with the same JSON object.")
         again = messages + [ChatMessage.of("assistant", reply.text), ChatMessage.of("user", fix)]
-        return _check_tools(_chat(model, again, Verdict, usage, **params).parsed, allowed, who)
+        return _check_tools(_chat(model, again, Verdict, usage, role, **params).parsed, allowed, who)
 
 def audit_table(audits: dict[str, AuditVerdict], detections: dict[str, Detection]) -> str:
     "The audit table as the judge reads it: one line per kept detector."

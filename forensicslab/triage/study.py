@@ -140,23 +140,29 @@ def _jsonable(x):
 
 def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, reliability: dict | float = 0.8,
                  model_cache: str = "off", cache_path: str | Path | None = None, models: dict | None = None,
-                 workers: int = 8, **model_kw) -> Callable[..., CaseResult]:
-    "A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`."
+                 workers: int = 8, controls: Any = None, **model_kw) -> Callable[..., CaseResult]:
+    """A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`. With `controls` (a
+    `forensicslab.chat.models.ModelControls` or anything `ModelControls.of` reads) every model is built from
+    those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache)."""
     if cfg.kind == "algorithmic": return _fusion_result(cfg, algorithmic_fusion)
     if cfg.kind == "ds": return _fusion_result(cfg, lambda d, c: ds_fusion(d, c, reliability))
     models = {} if models is None else models
-    def model(spec):
-        if spec not in models:
-            from forensicslab.chat.models import get_model
-            models[spec] = get_model(spec, cache=model_cache, cache_path=cache_path, **model_kw)
-        return models[spec]
+    def model(spec, role):
+        key = spec if controls is None else (role, spec)
+        if key not in models:
+            from forensicslab.chat.models import ModelControls, get_model
+            if controls is None: models[key] = get_model(spec, cache=model_cache, cache_path=cache_path, **model_kw)
+            else:   # (not ModelControls.model: it holds the controls' lock while get_model reads the shared budget)
+                c = ModelControls.of(controls)
+                models[key] = get_model(c.spec_for(role, spec), controls=c, role=role)
+        return models[key]
     rp = rule_params or RuleParams()
     if cfg.judge is None: raise ValueError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
     if cfg.kind == "single":
-        single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge))
+        single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge, "single"))
         return TriagePipeline(cfg.name, single=single, workers=workers)
-    auditor = None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else LLMAuditor(model(cfg.auditor))
-    judge = RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else LLMJudge(model(cfg.judge), guided=cfg.guided)
+    auditor = None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else LLMAuditor(model(cfg.auditor, "auditor"))
+    judge = RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else LLMJudge(model(cfg.judge, "judge"), guided=cfg.guided)
     return TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers)
 
 # %% ../../nbs/06b_triage.study.ipynb #f2b1c419
@@ -165,7 +171,7 @@ def study_samples(dataset: str, n_per_family: int | None = None, n_authentic: in
     "Samples of a dataset spec (`bench:id`, `folder:PATH`, `casia2:PATH`, ...; a bare `id` is the benchmark's), capped per family by a seeded draw."
     return stratified_draw(load_dataset(dataset, bench_root=root), n_per_family, n_authentic, seed)
 
-# %% ../../nbs/06b_triage.study.ipynb #690c66c8
+# %% ../../nbs/06b_triage.study.ipynb #3d5d22ce
 class Evidence:
     "Stage 0 for a study: cached detections, cards and measured facts per image, shared by every configuration."
     def __init__(self, cache_dir: str | Path | None = None, detectors: list[str] | None = None, timeout: float = 120.0,
@@ -221,7 +227,7 @@ class Evidence:
             while len(self._mem) > self._memory: self._mem.popitem(last=False)
         return out
 
-# %% ../../nbs/06b_triage.study.ipynb #bdb170f3
+# %% ../../nbs/06b_triage.study.ipynb #e2f091c0
 def stage0(samples: list[Sample], evidence: Evidence, workers: int = 2, progress: bool = True) -> float:
     "Compute (or read) the evidence of every sample; returns the seconds spent."
     from tqdm.auto import tqdm
@@ -285,7 +291,10 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
     history = failure_history(run)
     def one(s: Sample) -> dict:
         img, dets, cards, facts = evidence(s.image)
-        row = case_row(s, runner(img, dets, cards, facts), cards)
+        if cfg.offline: row = case_row(s, runner(img, dets, cards, facts), cards)
+        else:
+            from forensicslab.chat.models import chat_context
+            with chat_context(case=s.id): row = case_row(s, runner(img, dets, cards, facts), cards)   # traces name the case
         past = history.get(s.id, [])
         if row["failure"] or past:
             row["failure_history"] = past + ([row["failure"]] if row["failure"] else [])
@@ -479,7 +488,7 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
     timing["agents_s"] = sum(v for k, v in timing.items() if k not in ("stage0_s", "agents_s"))
     return results, timing
 
-# %% ../../nbs/06b_triage.study.ipynb #14f6a072
+# %% ../../nbs/06b_triage.study.ipynb #84e9e639
 def _failure_kind(why: str | None) -> str | None:
     return None if not why else why.split(":", 1)[0].strip() or "unknown"
 
