@@ -258,7 +258,8 @@ def test_analyze_cli_with_model_backends(tmp_path):
     aud, jud = _Role(drop=()), _Role()
     with openai_server(aud) as ua, openai_server(jud) as uj:
         r = CliRunner().invoke(app, ["analyze", str(photo), "--config", "complete", "--report", str(report),
-                                     "--auditor-backend", f"openai-compatible:{ua}#aud", "--judge-backend", f"openai-compatible:{uj}#jud"])
+                                     "--auditor-backend", f"openai-compatible:{ua}#aud", "--judge-backend", f"openai-compatible:{uj}#jud",
+                                     "--cache", "off"])   # the CLI's reply cache (default rw) would replay an earlier run
     assert r.exit_code == 0, r.output
     assert {x[0] for x in aud.roles} == {"auditor"} and [x[0] for x in jud.roles] == ["judge"]
     assert "Model usage" in report.read_text() and "verdict: " in r.output

@@ -63,7 +63,8 @@ def _binary_mask(src: Path, out: Path, select=None) -> Path:
 # %% ../../nbs/03a_data.datasets.ipynb #2d2f2d41
 CASIA2_LAYOUT = """  <root>/Au/Au_*.jpg                        authentic images
   <root>/Tp/Tp_[SD]_*.{jpg,tif}              tampered images (S = copy-move, D = splicing)
-  <root>/CASIA 2 Groundtruth/<stem>_gt.png   masks (Pham et al.); or next to the images
+  <root>/CASIA 2 Groundtruth/<stem>_gt.png   masks (Pham et al.)
+  or next to the images
   (a flat folder of Tp_* images with their *_gt.png masks also works)"""
 CASIA2_URL = "https://github.com/namtpham/casia2groundtruth (ground truth and a link to the images)"
 
@@ -176,11 +177,14 @@ def extract_frames(video: str | Path, out_dir: str | Path, n: int = 1) -> list[P
     cap = cv2.VideoCapture(str(video))
     if not cap.isOpened(): raise ValueError(f"{video}: OpenCV cannot open this video (missing codec or corrupt file)")
     total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) or 1
-    out_dir.mkdir(parents=True, exist_ok=True); got = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    got = []
     for i, idx in enumerate(np.linspace(0, total - 1, n).round().astype(int)):
-        cap.set(cv2.CAP_PROP_POS_FRAMES, int(idx)); ok, fr = cap.read()
+        cap.set(cv2.CAP_PROP_POS_FRAMES, int(idx))
+        ok, fr = cap.read()
         if not ok: continue
-        Image.fromarray(fr[..., ::-1]).save(want[i]); got.append(want[i])
+        Image.fromarray(fr[..., ::-1]).save(want[i])
+        got.append(want[i])
     cap.release()
     if not got: raise ValueError(f"{video}: no frame could be decoded")
     return got
@@ -231,7 +235,8 @@ def load_community_forensics(root: str | Path, images_dir: str | Path | None = N
         for r in t.to_pylist():
             if split and r.get("split") != split: continue
             if limit is not None and len(out) >= limit: return out
-            data = r["image_data"]; name = r.get("image_name") or hashlib.sha1(data).hexdigest()[:16]
+            data = r["image_data"]
+            name = r.get("image_name") or hashlib.sha1(data).hexdigest()[:16]
             model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(r.get("model_name") or "unknown"))
             p = images_dir / model / f"{Path(name).stem}_{hashlib.sha1(data).hexdigest()[:8]}{Path(name).suffix or '.png'}"
             if not p.exists(): p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(data)
@@ -290,7 +295,8 @@ def load_pscc_samples(root: str | Path) -> list[Sample]:
 # %% ../../nbs/03a_data.datasets.ipynb #a6deeb55
 FOLDER_LAYOUTS = (("real", "fake"), ("authentic", "tampered"))
 FOLDER_LAYOUT = """  <root>/real/**/*.{jpg,png,...}   authentic     (or <root>/authentic/**)
-  <root>/fake/**/*.{jpg,png,...}   manipulated   (or <root>/tampered/**; fake/<family>/ names the family)
+  <root>/fake/**/*.{jpg,png,...}   manipulated   (or <root>/tampered/**
+  fake/<family>/ names the family)
   <root>/masks/<stem>.png          optional masks"""
 
 def load_folder(root: str | Path, family: Optional[str] = None, dataset: Optional[str] = None) -> list[Sample]:
@@ -345,7 +351,7 @@ def load_manifest(path: str | Path, check_files: bool = True) -> list[Sample]:
             except ValueError as e: raise ValueError(f"{path}, line {i}: {e}") from None
     return out
 
-# %% ../../nbs/03a_data.datasets.ipynb #2e6f3070
+# %% ../../nbs/03a_data.datasets.ipynb #f9f92d3f
 def _bench(arg: str, bench_root=None) -> list[Sample]:
     from forensicslab.data.bench import load_bench
     return load_bench(arg, bench_root)
@@ -383,7 +389,7 @@ def load_dataset(spec: str, bench_root: str | Path | None = None) -> list[Sample
     if not ss: raise DatasetError(f"dataset {spec!r} holds no images")
     return sorted(ss, key=lambda s: s.id)
 
-# %% ../../nbs/03a_data.datasets.ipynb #bdce1e2f
+# %% ../../nbs/03a_data.datasets.ipynb #daa4bcfd
 def dataset_key(spec: str) -> str:
     "A short filesystem-safe name of a dataset spec: `bench:id` -> `id`, `folder:/x/my_set` -> `my_set`."
     kind, arg = parse_dataset_spec(spec)

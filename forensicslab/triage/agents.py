@@ -97,7 +97,8 @@ def _merge_boxes(boxes: list[list[int]]) -> list[list[int]]:
     out: list[list[int]] = []
     for b in sorted(boxes, key=lambda b: -(b[2] - b[0])):
         for o in out:
-            ix = max(0, min(b[2], o[2]) - max(b[0], o[0])); iy = max(0, min(b[3], o[3]) - max(b[1], o[1]))
+            ix = max(0, min(b[2], o[2]) - max(b[0], o[0]))
+            iy = max(0, min(b[3], o[3]) - max(b[1], o[1]))
             if ix * iy > 0.3 * min((b[2] - b[0]) * (b[3] - b[1]), (o[2] - o[0]) * (o[3] - o[1])): break
         else: out.append(b)
     return out
@@ -120,7 +121,9 @@ def map_facts(heatmap: np.ndarray, hot: float = 0.5, grid: int = 64, min_speck: 
     if h.ndim != 2 or h.size == 0: raise ValueError(f"a heatmap must be a non-empty 2-D array, got shape {h.shape}")
     mask = h >= hot
     lab, n = ndimage.label(mask, structure=np.ones((3, 3), bool))
-    bbox = None; share = top2 = 0.0; ncomp = 0
+    bbox = None
+    share = top2 = 0.0
+    ncomp = 0
     if n:
         sizes = ndimage.sum(np.ones_like(h), lab, index=np.arange(1, n + 1))
         mass = ndimage.sum(h, lab, index=np.arange(1, n + 1))
@@ -140,7 +143,8 @@ def map_facts(heatmap: np.ndarray, hot: float = 0.5, grid: int = 64, min_speck: 
 def _block_mean(h: np.ndarray, grid: int) -> np.ndarray:
     "Average-pool `h` onto an at most `grid` x `grid` array."
     gy, gx = min(grid, h.shape[0]), min(grid, h.shape[1])
-    ys = np.linspace(0, h.shape[0], gy + 1).astype(int); xs = np.linspace(0, h.shape[1], gx + 1).astype(int)
+    ys = np.linspace(0, h.shape[0], gy + 1).astype(int)
+    xs = np.linspace(0, h.shape[1], gx + 1).astype(int)
     return np.add.reduceat(np.add.reduceat(h, ys[:-1], axis=0), xs[:-1], axis=1) / \
            np.outer(np.diff(ys), np.diff(xs))
 
@@ -268,8 +272,12 @@ class Usage(BaseModel):
 
     def add(self, reply) -> "Usage":
         "Count one `Reply`."
-        self.calls += 1; self.input_tokens += reply.input_tokens; self.output_tokens += reply.output_tokens
-        self.cost_usd += reply.cost_usd; self.latency_s += reply.latency_s; self.cached_calls += int(reply.cached)
+        self.calls += 1
+        self.input_tokens += reply.input_tokens
+        self.output_tokens += reply.output_tokens
+        self.cost_usd += reply.cost_usd
+        self.latency_s += reply.latency_s
+        self.cached_calls += int(reply.cached)
         if reply.model_id not in self.models: self.models.append(reply.model_id)
         return self
 
@@ -407,7 +415,8 @@ def run_auditors(auditor, image: LoadedImage, detections: dict[str, Detection], 
     names = list(detections)
     if workers <= 1 or len(names) <= 1:
         return {n: auditor.audit(image, detections[n], cards[n], facts, usage) for n in names}
-    lock = threading.Lock(); local: dict[str, Usage] = {n: Usage() for n in names}
+    lock = threading.Lock()
+    local: dict[str, Usage] = {n: Usage() for n in names}
     with cf.ThreadPoolExecutor(max_workers=min(workers, len(names)), thread_name_prefix="auditor") as pool:
         futs = {n: pool.submit(contextvars.copy_context().run, auditor.audit, image, detections[n], cards[n], facts, local[n])
                 for n in names}   # each auditor thread keeps the caller's chat context (case name in traces)
@@ -510,12 +519,14 @@ def credibility(det: Detection, card: ToolCard, facts: CaseFacts | None, peers: 
     why = [f"margin {c:.2f}"]
     mf = facts.maps.get(det.detector) if facts else None
     if mf is not None:
-        c *= mf.top2_share; why.append(f"x compactness {mf.top2_share:.2f}")
+        c *= mf.top2_share
+        why.append(f"x compactness {mf.top2_share:.2f}")
     fired_peers = [p for p in peers if p.fired]
     confident_neg = [p for p in peers if not p.fired and p.score < p.threshold - params.margin_min]
     for p in fired_peers:
         b = (p.score - p.threshold) / (1 - p.threshold)
-        c = 1 - (1 - c) * (1 - b); why.append(f"corroborated by {p.detector}")
+        c = 1 - (1 - c) * (1 - b)
+        why.append(f"corroborated by {p.detector}")
     if confident_neg and not fired_peers:
         c *= params.lone_penalty
         why.append(f"x {params.lone_penalty:g}: lone positive against silent {', '.join(p.detector for p in confident_neg)}")
@@ -646,7 +657,9 @@ class TriagePipeline:
 
     def __call__(self, image, detections: dict[str, Detection], cards: dict[str, ToolCard],
                  facts: CaseFacts | None = None) -> CaseResult:
-        t0 = time.perf_counter(); usage = Usage(); audits: dict[str, AuditVerdict] = {}
+        t0 = time.perf_counter()
+        usage = Usage()
+        audits: dict[str, AuditVerdict] = {}
         image = load_image(image)
         if facts is None and self.needs_facts: facts = measure_facts(image, detections, cards)
         try:

@@ -67,7 +67,8 @@ def tool_bba(score: float, scope: frozenset, frame: frozenset, threshold: float 
 
 def dempster(m1: dict[frozenset, float], m2: dict[frozenset, float]) -> tuple[dict[frozenset, float], float]:
     "Dempster's rule of combination: the normalised conjunctive combination and the conflict K."
-    out: dict[frozenset, float] = {}; k = 0.0
+    out: dict[frozenset, float] = {}
+    k = 0.0
     for (a, x), (b, y) in product(m1.items(), m2.items()):
         c = a & b
         if c: out[c] = out.get(c, 0.0) + x * y
@@ -93,7 +94,8 @@ def ds_fusion(detections: dict[str, Detection], cards: dict[str, ToolCard],
     dets = _ok(detections)
     frame = frozenset({AUTHENTIC, *(f for k in dets for f in cards[k].scope)})
     manip = frame - {AUTHENTIC}
-    m: dict[frozenset, float] = {frame: 1.0}; conflicts = []
+    m: dict[frozenset, float] = {frame: 1.0}
+    conflicts = []
     for k in sorted(dets):
         r = reliability.get(k, 0.8) if isinstance(reliability, dict) else reliability
         m, kk = dempster(m, tool_bba(dets[k].score, frozenset(cards[k].scope), frame, dets[k].threshold, r))

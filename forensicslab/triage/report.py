@@ -40,16 +40,28 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:2px solid #ddd;padding-bottom:4px}
 .meta{color:#555;font-size:13px}
-.banner{display:inline-block;padding:10px 16px;border-radius:6px;font-weight:700;font-size:18px;margin:12px 0}
+.banner{display:inline-block
+padding:10px 16px
+border-radius:6px
+font-weight:700
+font-size:18px
+margin:12px 0}
 .manip{background:#fde2e1;color:#8a1c17;border:1px solid #e9a5a1} .auth{background:#e1f5e4;color:#1d5e2a;border:1px solid #9fd3a9}
 .fail{background:#fff4d6;color:#7a5400;border:1px solid #e5c56b}
 table{border-collapse:collapse;font-size:13px;margin:6px 0} th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3} tr.fired td.score{color:#b3261e;font-weight:700} tr.dropped td{color:#888}
-.pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600}
+.pill{display:inline-block
+padding:1px 8px
+border-radius:10px
+font-size:12px
+font-weight:600}
 .valid{background:#d9f2de;color:#1d5e2a} .invalid{background:#eee;color:#555}
 .imgs img{max-width:100%;border:1px solid #ccc;margin:4px 0} .orig{max-width:420px}
 .aud{border:1px solid #ddd;border-radius:6px;padding:8px 12px;margin:8px 0}
-.reason{white-space:pre-wrap;font-size:13.5px;line-height:1.45} ol{margin:4px 0 4px 20px;font-size:13.5px}
+.reason{white-space:pre-wrap
+font-size:13.5px
+line-height:1.45} ol{margin:4px 0 4px 20px
+font-size:13.5px}
 code{background:#f5f5f5;padding:0 3px}
 .note{background:#eef3fb;border:1px solid #b7c9e8;border-radius:6px;padding:8px 12px;font-size:13.5px}
 .scale{display:flex;align-items:center;gap:8px;font-size:12px;color:#444;margin:2px 0}
@@ -65,7 +77,8 @@ def _dispatch_rows(detections: dict[str, Detection], cards: dict[str, ToolCard],
         a = res.audits.get(k)
         native = ""
         if isinstance(d.raw, dict) and c is not None and c.native_metric in d.raw:
-            v = d.raw[c.native_metric]; native = f"{c.native_metric} = {v:.4g}" if isinstance(v, (int, float)) else f"{c.native_metric} = {v}"
+            v = d.raw[c.native_metric]
+            native = f"{c.native_metric} = {v:.4g}" if isinstance(v, (int, float)) else f"{c.native_metric} = {v}"
         score = "" if d.score is None else f"{d.score:.3f}"
         status = d.status if d.status == "ok" else f"{d.status}: {(d.error or '')[:80]}"
         audit = "" if a is None else f'<span class="pill {a.audit_verdict}">{"kept" if a.keep else "dropped"}</span>'
@@ -90,7 +103,7 @@ def _verdict_html(res: CaseResult, cards: dict[str, ToolCard]) -> str:
     path = "<ol>" + "".join(f"<li>{_e(s)}</li>" for s in v.decision_path) + "</ol>"
     return f'{head}{tab}<h3>Decision path</h3>{path}<h3>Reasoning</h3><div class="reason">{_e(v.reasoning)}</div>'
 
-# %% ../../nbs/06c_triage.report.ipynb #4b2f9672
+# %% ../../nbs/06c_triage.report.ipynb #66e759c1
 REGION_COLOURS = ((230, 25, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240))
 
 def map_regions(heatmap: np.ndarray, hot: float = 0.5, min_fraction: float = 1e-3) -> list[list[int]]:
@@ -227,6 +240,7 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
 def write_case_report(path: str | Path, image, detections: dict[str, Detection], cards: dict[str, ToolCard],
                       res: CaseResult, title: str = "case", truth: Optional[str] = None, panels: bool = True) -> Path:
     "Write the case report to `path` (parent folders created); returns the path."
-    p = Path(path); p.parent.mkdir(parents=True, exist_ok=True)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(case_report_html(image, detections, cards, res, title, truth, panels), encoding="utf-8")
     return p

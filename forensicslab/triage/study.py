@@ -171,7 +171,7 @@ def study_samples(dataset: str, n_per_family: int | None = None, n_authentic: in
     "Samples of a dataset spec (`bench:id`, `folder:PATH`, `casia2:PATH`, ...; a bare `id` is the benchmark's), capped per family by a seeded draw."
     return stratified_draw(load_dataset(dataset, bench_root=root), n_per_family, n_authentic, seed)
 
-# %% ../../nbs/06b_triage.study.ipynb #3d5d22ce
+# %% ../../nbs/06b_triage.study.ipynb #d358ca83
 class Evidence:
     "Stage 0 for a study: cached detections, cards and measured facts per image, shared by every configuration."
     def __init__(self, cache_dir: str | Path | None = None, detectors: list[str] | None = None, timeout: float = 120.0,
@@ -227,7 +227,7 @@ class Evidence:
             while len(self._mem) > self._memory: self._mem.popitem(last=False)
         return out
 
-# %% ../../nbs/06b_triage.study.ipynb #e2f091c0
+# %% ../../nbs/06b_triage.study.ipynb #da6bdf05
 def stage0(samples: list[Sample], evidence: Evidence, workers: int = 2, progress: bool = True) -> float:
     "Compute (or read) the evidence of every sample; returns the seconds spent."
     from tqdm.auto import tqdm
@@ -438,8 +438,11 @@ def figure2(raw: pd.DataFrame, title: str = "", paper: bool = False):
             ax.bar(x + (j - (len(colls) - 1) / 2) * w, v, w, color=colours, edgecolor="black", linewidth=0.6,
                    hatch="//" if coll == "ood" else None, yerr=np.nan_to_num(err), capsize=3,
                    label={"id": "in-distribution", "ood": "out-of-distribution"}.get(coll, coll))
-        ax.set_title(name); ax.set_xticks(x); ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylim(0, 105); ax.grid(axis="y", alpha=0.3)
+        ax.set_title(name)
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("%")
     h, l = axes[0].get_legend_handles_labels()
     import textwrap
@@ -488,7 +491,7 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
     timing["agents_s"] = sum(v for k, v in timing.items() if k not in ("stage0_s", "agents_s"))
     return results, timing
 
-# %% ../../nbs/06b_triage.study.ipynb #84e9e639
+# %% ../../nbs/06b_triage.study.ipynb #90b9e8b3
 def _failure_kind(why: str | None) -> str | None:
     return None if not why else why.split(":", 1)[0].strip() or "unknown"
 
@@ -540,7 +543,8 @@ def calibrate_rules(samples: list[Sample], evidence: Evidence, grid: dict | None
         m = triage_metrics(rows, n_boot=0)
         out.append(dict(zip(keys, vals), accuracy=m["accuracy"][0], arbitration=m["arbitration"][0],
                         recall=m["recall"][0], specificity=m["specificity"][0]))
-    df = pd.DataFrame(out); df["objective"] = (df.accuracy + df.arbitration) / 2
+    df = pd.DataFrame(out)
+    df["objective"] = (df.accuracy + df.arbitration) / 2
     base = RuleParams()
     df["changed"] = sum((df[k] != getattr(base, k)).astype(int) for k in keys)   # ties go to the current defaults
     df = df.sort_values(["objective", "accuracy", "changed"], ascending=[False, False, True]).reset_index(drop=True)
