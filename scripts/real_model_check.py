@@ -139,7 +139,7 @@ def debate_roles(model, path, case: str) -> dict:
     from forensicslab.core import Sample
     from forensicslab.debate.engine import DebateConfig, DebateInput, run_debate
     from forensicslab.debate.retrieval import ChatSummarizer, PageHit
-    sample = Sample(id=case, image=str(path), caption="Flood waters cover the main square of Dresden, August 2002.", label=0,
+    sample = Sample(id=case, image=str(path), caption="Flood waters cover the main square of Dresden, August 2002.", label=1,
                     family="out_of_context")
     out = {}
     pages = [PageHit(url="https://example.org/a", title="Floods in Dresden",
