@@ -56,7 +56,7 @@ def prompt_hash(system: str, *names: str) -> str:
         h.update(load_prompt(system, n).encode())
     return h.hexdigest()[:12]
 
-# %% ../../nbs/05f_chat.prompts.ipynb #709a63d1
+# %% ../../nbs/05f_chat.prompts.ipynb #10dcc03e
 import unicodedata
 
 _INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"

@@ -94,7 +94,8 @@ def _fake_image(path: Path, size=(32, 24), seed: int = 0, mode="RGB") -> Path:
     "Write a small random image (fixture helper)."
     path.parent.mkdir(parents=True, exist_ok=True)
     a = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(a).convert(mode).save(path); return path
+    Image.fromarray(a).convert(mode).save(path)
+    return path
 
 # %% ../../nbs/03a_data.datasets.ipynb #285e9b51
 COVERAGE_LAYOUT = """  <root>/image/<n>.tif        original
@@ -153,7 +154,9 @@ def load_noso(root: str | Path) -> list[Sample]:
     out = []
     for p in _images(root):
         if p.stem.endswith("_gt"): continue
-        if re.fullmatch(r"\d+", p.stem): out.append(_sample("noso", p, 0, None)); continue
+        if re.fullmatch(r"\d+", p.stem):
+            out.append(_sample("noso", p, 0, None))
+            continue
         if m := re.fullmatch(r"(\d+)_mod(_\d+)?", p.stem):
             gt = p.with_name(f"{p.stem}_gt.png")
             if not gt.exists(): raise MissingData(gt, "NoSo", NOSO_LAYOUT, NOSO_URL)
@@ -239,7 +242,9 @@ def load_community_forensics(root: str | Path, images_dir: str | Path | None = N
             name = r.get("image_name") or hashlib.sha1(data).hexdigest()[:16]
             model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(r.get("model_name") or "unknown"))
             p = images_dir / model / f"{Path(name).stem}_{hashlib.sha1(data).hexdigest()[:8]}{Path(name).suffix or '.png'}"
-            if not p.exists(): p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(data)
+            if not p.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
             lab = int(r["label"])
             s = _sample("community_forensics", p, lab, "synthesis", generator=r.get("model_name"),
                         architecture=r.get("architecture"), real_source=r.get("real_source"), split=r.get("split"), shard=sh.name)

@@ -518,7 +518,9 @@ def run_totals(results: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
         kinds_all: dict[str, int] = {}
         for s in df.failures_by_kind:
             for part in s.split("; "):
-                if part != "-": k, v = part.rsplit(" ", 1); kinds_all[k] = kinds_all.get(k, 0) + int(v)
+                if part != "-":
+                    k, v = part.rsplit(" ", 1)
+                    kinds_all[k] = kinds_all.get(k, 0) + int(v)
         df.loc[len(df)] = dict(config="all", collection="all", failures_by_kind="; ".join(f"{k} {v}" for k, v in sorted(kinds_all.items())) or "-",
                                **{k: (round(v, 6) if isinstance(v, float) else int(v)) for k, v in tot.items()})
     return df
