@@ -147,10 +147,10 @@ def debate_roles(model, path, case: str) -> dict:
     with chat_context(case=f"{case}:debate.summariser", role="debate.summariser"):
         try: out["summariser"] = ChatSummarizer(model).summarize(pages)[:60]
         except Exception as e: out["summariser"] = f"failed: {type(e).__name__}"
-    for strategy in ("judged", "actor_skeptic"):    # debaters, judge, actor, skeptic (initial answers, then the verdict)
+    for strategy, rounds in (("judged", 0), ("actor_skeptic", 1)):   # debaters and judge; actor and skeptic
         with chat_context(case=f"{case}:debate.{strategy}"):
             res = run_debate(DebateInput(sample, None, path.parent), [model, model],
-                             DebateConfig(strategy=strategy, retrieval=False, max_rounds=0))
+                             DebateConfig(strategy=strategy, retrieval=False, max_rounds=rounds))
         out[strategy] = res.status
     return out
 
@@ -185,7 +185,7 @@ def calls_from_trace(trace: Path) -> list[dict]:
         if rec["step"] == "answer":
             label = str(rec.get("case") or "").partition(":")[2]     # the study role the check was running
             role = rec.get("role") or "?"
-            c = {"role": role if label.endswith(role) else f"{label}/{role}", "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
+            c = {"role": role if not label or label.endswith(role) else f"{label}/{role}", "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
                  "reasked": False, "repaired": False, "status": rec.get("status"), "tin": 0, "tout": 0, "secs": 0.0}
             calls.append(c)
             open_[k] = c
@@ -194,11 +194,12 @@ def calls_from_trace(trace: Path) -> list[dict]:
         if rec["step"] == "reask": c["reasked"] = True
         c["status"] = rec.get("status")
         c["repaired"] = c["repaired"] or bool(rec.get("repaired"))
-        c["live"] += int(rec.get("cache") != "hit" and (rec.get("attempts") or 0) > 0)
+        live = rec.get("cache") != "hit" and (rec.get("attempts") or 0) > 0
+        c["live"] += int(live)
         u = rec.get("usage") or {}
         c["tin"] += u.get("input_tokens") or 0
         c["tout"] += u.get("output_tokens") or 0
-        c["secs"] += rec.get("latency_s") or 0.0
+        c["secs"] += (rec.get("latency_s") or 0.0) if live else 0.0
     return calls
 
 
@@ -312,7 +313,7 @@ def main(argv=None) -> int:
     seen = {r["role"] for r in rows}
     print("roles in the trace:", ", ".join(sorted(seen)))
     if len(seen) < 8: problems.append(f"only {len(seen)} roles in the trace")
-    bad = [r for r in rows if r["backend"].startswith("hf:") and r["schema-valid"].count("/") and
+    bad = [r for r in rows if r["backend"].startswith("hf:") and not r["schema-valid"].startswith("n/a") and
            r["schema-valid"].split("/")[0] != r["schema-valid"].split("/")[1]]
     if bad: problems.append(f"constrained hf: replies not all schema-valid: {[r['role'] for r in bad]}")
     if network: problems.append(f"the replay made {network} model calls")
