@@ -584,7 +584,7 @@ class ModelControls(BaseModel):
     concurrency: Optional[int] = None
     _budget: Optional[Budget] = PrivateAttr(default=None)
     _models: dict = PrivateAttr(default_factory=dict)
-    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _lock: Any = PrivateAttr(default_factory=threading.RLock)  # re-entrant: `model` builds under it and reads `budget`
 
     @field_validator("timeout", "attempts", "max_reply_chars")
     @classmethod
