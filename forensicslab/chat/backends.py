@@ -570,11 +570,13 @@ def bounded_schema(schema: dict, max_chars: int) -> dict:
 def json_prefix_fn(tok, schema: type[BaseModel], max_chars: Optional[int] = None):
     """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a
     prefix of a JSON document valid under `schema` (lm-format-enforcer's JSON-schema parser), free-text
-    strings capped at `max_chars`. Built on the library's core classes: its transformers module imports
+    strings capped at `max_chars`, fields in the schema's order, at most one whitespace in a row. Built on the library's core classes: its transformers module imports
     a path transformers 5 removed."""
-    from lmformatenforcer import JsonSchemaParser, TokenEnforcer
+    from lmformatenforcer import CharacterLevelParserConfig, JsonSchemaParser, TokenEnforcer
     sj = schema_json(schema) if max_chars is None else bounded_schema(schema_json(schema), max_chars)
-    enforcer = TokenEnforcer(_tokenizer_data(tok), JsonSchemaParser(sj))
+    # fields in the schema's order (reasoning before verdict) and no runs of whitespace that eat the token budget
+    config = CharacterLevelParserConfig(max_consecutive_whitespaces=1, force_json_field_order=True)
+    enforcer = TokenEnforcer(_tokenizer_data(tok), JsonSchemaParser(sj, config=config))
     def allowed(batch_id, sent):
         out = enforcer.get_allowed_tokens(sent.tolist())
         return getattr(out, "allowed_tokens", out)
