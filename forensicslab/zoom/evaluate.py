@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from pydantic import BaseModel, Field, field_validator
 
-from ..chat.prompts import load_prompt, render_prompt
+from ..chat.prompts import fence, load_prompt, render_prompt
 from ..core import Box, ChatMessage, EvidenceItem, Sample
 from ..imageio import load_image
 from ..metrics import binary_metrics
@@ -123,10 +123,11 @@ class Judge(Protocol):
     def persuaded(self, image, item: EvidenceItem, level: int) -> str: ...
 
 def evidence_text(item: EvidenceItem, width: int, height: int) -> str:
-    "How an evidence item is shown to a judge."
-    if item.box is None: return f"Evidence (whole image): {item.text}"
+    "How an evidence item is shown to a judge: its text is the policy's, so it is fenced as untrusted data."
+    text = fence(item.text, "the explanation under evaluation")
+    if item.box is None: return f"Evidence (whole image):\n{text}"
     x1, y1, x2, y2 = (int(round(v)) for v in item.box.as_list())
-    return f"Evidence for the region [{x1}, {y1}, {x2}, {y2}] (pixels x1, y1, x2, y2 of the {width}x{height} image, outlined in red): {item.text}"
+    return f"Evidence for the region [{x1}, {y1}, {x2}, {y2}] (pixels x1, y1, x2, y2 of the {width}x{height} image, outlined in red):\n{text}"
 
 def marked(image, item: EvidenceItem) -> Image.Image:
     "The image with the item's box outlined in red (unchanged when the item has no box)."
@@ -213,7 +214,7 @@ class RuleEvidenceJudge:
 def split_explanation(text: str, model=None, **params) -> list[str]:
     "Split a plain-text explanation into evidence items: by a chat model, or (offline) into sentences."
     if model is not None:
-        out = model.chat([ChatMessage.of("user", render_prompt("zoom", "split_evidence", explanation=text))], schema=SplitItems, **params).parsed
+        out = model.chat([ChatMessage.of("user", render_prompt("zoom", "split_evidence", explanation=fence(text, "the explanation to split")))], schema=SplitItems, **params).parsed
         return [str(e.get("text", "")).strip() for e in out.evidence if str(e.get("text", "")).strip()]
     sents = [s.strip() for s in re.split(r"(?<=[.!?;])\s+|\n+", text) if s.strip()]
     return [s for s in sents if len(re.findall(r"[A-Za-z]+", s)) >= 4 and not re.fullmatch(r"(?i)\W*(the image is )?(real|fake|ai-generated)\W*", s)]
