@@ -440,7 +440,9 @@ def _retriever_summarize(self, pages: Sequence[PageHit]) -> str:
     out = self.summarizer.summarize(pages)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(out, encoding="utf-8")
+        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # atomic: a reader never sees a half-written summary
+        tmp.write_text(out, encoding="utf-8")
+        tmp.replace(path)
     return out
 
 Retriever._pages, Retriever.summarize = _retriever_pages, _retriever_summarize
