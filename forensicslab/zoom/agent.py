@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..chat.prompts import load_prompt, render_prompt
 from ..core import Box, ChatFailure, ChatMessage, EvidenceItem, ForensicsLabError
-from ..imageio import LoadedImage, load_image
+from ..imageio import LoadedImage, load_image, luma
 
 # %% auto #0
 __all__ = ['MIN_CROP_SIDE', 'ZOOM_TARGET_SIDE', 'MAX_ZOOM', 'VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Status', 'CUES',
@@ -505,9 +505,6 @@ _CUE_TEXT = {
     "text": "High-contrast glyph-like marks {w} do not share a baseline or height, as garbled lettering does (the rule cannot tell letters from other marks).",
 }
 
-def _grey(rgb: np.ndarray) -> np.ndarray:
-    return rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32) if rgb.ndim == 3 else rgb.astype(np.float32)
-
 def _detail_ratio(g: np.ndarray) -> float:
     if min(g.shape[:2]) < 3: return 1.0             # too small for a gradient: neutral ratio
     lap = np.abs(ndi.laplace(g)).mean()
@@ -516,7 +513,7 @@ def _detail_ratio(g: np.ndarray) -> float:
 
 def cue_scores(region: np.ndarray, image_ratio: float | None = None) -> dict[str, float]:
     "The local cues `smooth`, `light`, `text` of a region (RGB or grey); `image_ratio` = `_detail_ratio` of the whole image."
-    g = _grey(region)
+    g = luma(region)
     h, w = g.shape
     out = {"smooth": 0.0, "light": 0.0, "text": 0.0}
     if h < 8 or w < 8: return out
@@ -559,7 +556,7 @@ def _text_misalignment(g: np.ndarray) -> float:
 def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
                       max_dist: float = 1.5) -> tuple[float, Optional[list[int]]]:
     "Exact or mirrored repeats of textured blocks: `(number of blocks in the best agreeing group, box around both copies)`."
-    g = _grey(rgb)
+    g = luma(rgb)
     H, W = g.shape
     q = block // 4
     if H < 2 * block or W < 2 * block: return 0.0, None
@@ -643,7 +640,7 @@ def candidates(rgb: np.ndarray, thresholds: dict = DEFAULT_THRESHOLDS, view_side
     view, s = _resize_long(rgb, view_side)
     H, W = view.shape[:2]
     if min(H, W) < MIN_RULE_SIDE: return []        # too small for any window: nothing can be measured
-    g = _grey(view)
+    g = luma(view)
     lap = _integral(np.abs(ndi.laplace(g)))
     gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
     gb = _integral(np.hypot(gx, gy))
@@ -725,7 +722,7 @@ class RulePolicy:
     def _plan(self, ep: Episode) -> list[dict]:
         if "plan" not in ep.scratch:
             ep.scratch["plan"] = candidates(ep.image.rgb, self.thresholds, self.view_side)
-            ep.scratch["ratio"] = _detail_ratio(_grey(ep.image.rgb))
+            ep.scratch["ratio"] = _detail_ratio(luma(ep.image.rgb))
         return ep.scratch["plan"]
 
     def respond(self, ep: Episode) -> str:

@@ -21,11 +21,11 @@ from pydantic import BaseModel, Field, field_validator
 
 from ..chat.prompts import fence, load_prompt, render_prompt
 from ..core import Box, ChatMessage, EvidenceItem, Sample
-from ..imageio import load_image
+from ..imageio import load_image, luma
 from ..metrics import binary_metrics
 from .rewards import bleu, rouge_l, union_iou
 from ..runs import Case, Run
-from .agent import (CUES, LLMZoomPolicy, RulePolicy, ZoomResult, _detail_ratio, _grey, cue_scores, duplicate_regions,
+from .agent import (CUES, LLMZoomPolicy, RulePolicy, ZoomResult, _detail_ratio, cue_scores, duplicate_regions,
                                norm_to_box, run_zoom, DEFAULT_THRESHOLDS)
 from ..data.datasets import load_folder   # the one folder loader (real/ + fake/)
 
@@ -190,7 +190,7 @@ class RuleEvidenceJudge:
         x1, y1, x2, y2 = (int(round(v)) for v in item.box.clip(im.width, im.height).as_list())
         reg = im.rgb[y1:y2, x1:x2]
         if min(reg.shape[:2]) < 8: return 0.0
-        sc = cue_scores(reg, _detail_ratio(_grey(im.rgb)))
+        sc = cue_scores(reg, _detail_ratio(luma(im.rgb)))
         sc["dup"] = duplicate_regions(reg)[0]
         return float(min(2.0, max(sc[c] / self.thresholds[c] for c in CUES)))
 
