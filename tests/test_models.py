@@ -641,3 +641,21 @@ def test_hf_constrained_decoding_gives_schema_valid_json_from_a_random_model(tmp
     m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
     r = m.chat("is this photo edited", schema=Verdict, temperature=0, max_tokens=120)  # the grammar-valid reply takes 81
     assert isinstance(r.parsed, Verdict)      # random weights: only the grammar can make this valid
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[train])")
+def test_hf_constrained_triage_verdicts_pass_the_cross_field_rules(tmp_path):
+    """Issue 13: the triage verdict's cross-field rules (a manipulated verdict names a decisive tool, an
+    authentic one none; locality n/a exactly when authentic) and its allowed detector ids are in the grammar,
+    so even random weights give verdicts that pass pydantic validation, not just JSON-schema-shaped ones."""
+    from forensicslab.triage.agents import Verdict as TriageVerdict, verdict_schema
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
+    schema, seen = verdict_schema(("adq", "noise")), set()
+    for seed in range(4):          # sampled: several random paths through the grammar
+        r = m.chat(f"case {seed}: is this photo edited", schema=schema, temperature=1.0, seed=seed, max_tokens=600)
+        v = r.parsed
+        assert isinstance(v, TriageVerdict) and set(v.arbitrated_tools) <= {"adq", "noise"}
+        assert v.is_manipulated == bool(v.arbitrated_tools) == (v.locality != "n/a")
+        seen.add(v.is_manipulated)
+    assert r.output_tokens <= 600

@@ -31,9 +31,10 @@ from .reliability import (BackendError, MissingKeyError, TransientError, parse_r
 
 # %% auto #0
 __all__ = ['STRUCTURED_MODES', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
-           'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction', 'Backend', 'OpenAIBackend',
-           'GeminiBackend', 'resolve_device', 'load_processor', 'UnsafeWeightsError', 'check_safe_weights',
-           'gguf_checkpoint', 'grammar_available', 'bounded_schema', 'json_prefix_fn', 'HFBackend']
+           'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction', 'grammar_schema',
+           'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend', 'resolve_device', 'load_processor',
+           'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available', 'grammar_parser',
+           'json_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #a44d76f6
 _SEND_AS_IS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -163,6 +164,58 @@ def with_schema_instruction(messages: list[Prepared], schema: type[BaseModel]) -
     if messages and messages[0].role == "system":
         return [Prepared("system", messages[0].parts + [note]), *messages[1:]]
     return [Prepared("system", [note]), *messages]
+
+
+# %% ../../nbs/05a_chat.backends.ipynb #c79d7920
+def _free_text(node) -> bool:
+    "Whether a JSON-schema node is a free-text string (no enum, const, pattern or format)."
+    return isinstance(node, dict) and node.get("type") == "string" and not ({"enum", "const", "pattern", "format"} & set(node))
+
+def grammar_schema(schema: type[BaseModel], max_chars: Optional[int] = None, max_items: Optional[int] = None) -> dict:
+    """The JSON schema a grammar decodes `schema` under: every property required (as in strict API modes,
+    so that no field can be skipped), free-text strings capped at `max_chars` characters and arrays of them
+    at `max_items` (so a small model closes its object before `max_tokens` instead of spending them inside
+    one string), and the model's cross-field rules in grammar form: a class attribute `grammar_cases`, a
+    list of `{field: extra constraints}`, becomes an `anyOf` of whole objects, one per case, fields in order."""
+    def walk(node):
+        if isinstance(node, list): return [walk(n) for n in node]
+        if not isinstance(node, dict): return node
+        out = {k: walk(v) for k, v in node.items()}
+        if max_chars and _free_text(out): out["maxLength"] = min(int(out.get("maxLength", max_chars)), max_chars)
+        if max_items and out.get("type") == "array" and "maxItems" not in out and _free_text(out.get("items")):
+            out["maxItems"] = max_items
+        if out.get("type") == "object" and isinstance(out.get("properties"), dict): out["required"] = list(out["properties"])
+        return out
+    sj = walk(schema_json(schema))
+    cases = getattr(schema, "grammar_cases", None)
+    if cases:
+        root = {k: v for k, v in sj.items() if k not in ("$defs", "title", "description")}
+        sj = {k: sj[k] for k in ("title", "description", "$defs") if k in sj}
+        sj["anyOf"] = [{**root, "properties": {k: {**v, **case.get(k, {})} for k, v in root["properties"].items()}}
+                       for case in cases]
+    return sj
+
+def free_text_cap(schema: type[BaseModel], max_new_tokens: int, chars_per_token: float = 2.0, max_items: int = 4) -> int:
+    """Characters each free-text string of `schema` may take so that the whole reply fits in `max_new_tokens`:
+    the budget in characters, less the keys and fixed values, shared among the free-text strings (an array of
+    them counts `max_items`; of alternatives, the first). At least 16."""
+    slots, fixed = 0, 2
+    def walk(node, mult: int):
+        nonlocal slots, fixed
+        if isinstance(node, list):
+            for n in node: walk(n, mult)
+            return
+        if not isinstance(node, dict): return
+        if _free_text(node): slots += mult
+        if "enum" in node: fixed += mult * max(len(json.dumps(v)) for v in node["enum"])
+        props = node.get("properties") or {}
+        fixed += mult * sum(len(k) + 6 for k in props)
+        walk(list(props.values()), mult)
+        walk(list((node.get("$defs") or {}).values()), mult)
+        if node.get("anyOf"): walk(node["anyOf"][0], mult)
+        if "items" in node: walk(node["items"], mult * int(node.get("maxItems") or max_items))
+    walk(grammar_schema(schema, max_items=max_items), 1)
+    return max(16, int((max_new_tokens * chars_per_token - fixed) // max(1, slots)))
 
 
 # %% ../../nbs/05a_chat.backends.ipynb #c3ebd910
@@ -312,7 +365,7 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
     if schema is not None:
         if mode in ("json_schema", "json_schema+prompt", "constrained"): kw["response_format"] = _json_schema_format(schema)
         elif mode == "json_object": kw["response_format"] = {"type": "json_object"}
-        if mode == "constrained": extra.setdefault("guided_json", schema_json(schema))   # vLLM guided decoding
+        if mode == "constrained": extra.setdefault("guided_json", grammar_schema(schema))   # vLLM guided decoding
     if extra: kw["extra_body"] = extra
     return kw
 
@@ -539,44 +592,68 @@ def grammar_available() -> bool:
     return importlib.util.find_spec("lmformatenforcer") is not None
 
 def _tokenizer_data(tok):
-    "lm-format-enforcer's view of a tokenizer's vocabulary, built once per tokenizer (a few seconds)."
+    """`(data, alphabet, chars_per_token)`: lm-format-enforcer's view of a tokenizer's vocabulary, every
+    character its tokens can write inside a JSON string, and the mean token length (capped at 2: text is
+    written in shorter tokens than the vocabulary's average); built once per tokenizer (a few seconds)."""
+    from lmformatenforcer.consts import COMPLETE_ALPHABET
     from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
     with _ENFORCER_LOCK:
         key = id(tok)
         if key not in _ENFORCER_DATA:
             n, special, zero = len(tok), set(tok.all_special_ids), tok.encode("0")[-1]
-            regular = []
+            regular, chars = [], set(COMPLETE_ALPHABET)
             for i in range(n):
                 if i in special: continue
                 after0, alone = tok.decode([zero, i])[1:], tok.decode([i])
                 regular.append((i, after0, len(after0) > len(alone)))
+                chars.update(after0)
             decode = lambda ids: tok.decode(ids).rstrip("\ufffd")
-            _ENFORCER_DATA[key] = (tok, TokenEnforcerTokenizerData(regular, decode, tok.eos_token_id, False, n))
-        return _ENFORCER_DATA[key][1]
+            alphabet = "".join(sorted(ch for ch in chars if ch not in "\\\ufffd" and ord(ch) >= 0x20))   # the quote kept, as in the library's own
+            cpt = min(2.0, sum(len(r[1]) for r in regular) / max(1, len(regular)))
+            _ENFORCER_DATA[key] = (tok, TokenEnforcerTokenizerData(regular, decode, tok.eos_token_id, False, n), alphabet, cpt)
+        return _ENFORCER_DATA[key][1:]
 
-def bounded_schema(schema: dict, max_chars: int) -> dict:
-    """A copy of JSON schema `schema` whose free-text strings (no enum, pattern or shorter maxLength) are
-    capped at `max_chars` characters, so that a constrained reply closes its object before `max_tokens`
-    (a small model otherwise spends them all inside one reasoning string and the reply is cut off)."""
-    def walk(node):
-        if isinstance(node, list): return [walk(n) for n in node]
-        if not isinstance(node, dict): return node
-        out = {k: walk(v) for k, v in node.items()}
-        if out.get("type") == "string" and not ({"enum", "const", "pattern", "format"} & set(out)):
-            out["maxLength"] = min(int(out.get("maxLength", max_chars)), max_chars)
-        return out
-    return walk(schema)
 
-def json_prefix_fn(tok, schema: type[BaseModel], max_chars: Optional[int] = None):
-    """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a
-    prefix of a JSON document valid under `schema` (lm-format-enforcer's JSON-schema parser), free-text
-    strings capped at `max_chars`, fields in the schema's order, at most one whitespace in a row. Built on the library's core classes: its transformers module imports
-    a path transformers 5 removed."""
-    from lmformatenforcer import CharacterLevelParserConfig, JsonSchemaParser, TokenEnforcer
-    sj = schema_json(schema) if max_chars is None else bounded_schema(schema_json(schema), max_chars)
-    # fields in the schema's order (reasoning before verdict) and no runs of whitespace that eat the token budget
+# %% ../../nbs/05a_chat.backends.ipynb #f60faa13
+class _BareLiteral(str):
+    "A JSON literal (`true`, `false`, `null`, `[]`) for lm-format-enforcer's `const`, which matches only `str` values, quoted."
+
+def _enforcer_schema(node):
+    """`node` in the form lm-format-enforcer 0.11 enforces: a non-string `const` (which it cannot match) and an
+    array with `maxItems: 0` (whose first item it lets through) become bare literals."""
+    if isinstance(node, list): return [_enforcer_schema(n) for n in node]
+    if not isinstance(node, dict): return node
+    out = {k: _enforcer_schema(v) for k, v in node.items()}
+    if "const" in out and not isinstance(out["const"], str): out["const"] = _BareLiteral(json.dumps(out["const"]))
+    if out.get("type") == "array" and out.get("maxItems") == 0: out = {"const": _BareLiteral("[]")}
+    return out
+
+def grammar_parser(schema: type[BaseModel], max_chars: Optional[int] = None, alphabet: Optional[str] = None,
+                   max_items: Optional[int] = None):
+    """lm-format-enforcer's parser for `grammar_schema(schema, max_chars, max_items)`: fields in the schema's order, at
+    most one whitespace in a row; a root `anyOf` (the model's `grammar_cases`) is a union of whole-document
+    parsers, one per case (the library's own root `anyOf` shares one parse stack between object branches
+    and lets any field through). `alphabet`: the characters free text may use; give the tokenizer's (the
+    library's fast path admits any token inside a string, and a character outside the parser's alphabet
+    then leaves no allowed token at all)."""
+    from lmformatenforcer import CharacterLevelParserConfig, JsonSchemaParser
+    from lmformatenforcer.characterlevelparser import UnionParser
     config = CharacterLevelParserConfig(max_consecutive_whitespaces=1, force_json_field_order=True)
-    enforcer = TokenEnforcer(_tokenizer_data(tok), JsonSchemaParser(sj, config=config))
+    if alphabet: config.alphabet = alphabet
+    sj = _enforcer_schema(grammar_schema(schema, max_chars, max_items))
+    cases = sj.pop("anyOf", None)
+    if not cases: return JsonSchemaParser(sj, config=config)
+    return UnionParser([JsonSchemaParser({**sj, **case}, config=config) for case in cases])
+
+def json_prefix_fn(tok, schema: type[BaseModel], max_new_tokens: Optional[int] = None):
+    """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a
+    prefix of a JSON document valid under `grammar_parser(schema)`; with `max_new_tokens`, free text is
+    capped (`free_text_cap`, at the tokenizer's characters per token, at most 2) so the document fits.
+    Built on the library's core classes: its transformers module imports a path transformers 5 removed."""
+    from lmformatenforcer import TokenEnforcer
+    data, alphabet, chars_per_token = _tokenizer_data(tok)
+    cap = None if max_new_tokens is None else free_text_cap(schema, max_new_tokens, chars_per_token)
+    enforcer = TokenEnforcer(data, grammar_parser(schema, cap, alphabet, max_items=None if cap is None else 4))
     def allowed(batch_id, sent):
         out = enforcer.get_allowed_tokens(sent.tolist())
         return getattr(out, "allowed_tokens", out)
@@ -697,9 +774,8 @@ def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
     else: gen["do_sample"] = False
     if "repetition_penalty" in params: gen["repetition_penalty"] = params["repetition_penalty"]
     tok = getattr(proc, "tokenizer", proc)
-    if schema is not None and self.effective_structured() == "constrained":   # strings get a share of max_tokens
-        strings = max(1, json.dumps(schema_json(schema)).count('"string"'))
-        gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, max(40, 2 * gen["max_new_tokens"] // strings))
+    if schema is not None and self.effective_structured() == "constrained":   # the reply must fit max_tokens
+        gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, gen["max_new_tokens"])
     with lock, torch.no_grad():
         batch = self._encode(messages, schema)
         if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(net.dtype)

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextvars
+import functools
 import json
 import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Protocol
+from typing import Any, ClassVar, Literal, Optional, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from scipy import ndimage
 
@@ -29,8 +30,8 @@ from ..imageio import LoadedImage, fit_within, load_image
 __all__ = ['FACTS_VERSION', 'AuditVerdict', 'Verdict', 'FaceFacts', 'detect_faces', 'MapFacts', 'map_facts', 'describe_region',
            'CaseFacts', 'measure_facts', 'render', 'card_text', 'card_summary', 'detection_text', 'two_panel_image',
            'composite_images', 'jpeg_image', 'Usage', 'TriageError', 'LLMAuditor', 'RuleParams', 'RuleAuditor',
-           'run_auditors', 'make_card', 'audit_table', 'fenced_audits', 'LLMJudge', 'credibility', 'RuleJudge',
-           'LLMSingleAgent', 'RuleSingleAgent', 'CaseResult', 'TriagePipeline']
+           'run_auditors', 'make_card', 'verdict_schema', 'audit_table', 'fenced_audits', 'LLMJudge', 'credibility',
+           'RuleJudge', 'LLMSingleAgent', 'RuleSingleAgent', 'CaseResult', 'TriagePipeline']
 
 # %% ../../nbs/06_triage.agents.ipynb #e5bc5678
 class AuditVerdict(BaseModel):
@@ -52,6 +53,16 @@ class Verdict(BaseModel):
     arbitrated_tools: list[str] = Field(default_factory=list,
                                         description="Decisive detector(s), most decisive first; empty when authentic.")
     decision_path: list[str] = Field(min_length=1)
+    # the rules of `_consistent` in grammar form, for constrained decoding (`chat.backends.grammar_schema`)
+    grammar_cases: ClassVar[list[dict]] = [
+        {"is_manipulated": {"const": True}, "locality": {"enum": ["global", "local"]}, "arbitrated_tools": {"minItems": 1}},
+        {"is_manipulated": {"const": False}, "locality": {"const": "n/a"}, "arbitrated_tools": {"maxItems": 0}}]
+
+    @field_validator("arbitrated_tools")
+    @classmethod
+    def _once_each(cls, tools: list[str]) -> list[str]:
+        "A detector named twice counts once (first place kept): the repeat says nothing new."
+        return list(dict.fromkeys(tools))
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -61,8 +72,6 @@ class Verdict(BaseModel):
             raise ValueError("is_manipulated is false but arbitrated_tools is not empty: an authentic verdict has no decisive tool")
         if self.is_manipulated == (self.locality == "n/a"):
             raise ValueError("locality must be 'n/a' exactly when the image is judged authentic")
-        if len(set(self.arbitrated_tools)) != len(self.arbitrated_tools):
-            raise ValueError("arbitrated_tools lists a detector twice")
         return self
 
     @property
@@ -447,16 +456,26 @@ def _check_tools(v: Verdict, allowed: set[str], who: str) -> Verdict:
     if bad: raise TriageError(f"the {who} named detector(s) {bad} it was not given; allowed: {sorted(allowed)}")
     return v if fixed == v.arbitrated_tools else v.model_copy(update={"arbitrated_tools": fixed})
 
+@functools.lru_cache(maxsize=256)
+def verdict_schema(allowed: tuple[str, ...]) -> type[Verdict]:
+    """`Verdict` whose JSON schema names the `allowed` detector ids, so that a grammar or a strict API keeps
+    `arbitrated_tools` to them; validation stays `Verdict`'s own (names are normalised by `_check_tools`)."""
+    if not allowed: return Verdict
+    tools = Field(default_factory=list, description="Decisive detector(s), most decisive first; empty when authentic.",
+                  json_schema_extra={"items": {"type": "string", "enum": list(allowed)}})
+    return create_model("Verdict", __base__=Verdict, arbitrated_tools=(list[str], tools))
+
 def _ask_verdict(model, messages, allowed: set[str], who: str, usage, **params) -> Verdict:
     "A verdict whose tools are among `allowed`: normalised names, else one re-ask naming the allowed ids, else `TriageError`."
     role = "single_agent" if who == "single agent" else who
-    reply = _chat(model, messages, Verdict, usage, role, **params)
+    schema = verdict_schema(tuple(sorted(allowed)))
+    reply = _chat(model, messages, schema, usage, role, **params)
     try: return _check_tools(reply.parsed, allowed, who)
     except TriageError as e:
         fix = (f"Your answer named a detector that is not available here ({e}). Use only these ids, spelled exactly: "
                f"{', '.join(sorted(allowed))}. Answer again with the same JSON object.")
         again = messages + [ChatMessage.of("assistant", reply.text), ChatMessage.of("user", fix)]
-        return _check_tools(_chat(model, again, Verdict, usage, role, **params).parsed, allowed, who)
+        return _check_tools(_chat(model, again, schema, usage, role, **params).parsed, allowed, who)
 
 def audit_table(audits: dict[str, AuditVerdict], detections: dict[str, Detection]) -> str:
     "The audit table as the judge reads it: one line per kept detector."
