@@ -154,6 +154,44 @@ def test_gpu_check_script_dry_run_on_cpu():
     assert rep["ok"] and rep["sft"]["steps"] == 2 and rep["grpo"]["steps"] == 1
 
 
+def test_grounding_verifier_reads_the_box_and_the_location(tmp_path):
+    from forensicslab.zoom.verifier import collate_items, location_agreement, load_verifier, save_verifier
+    rgb = np.full((64, 64, 3), 90, np.uint8)
+    rgb[4:24, 4:24] = 250
+    text = "A bright patch in the upper left has no light source."
+    right, wrong = VerifierItem(rgb, [4, 4, 24, 24], text), VerifierItem(rgb, [40, 40, 60, 60], text)
+    assert location_agreement(text, right.box, 64, 64) == 1.0 and location_agreement(text, wrong.box, 64, 64) == -1.0
+    vlm, proc = build_tiny_vlm(TinyVLMSpec(vocab_size=600, max_pixels=64 * 64))
+    save_vlm(vlm, proc, tmp_path / "base")
+    cfg = VerifierTrainConfig(lora=False, grounding=True, freeze_vision=True)
+    model, vproc = new_verifier(tmp_path / "base", cfg, device="cpu")
+    hidden = model.backbone.config.get_text_config().hidden_size
+    assert model.score.in_features == 3 * hidden + 1
+    batch = collate_items(vproc, [right, wrong])
+    assert batch["location"].tolist() == [1.0, -1.0]
+    crop = model.crop_features(batch["pixel_values"], batch["image_grid_thw"])
+    assert crop.shape == (2, 2 * hidden) and not torch.allclose(crop[0], crop[1])   # the two crops differ
+    with torch.no_grad():                       # only the location weight: the wrong box must score lower
+        model.score.weight.zero_(); model.score.bias.zero_(); model.score.weight[0, -1] = 3.0
+    s = Verifier(model, vproc)(rgb, [(right.box, text), (wrong.box, text)])
+    assert s[0] > 0.9 and s[1] < 0.1, s
+    save_verifier(Verifier(model, vproc), tmp_path / "ver", tmp_path / "base", cfg)
+    s2 = load_verifier(tmp_path / "ver", device="cpu")(rgb, [(right.box, text), (wrong.box, text)])
+    assert np.allclose(s, s2, atol=1e-5)
+
+
+def test_snapped_trajectory_boxes_sit_on_the_grid(tmp_path):
+    import re
+    from forensicslab.zoom.agent import parse_action
+    from forensicslab.zoom.train import snap_trajectory
+    trajs, _ = smoke_task(tmp_path / "data", n=2, size=96)
+    for t in trajs:
+        sn = snap_trajectory(t, 16)
+        for st in sn["steps"]:
+            assert all(int(v) % 16 == 0 for v in re.findall(r"\d+", st["text"].split("</think>")[-1])), st["text"]
+            assert parse_action(st["text"], "o3", (96, 96)).kind == st["kind"]   # still a valid turn
+
+
 def test_shipped_configs_load_and_validate():
     from forensicslab.zoom.cli import shipped_config
     from forensicslab.zoom.train import ZoomConfigError

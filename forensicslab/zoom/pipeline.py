@@ -20,7 +20,7 @@ import torch
 from ..core import Sample
 from .tinyvlm import load_vlm
 from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint,
-                                     load_policy, run_grpo, run_sft, save_checkpoint)
+                                     load_policy, run_grpo, run_sft, save_checkpoint, snap_trajectory)
 
 # %% auto #0
 __all__ = ['pipeline_data', 'evaluate_checkpoint', 'run_pipeline']
@@ -36,7 +36,7 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
     pool = train + (extra_train(cfg.extra_train, seed=seed) if cfg.extra_train and cfg.data == "artifacts" else [])
     built = construct(pool, variants=(cfg.variant,), seed=seed)
     sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed) if cfg.curriculum else built
-    trajs = [t for t in sft.trajectories if t["variant"] == cfg.variant]
+    trajs = [snap_trajectory(t, cfg.box_grid) for t in sft.trajectories if t["variant"] == cfg.variant]
     evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
     return dict(train=train, pool=pool, trajectories=trajs, verifier_items=built.verifier_items, eval=evals)
 
@@ -52,7 +52,8 @@ def _pipeline_verifier(cfg: ZoomTrainConfig, base_path: Path, data: dict, out: P
         log("verifier: found, reused")
         return load_verifier(out / "verifier", device=cfg.device, base_path=base_path)
     tiny = cfg.base == "tiny"
-    vcfg = VerifierTrainConfig(**{"lora": not tiny, "lr": 3e-3 if tiny else 1e-4, "freeze_vision": bool(tiny and cfg.vision),
+    vcfg = VerifierTrainConfig(**{"lora": not tiny, "lr": 3e-3 if tiny else 1e-4, "freeze_vision": bool(tiny and cfg.vision), "grounding": tiny,
+                                  **({"epochs": 8} if tiny else {}),
                                   "seed": cfg.seed, **cfg.verifier})
     model, proc = new_verifier(base_path, vcfg, device=cfg.device, dtype="float32" if vcfg.autocast else cfg.dtype)
     from forensicslab.zoom.construct import grounding_negatives

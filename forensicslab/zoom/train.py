@@ -33,9 +33,10 @@ from .agent import (TOOL_NAME, BoxError, Episode, ZoomStep, observation_text, pr
 
 # %% auto #0
 __all__ = ['CURVES', 'ZoomConfigError', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'ZoomEnv', 'crop_tool_schema',
-           'fill_images', 'sft_dataset', 'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves', 'world_size',
-           'run_sft', 'turn_texts', 'HybridReward', 'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo', 'save_checkpoint',
-           'load_checkpoint', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom', 'smoke_task']
+           'fill_images', 'sft_dataset', 'snap_box', 'snap_trajectory', 'ToolVLMCollator', 'CSVLogger', 'read_curves',
+           'plot_curves', 'world_size', 'run_sft', 'turn_texts', 'HybridReward', 'ZoomGRPOTrainer', 'grpo_dataset',
+           'run_grpo', 'save_checkpoint', 'load_checkpoint', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom',
+           'smoke_task']
 
 # %% ../../nbs/08g_zoom.train.ipynb #2e7e4247
 class ZoomConfigError(ForensicsLabError, ValueError):
@@ -84,6 +85,7 @@ class ZoomTrainConfig:
     vision: dict = field(default_factory=dict)  # VisionPretrainConfig fields: pretrain the tiny vision tower (empty: no)
     extra_train: int = 0                    # extra train-split draws of the artifact generator (200 images each)
     curriculum: bool = False                # SFT trajectories zoom on the reference flaw only (no invalid candidates)
+    box_grid: int = 0                       # >0: SFT boxes rounded to multiples of this many pixels (`snap_trajectory`)
     # scale-out and the `forensicslab train zoom` command
     sft_global_batch: int = 0               # >0: per-device SFT batch = global / (ranks x sft_grad_accum) (paper: 8)
     use_vllm: bool = False                  # GRPO rollouts with vLLM (TRL colocate mode); needs vllm installed
@@ -128,9 +130,9 @@ class ZoomTrainConfig:
     @classmethod
     def quick(cls, **kw) -> "ZoomTrainConfig":
         "The offline quick configuration: tiny model on CPU, minutes not hours."
-        d = dict(base="tiny", tiny=dict(vocab_size=2048, max_pixels=256 * 256, split_digits=True, hidden_size=96,
+        d = dict(base="tiny", tiny=dict(vocab_size=2048, max_pixels=256 * 256, split_digits=False, hidden_size=96,
                                         intermediate_size=192),
-                 vision=dict(epochs=6, lr=3e-3), extra_train=2, curriculum=True, device="cpu", max_zooms=2,
+                 vision=dict(epochs=6, lr=3e-3), extra_train=2, curriculum=True, box_grid=20, device="cpu", max_zooms=2,
                  lora_modules_to_save=["lm_head", "embed_tokens"], lora_dropout=0.0, sft_epochs=2, sft_batch_size=4,
                  sft_lr=5e-3, grpo_steps=30, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8,
                  max_completion_length=384, max_tool_calls=2, logging_steps=1)
@@ -246,6 +248,37 @@ def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: in
     ds = Dataset.from_dict({"idx": list(range(len(trajs)))})
     ds.set_transform(build)
     return ds
+
+# %% ../../nbs/08g_zoom.train.ipynb #646d6aa0
+def snap_box(box, grid: int, width: int, height: int) -> list[int]:
+    "`box` with each side rounded to the nearest multiple of `grid` pixels (at least one cell wide), clipped to the image."
+    x1, y1, x2, y2 = (float(v) for v in box)
+    def side(a, b, limit):
+        lo, hi = round(a / grid) * grid, round(b / grid) * grid
+        if hi <= lo: hi = lo + grid
+        if hi > limit: lo, hi = max(0, min(lo, limit - grid)), limit
+        return int(max(0, lo)), int(hi)
+    (x1, x2), (y1, y2) = side(x1, x2, width), side(y1, y2, height)
+    return [x1, y1, x2, y2]
+
+def snap_trajectory(traj: dict, grid: int) -> dict:
+    "A copy of `traj` (`{'image', 'steps', ...}`) with every crop and evidence box snapped by `snap_box` and the turns re-rendered."
+    from forensicslab.zoom.agent import ZoomAnswer, parse_action, render_turn
+    if grid <= 0: return traj
+    im = load_image(traj["image"])
+    W, H = im.width, im.height
+    steps = []
+    for st in traj["steps"]:
+        st = ZoomStep.model_validate(st)
+        if st.kind == "crop":
+            b = snap_box(st.bbox, grid, W, H)
+            st = st.model_copy(update={"bbox": [float(v) for v in b], "text": render_turn(st.think, bbox=b)})
+        elif st.kind == "answer":
+            a = parse_action(st.text, "o3", (W, H)).answer
+            ev = [{"bbox": (snap_box(e.bbox, grid, W, H) if e.bbox is not None else None), "text": e.text} for e in a.evidence]
+            st = st.model_copy(update={"text": render_turn(st.think, answer=ZoomAnswer(verdict=a.verdict, evidence=ev))})
+        steps.append(st.model_dump())
+    return {**traj, "steps": steps}
 
 # %% ../../nbs/08g_zoom.train.ipynb #9ad0f679
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling

@@ -26,8 +26,8 @@ from .tinyvlm import load_vlm
 
 # %% auto #0
 __all__ = ['TEXT_LORA_TARGETS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages', 'items_from_records',
-           'last_token_index', 'EvidenceVerifier', 'add_lora', 'collate_items', 'soft_bce', 'VerifierTrainConfig',
-           'train_verifier', 'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
+           'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'collate_items', 'soft_bce',
+           'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
 
 # %% ../../nbs/08f_zoom.verifier.ipynb #b1d4b52d
 def to_pil(image) -> Image.Image:
@@ -98,6 +98,17 @@ def items_from_records(records: Iterable[dict], with_labels: bool = True) -> lis
         out.append(VerifierItem(r["image"], r["box"], r["text"], float(lab) if (with_labels and lab is not None) else None))
     return out
 
+# %% ../../nbs/08f_zoom.verifier.ipynb #c16de761
+_PHRASES = ("in the upper left", "in the upper right", "in the lower left", "in the lower right", "in the upper middle",
+            "in the lower middle", "on the left", "on the right", "at the centre")
+
+def location_agreement(text: str, box: Sequence[float], width: int, height: int) -> float:
+    "+1 when the text names the box's location (`zoom.where_phrase`), -1 when it names another place, 0 when it names none."
+    from forensicslab.zoom.agent import where_phrase
+    said = [p for p in _PHRASES if p in text.lower()]
+    if not said: return 0.0
+    return 1.0 if where_phrase(box, width, height) in said else -1.0
+
 # %% ../../nbs/08f_zoom.verifier.ipynb #fc8a2266
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     "Index of the last position with mask 1 in each row (works for left or right padding)."
@@ -105,25 +116,42 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(attention_mask.bool(), pos, torch.full_like(pos, -1)).max(dim=1).values
 
 class EvidenceVerifier(nn.Module):
-    "A vision-language backbone plus a linear head: one validity logit per (image, crop, box, text) input."
-    def __init__(self, backbone: nn.Module, hidden_size: int):
+    """A vision-language backbone plus a linear head: one validity logit per (image, crop, box, text) input.
+
+    With `grounding`, the head also reads what lies under the box: the vision tower's tokens of the crop
+    (mean- and max-pooled) and whether the location the text names agrees with the box (`location_agreement`)."""
+    def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False):
         super().__init__()
-        self.backbone, self.score = backbone, nn.Linear(hidden_size, 1)
+        self.grounding = grounding
+        self.backbone, self.score = backbone, nn.Linear(hidden_size * (3 if grounding else 1) + int(grounding), 1)
         nn.init.normal_(self.score.weight, std=0.02)
         nn.init.zeros_(self.score.bias)
 
     @classmethod
-    def from_vlm(cls, vlm) -> "EvidenceVerifier":
+    def from_vlm(cls, vlm, grounding: bool = False) -> "EvidenceVerifier":
         "Build from an image-text-to-text model (its `.model` is the backbone) or from a bare backbone."
         backbone = getattr(vlm, "model", vlm)
         hidden = backbone.config.get_text_config().hidden_size
-        v = cls(backbone, hidden)
+        v = cls(backbone, hidden, grounding)
         return v.to(device=next(backbone.parameters()).device, dtype=next(backbone.parameters()).dtype)
 
-    def forward(self, input_ids, attention_mask, **multimodal) -> torch.Tensor:
+    def crop_features(self, pixel_values, image_grid_thw) -> torch.Tensor:
+        "`(items, 2 x hidden)`: mean and max of the vision tower's merged tokens of each item's crop (its second image)."
+        vis = self.backbone.visual
+        tokens = vis(pixel_values, grid_thw=image_grid_thw).pooler_output
+        merge = vis.spatial_merge_size ** 2
+        per = (image_grid_thw.prod(-1) // merge).tolist()
+        crops = torch.split(tokens, per)[1::2]
+        return torch.stack([torch.cat([t.mean(0), t.max(0).values]) for t in crops])
+
+    def forward(self, input_ids, attention_mask, location=None, **multimodal) -> torch.Tensor:
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **multimodal).last_hidden_state
         idx = last_token_index(attention_mask)
         pooled = h[torch.arange(h.shape[0], device=h.device), idx]
+        if self.grounding:
+            if location is None: raise ValueError("a grounding verifier needs the `location` agreement of each item (collate_items gives it)")
+            crop = self.crop_features(multimodal["pixel_values"], multimodal["image_grid_thw"])
+            pooled = torch.cat([pooled, crop.to(pooled.dtype), location[:, None].to(pooled.dtype)], -1)
         return self.score(pooled.to(self.score.weight.dtype)).squeeze(-1)
 
 # %% ../../nbs/08f_zoom.verifier.ipynb #9c71f651
@@ -143,11 +171,12 @@ def add_lora(verifier: EvidenceVerifier, r: int = 16, alpha: int = 32, dropout: 
 
 # %% ../../nbs/08f_zoom.verifier.ipynb #6760a38f
 def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None) -> dict:
-    "Tokenise a batch of items with `processor` (left padding) into model inputs on `device`."
+    "Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's `location` agreement."
     msgs = [verifier_messages(i.image, i.box, i.text) for i in items]
     batch = processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
                                           processor_kwargs={"padding": True}, add_generation_prompt=False)
     batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
+    batch["location"] = torch.tensor([location_agreement(i.text, i.box, *to_pil(i.image).size) for i in items])
     if device is not None: batch = {k: v.to(device) for k, v in batch.items()}
     if dtype is not None and "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(dtype)
     return batch
@@ -173,6 +202,7 @@ class VerifierTrainConfig:
     warmup_ratio: float = 0.03       # linear warm-up share of the steps, then cosine decay
     autocast: bool = True            # on CUDA: bf16 autocast over fp32 master weights (load the base in float32)
     freeze_vision: bool = False      # keep the vision tower fixed (e.g. one pretrained offline, see zoom.vision)
+    grounding: bool = False          # the head also reads the crop's vision tokens and the text-box location agreement
 
 # %% ../../nbs/08f_zoom.verifier.ipynb #477ecae4
 def _lr_lambda(total: int, warmup: int):
@@ -268,7 +298,7 @@ def new_verifier(base_path: str | Path, cfg: VerifierTrainConfig | None = None, 
     cfg = cfg or VerifierTrainConfig()
     vlm, proc = load_vlm(base_path, device=device, dtype=dtype, max_pixels=max_pixels)
     torch.manual_seed(cfg.seed)
-    v = EvidenceVerifier.from_vlm(vlm)
+    v = EvidenceVerifier.from_vlm(vlm, grounding=cfg.grounding)
     del vlm
     if cfg.lora: add_lora(v, cfg.lora_r, cfg.lora_alpha)
     return v, proc
@@ -283,7 +313,7 @@ def save_verifier(verifier: Verifier | EvidenceVerifier, path: str | Path, base_
     state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     save_file(state, str(path / "trainable.safetensors"))
     meta = {"base_path": portable_path(base_path, path), "lora": cfg.lora, "lora_r": cfg.lora_r,
-            "lora_alpha": cfg.lora_alpha, **(extra or {})}
+            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **(extra or {})}
     (path / "verifier.json").write_text(json.dumps(meta, indent=2))
     return path
 
@@ -292,7 +322,8 @@ def load_verifier(path: str | Path, device: str = "auto", dtype: str = "auto", b
     path = Path(path)
     if not (path / "verifier.json").exists(): raise FileNotFoundError(f"{path} has no verifier.json: not a verifier folder")
     meta = json.loads((path / "verifier.json").read_text())
-    cfg = VerifierTrainConfig(lora=meta["lora"], lora_r=meta["lora_r"], lora_alpha=meta["lora_alpha"])
+    cfg = VerifierTrainConfig(lora=meta["lora"], lora_r=meta["lora_r"], lora_alpha=meta["lora_alpha"],
+                              grounding=meta.get("grounding", False))
     model, proc = new_verifier(base_path or resolve_portable(meta["base_path"], path), cfg, device=device, dtype=dtype)
     state = load_file(str(path / "trainable.safetensors"))
     missing = set(state) - {n for n, _ in model.named_parameters()}
