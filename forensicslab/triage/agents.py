@@ -462,7 +462,7 @@ def verdict_schema(allowed: tuple[str, ...]) -> type[Verdict]:
     `arbitrated_tools` to them; validation stays `Verdict`'s own (names are normalised by `_check_tools`)."""
     if not allowed: return Verdict
     tools = Field(default_factory=list, description="Decisive detector(s), most decisive first; empty when authentic.",
-                  json_schema_extra={"items": {"type": "string", "enum": list(allowed)}})
+                  json_schema_extra={"items": {"type": "string", "enum": list(allowed)}, "maxItems": len(allowed)})
     return create_model("Verdict", __base__=Verdict, arbitrated_tools=(list[str], tools))
 
 def _ask_verdict(model, messages, allowed: set[str], who: str, usage, **params) -> Verdict:
