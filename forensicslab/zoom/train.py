@@ -132,9 +132,9 @@ class ZoomTrainConfig:
         "The offline quick configuration: tiny model on CPU, minutes not hours."
         d = dict(base="tiny", tiny=dict(vocab_size=2048, max_pixels=256 * 256, split_digits=False, hidden_size=96,
                                         intermediate_size=192),
-                 vision=dict(epochs=6, lr=3e-3), extra_train=2, curriculum=True, box_grid=20, device="cpu", max_zooms=2,
+                 vision=dict(epochs=6, lr=3e-3), extra_train=2, curriculum=True, box_grid=40, device="cpu", max_zooms=2,
                  lora_modules_to_save=["lm_head", "embed_tokens"], lora_dropout=0.0, sft_epochs=2, sft_batch_size=4,
-                 sft_lr=5e-3, grpo_steps=30, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8,
+                 sft_lr=5e-3, grpo_steps=60, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8, temperature=0.7,
                  max_completion_length=384, max_tool_calls=2, logging_steps=1)
         return cls(**{**d, **kw})
 
