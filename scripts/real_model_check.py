@@ -172,7 +172,7 @@ def zoom_roles(model, path, case: str) -> dict:
     from forensicslab.zoom.evaluate import LLMEvidenceJudge as LLMJudge   # renamed in zoom (issue 12: one definition per public name)
     out = {}
     with chat_context(case=f"{case}:zoom.policy", role="zoom.policy"):
-        r = run_zoom(LLMZoomPolicy(model), load_image(path), "o3", 1, sample_id=case)
+        r = run_zoom(LLMZoomPolicy(model, think_chars=200), load_image(path), "o3", 1, sample_id=case)
     out["policy"] = r.status
     judge = LLMJudge(model)
     with chat_context(case=f"{case}:zoom.judge", role="zoom.judge"):
@@ -188,6 +188,7 @@ def zoom_roles(model, path, case: str) -> dict:
 def calls_from_trace(trace: Path) -> list[dict]:
     "One record per `chat` call (answer and its re-ask merged), from the JSONL trace."
     from forensicslab.chat.reliability import read_trace
+    from forensicslab.zoom.agent import parse_action
     calls, open_ = [], {}
     for rec in read_trace(trace):
         k = (rec.get("case"), rec.get("role"), rec.get("backend"))
@@ -196,7 +197,8 @@ def calls_from_trace(trace: Path) -> list[dict]:
             role = rec.get("role") or "?"
             last = label.rsplit(".", 1)[-1]
             name = label if label == role or last.startswith(role) else f"{label}.{role}" if label else role
-            c = {"role": name, "backend": rec["backend"], "schema": rec.get("schema"), "live": 0,
+            regex = (rec.get("params") or {}).get("regex")
+            c = {"role": name, "backend": rec["backend"], "schema": rec.get("schema"), "regex": bool(regex), "turns_ok": 0, "live": 0,
                  "reasked": False, "repaired": False, "status": rec.get("status"), "tin": 0, "tout": 0, "secs": 0.0}
             calls.append(c)
             open_[k] = c
@@ -204,6 +206,7 @@ def calls_from_trace(trace: Path) -> list[dict]:
         if c is None: continue
         if rec["step"] == "reask": c["reasked"] = True
         c["status"] = rec.get("status")
+        if c["regex"] and rec.get("reply") is not None: c["turns_ok"] = int(parse_action(rec["reply"]).kind != "invalid")
         c["repaired"] = c["repaired"] or bool(rec.get("repaired"))
         live = rec.get("cache") != "hit" and (rec.get("attempts") or 0) > 0
         c["live"] += int(live)
@@ -223,6 +226,8 @@ def table(calls: list[dict]) -> list[dict]:
         if c["schema"]:
             r["schema_bound"] += 1
             r["valid"] += c["status"] == "ok"
+        r["regex"] += c["regex"]
+        r["turns_ok"] += c["turns_ok"]
         r["repaired"] += c["repaired"]
         r["reasked"] += c["reasked"]
         r["failed"] += c["status"] != "ok"
@@ -232,7 +237,8 @@ def table(calls: list[dict]) -> list[dict]:
     out = []
     for (role, backend), r in sorted(rows.items()):
         out.append({"role": role, "backend": backend, "calls": int(r["calls"]),
-                    "schema-valid": f"{int(r['valid'])}/{int(r['schema_bound'])}" if r["schema_bound"] else "n/a (free text)",
+                    "schema-valid": f"{int(r['valid'])}/{int(r['schema_bound'])}" if r["schema_bound"] else
+                                    f"{int(r['turns_ok'])}/{int(r['regex'])} turns parse" if r["regex"] else "n/a (free text)",
                     "repaired": int(r["repaired"]), "re-asked": int(r["reasked"]), "failed": int(r["failed"]),
                     "tokens in": int(r["tin"]), "tokens out": int(r["tout"]),
                     "s/call": round(r["secs"] / max(r["exchanges"], 1), 1)})
@@ -325,8 +331,8 @@ def main(argv=None) -> int:
     print("roles in the trace:", ", ".join(sorted(seen)))
     missing = sorted(set(ROLES) - seen)
     if missing: problems.append(f"roles missing from the trace: {missing}")
-    bad = [r for r in rows if r["backend"].startswith("hf:") and not r["schema-valid"].startswith("n/a") and
-           r["schema-valid"].split("/")[0] != r["schema-valid"].split("/")[1]]
+    bound = [r for r in rows if r["backend"].startswith("hf:") and r["schema-valid"][0].isdigit() and "turns" not in r["schema-valid"]]
+    bad = [r for r in bound if r["schema-valid"].split("/")[0] != r["schema-valid"].split("/")[1]]
     if bad: problems.append(f"constrained hf: replies not all schema-valid: {[r['role'] for r in bad]}")
     if out is not None:
         flat = {f"{study}.{k}": v for study, roles in out["hf"].items() if isinstance(roles, dict) for k, v in roles.items()}

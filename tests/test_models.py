@@ -659,3 +659,20 @@ def test_hf_constrained_triage_verdicts_pass_the_cross_field_rules(tmp_path):
         assert v.is_manipulated == bool(v.arbitrated_tools) == (v.locality != "n/a")
         seen.add(v.is_manipulated)
     assert r.output_tokens <= 600
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[train])")
+def test_hf_regex_constrained_zoom_turns_are_well_formed(tmp_path):
+    """Issue 13: a zoom turn is tagged free text, so the policy sends `turn_pattern` as the `regex` parameter;
+    under hf: constrained decoding even random weights write a turn that parses (think, then one crop call or
+    one answer in canonical JSON). Only what a pattern cannot say (x2 > x1) may still be wrong."""
+    from forensicslab.zoom.agent import parse_action, turn_pattern
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
+    for seed in range(3):
+        r = m.chat(f"turn {seed}", regex=turn_pattern(think_chars=40, text_chars=30, key_items=1), temperature=1.0, seed=seed,
+                   max_tokens=400)
+        a = parse_action(r.text)
+        assert a.kind != "invalid" or "must satisfy x2 > x1" in a.error, (r.text, a.error)
+    free = get_model(f"hf:{folder}", device="cpu", structured="prompt")   # no grammar: the same weights write no turn
+    assert parse_action(free.chat("turn 0", regex=turn_pattern(), temperature=1.0, seed=0, max_tokens=60).text).kind == "invalid"

@@ -34,7 +34,7 @@ __all__ = ['STRUCTURED_MODES', 'ImagePart', 'image_part', 'Prepared', 'as_messag
            'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction', 'grammar_schema',
            'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend', 'resolve_device', 'load_processor',
            'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available', 'grammar_parser',
-           'json_prefix_fn', 'HFBackend']
+           'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #a44d76f6
 _SEND_AS_IS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -225,7 +225,7 @@ class Backend:
     model: str = ""
     default_concurrency: int = 8
     structured: str = "json_schema"
-    PARAMS = ("temperature", "max_tokens", "top_p", "seed", "stop")
+    PARAMS = ("temperature", "max_tokens", "top_p", "seed", "stop", "regex")
 
     @property
     def model_id(self) -> str: return f"{self.provider}:{self.model}"
@@ -354,6 +354,7 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
         wire.append({"role": role, "content": self._content(m) if role == "user" else m.text})
     kw: dict = {"model": self.model, "messages": wire}
     p = dict(params)
+    regex = p.pop("regex", None)     # a pattern the reply must match: enforced by a vLLM server, else the prompt carries it
     if self.provider == "openai" and self.model.startswith(_REASONING_PREFIXES):
         p.pop("temperature", None)   # these models accept only their default sampling
         p.pop("top_p", None)
@@ -365,6 +366,7 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
         if mode in ("json_schema", "json_schema+prompt", "constrained"): kw["response_format"] = _json_schema_format(schema)
         elif mode == "json_object": kw["response_format"] = {"type": "json_object"}
         if mode == "constrained": extra.setdefault("guided_json", grammar_schema(schema))   # vLLM guided decoding
+    if regex and mode == "constrained": extra.setdefault("guided_regex", regex)
     if extra: kw["extra_body"] = extra
     return kw
 
@@ -453,6 +455,7 @@ def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict)
     cfg: dict = {"system_instruction": system}
     names = {"max_tokens": "max_output_tokens", "stop": "stop_sequences"}
     for k, v in params.items():
+        if k == "regex": continue     # Gemini cannot enforce a pattern: the prompt carries the format
         if k == "thinking_budget": cfg["thinking_config"] = t.ThinkingConfig(thinking_budget=v)
         elif k == "stop": cfg["stop_sequences"] = [v] if isinstance(v, str) else list(v)
         else: cfg[names.get(k, k)] = v
@@ -649,10 +652,24 @@ def json_prefix_fn(tok, schema: type[BaseModel], max_new_tokens: Optional[int] =
     prefix of a JSON document valid under `grammar_parser(schema)`; with `max_new_tokens`, free text is
     capped (`free_text_cap`, at the tokenizer's characters per token, at most 2) so the document fits.
     Built on the library's core classes: its transformers module imports a path transformers 5 removed."""
-    from lmformatenforcer import TokenEnforcer
     data, alphabet, chars_per_token = _tokenizer_data(tok)
     cap = None if max_new_tokens is None else free_text_cap(schema, max_new_tokens, chars_per_token)
-    enforcer = TokenEnforcer(data, grammar_parser(schema, cap, alphabet, max_items=None if cap is None else 4))
+    return _prefix_fn(data, grammar_parser(schema, cap, alphabet, max_items=None if cap is None else 4))
+
+def regex_prefix_fn(tok, pattern: str):
+    """A `prefix_allowed_tokens_fn` that keeps the output a prefix of a match of regular expression `pattern`
+    (lm-format-enforcer's regex parser): for tagged free-text formats such as a zoom turn."""
+    return _prefix_fn(_tokenizer_data(tok)[0], _regex_parser(pattern))
+
+@functools.lru_cache(maxsize=32)
+def _regex_parser(pattern: str):
+    "The parser of `pattern`, compiled once (a long bounded repeat takes seconds to turn into an automaton)."
+    from lmformatenforcer import RegexParser
+    return RegexParser(pattern)
+
+def _prefix_fn(data, parser):
+    from lmformatenforcer import TokenEnforcer
+    enforcer = TokenEnforcer(data, parser)
     def allowed(batch_id, sent):
         out = enforcer.get_allowed_tokens(sent.tolist())
         return getattr(out, "allowed_tokens", out)
@@ -687,7 +704,7 @@ class HFBackend(Backend):
         self.model = Path(gguf_file).stem if gguf_file else (Path(path).name if Path(path).exists() else str(path))
         self.device, self.dtype = resolve_device(device, dtype)
         self.max_new_tokens, self._proc, self._net = max_new_tokens, processor, model
-        self.PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "seed", "repetition_penalty")
+        self.PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "seed", "repetition_penalty", "regex")
 
     def is_sampled(self, params: dict) -> bool:
         return float(params.get("temperature") or 0) > 0   # transformers decodes greedily by default
@@ -775,6 +792,8 @@ def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
     tok = getattr(proc, "tokenizer", proc)
     if schema is not None and self.effective_structured() == "constrained":   # the reply must fit max_tokens
         gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, gen["max_new_tokens"])
+    elif params.get("regex") and self.effective_structured() == "constrained":
+        gen["prefix_allowed_tokens_fn"] = regex_prefix_fn(tok, params["regex"])
     with lock, torch.no_grad():
         batch = self._encode(messages, schema)
         if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(net.dtype)

@@ -29,8 +29,8 @@ __all__ = ['MIN_CROP_SIDE', 'ZOOM_TARGET_SIDE', 'MAX_ZOOM', 'VARIANTS', 'TOOL_NA
            'box_to_norm', 'box_ints', 'ZoomCrop', 'crop_box', 'zoom', 'crop', 'ZoomEvidence', 'ZoomAnswer', 'Action',
            'parse_action', 'render_tool_call', 'render_answer', 'render_turn', 'ZoomStep', 'ZoomResult',
            'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages', 'to_chat', 'steps_from_plan',
-           'Episode', 'ZoomPolicy', 'run_zoom', 'LLMZoomPolicy', 'cue_scores', 'duplicate_regions', 'candidates',
-           'region_cue', 'fit_rule_thresholds', 'RulePolicy', 'where_phrase']
+           'Episode', 'ZoomPolicy', 'run_zoom', 'turn_pattern', 'LLMZoomPolicy', 'cue_scores', 'duplicate_regions',
+           'candidates', 'region_cue', 'fit_rule_thresholds', 'RulePolicy', 'where_phrase']
 
 # %% ../../nbs/08_zoom.agent.ipynb #aa1f9168
 class BoxError(ForensicsLabError, ValueError):
@@ -463,11 +463,30 @@ def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6,
                       seconds=time.perf_counter() - t0, repaired=repaired, reasked=len(rejected), rejected=rejected,
                       **ep.usage)
 
+# %% ../../nbs/08_zoom.agent.ipynb #d42b92ab
+def turn_pattern(tool: bool = True, think: bool = True, think_chars: int = 1000, text_chars: int = 300, key_items: int = 3) -> str:
+    """A regular expression for one well-formed policy turn in the canonical form of `render_turn`: a
+    `<think>` block (when `think`), then a crop call (when `tool`) or a final answer whose evidence is the
+    global item and up to `key_items` boxed items for 'fake'. Constrained decoding keeps a model's turns to it."""
+    n = r"(0|[1-9][0-9]{0,4})"
+    box = r"\[" + ", ".join([n] * 4) + r"\]"
+    text = r'"[^"\\<>\n ][^"\\<>\n]{0,%d}"' % (text_chars - 1)
+    glob, key = r'\{"bbox": null, "text": ' + text + r'\}', r'\{"bbox": ' + box + r', "text": ' + text + r'\}'
+    real = r'\{"verdict": "real", "evidence": \[' + glob + r'\]\}'
+    fake = r'\{"verdict": "fake", "evidence": \[' + glob + r'(, ' + key + r'){0,%d}\]\}' % key_items
+    action = r"<answer>(" + real + "|" + fake + r")</answer>"
+    if tool: action = r'(<tool_call>\{"name": "' + TOOL_NAME + r'", "arguments": \{"bbox": ' + box + r'\}\}</tool_call>|' + action + ")"
+    return (r"<think>[^<>]{1,%d}</think>\n?" % think_chars if think else "") + action
+
+
 # %% ../../nbs/08_zoom.agent.ipynb #d20e3b5a
 class LLMZoomPolicy:
-    "A zoom policy backed by a `ChatModel`; `params` go to every `chat` call (e.g. temperature)."
-    def __init__(self, model, max_side: int | None = None, **params):
-        self.model, self.max_side, self.params = model, max_side, params
+    """A zoom policy backed by a `ChatModel`; `params` go to every `chat` call (e.g. temperature). Every turn
+    carries `turn_pattern` (reasoning up to `think_chars`) as the `regex` parameter: backends that decode under
+    a grammar (`hf:`, a vLLM server with `structured='constrained'`) keep the turn well-formed, the others
+    read the format in the prompt."""
+    def __init__(self, model, max_side: int | None = None, think_chars: int = 1000, **params):
+        self.model, self.max_side, self.think_chars, self.params = model, max_side, think_chars, params
         self.policy_id = f"llm:{model.model_id}"
 
     def messages(self, ep: Episode) -> list[ChatMessage]:
@@ -489,7 +508,9 @@ class LLMZoomPolicy:
         return msgs
 
     def respond(self, ep: Episode) -> str:
-        reply = self.model.chat(self.messages(ep), **self.params)
+        tool = ep.variant == "o3" and not ep.last_turn
+        params = {"regex": turn_pattern(tool, think=ep.variant != "direct", think_chars=self.think_chars), **self.params}
+        reply = self.model.chat(self.messages(ep), **params)
         ep.usage["input_tokens"] += reply.input_tokens
         ep.usage["output_tokens"] += reply.output_tokens
         return reply.text
