@@ -6,6 +6,9 @@ from forensicslab.zoom.train import ZoomTrainConfig
 from forensicslab.zoom.construct import construct, grounding_negatives, random_items
 from forensicslab.zoom.verifier import VerifierTrainConfig, Verifier, items_from_records, new_verifier, train_verifier, location_agreement
 args = dict(a.split("=", 1) for a in sys.argv[1:])
+if args.get("noloc"):
+    import forensicslab.zoom.verifier as _V
+    _V.location_agreement = lambda *a, **k: 0.0
 kw = json.loads(args.get("kw", "{}")); neg = int(args.get("neg", 1))
 train, test = load_artifacts("train"), load_artifacts("test")
 pool = train + extra_train(2, seed=0)
@@ -15,7 +18,7 @@ test_recs = [dict(r, group="accepted" if r["soft_label"] > 0.5 else "rejected") 
 rand = [dict(r, group="random in fake" if r["kind"] == "random_fake" else "random in real") for r in random_items(test, seed=0, per_image=1)]
 vcfg = VerifierTrainConfig(**{"epochs": 4, "batch_size": 8, "lr": 3e-3, "lora": False, "seed": 0, "freeze_vision": True, "grounding": True, **kw})
 t0 = time.time()
-model, vproc = new_verifier("/tmp/zh/f5/verifier_base", vcfg, device="cpu")
+model, vproc = new_verifier(args.get("base", "/tmp/zh/f5/verifier_base"), vcfg, device="cpu")
 hist = train_verifier(model, vproc, items_from_records(recs), vcfg)
 print(f"{len(hist)} steps {time.time()-t0:.0f}s loss {np.mean(hist[:5]):.3f} -> {np.mean(hist[-20:]):.3f}")
 ver = Verifier(model, vproc)
