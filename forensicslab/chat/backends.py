@@ -30,11 +30,11 @@ from .reliability import (BackendError, MissingKeyError, TransientError, parse_r
                                        register_secret)
 
 # %% auto #0
-__all__ = ['STRUCTURED_MODES', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
-           'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction', 'grammar_schema',
-           'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend', 'resolve_device', 'load_processor',
-           'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available', 'grammar_parser',
-           'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
+__all__ = ['STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages',
+           'Completion', 'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction',
+           'grammar_schema', 'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend', 'resolve_device',
+           'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available',
+           'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #a44d76f6
 _SEND_AS_IS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -194,7 +194,11 @@ def grammar_schema(schema: type[BaseModel], max_chars: Optional[int] = None, max
                        for case in cases]
     return sj
 
-def free_text_cap(schema: type[BaseModel], max_new_tokens: int, chars_per_token: float = 2.0, max_items: int = 4) -> int:
+GRAMMAR_MAX_ITEMS = 4
+"The bound on a list without one when the reply must fit `max_tokens` (grammar and budget share it)."
+
+def free_text_cap(schema: type[BaseModel], max_new_tokens: int, chars_per_token: float = 2.0,
+                  max_items: int = GRAMMAR_MAX_ITEMS) -> int:
     """Characters each free-text string of `schema` may take so that the whole reply fits in `max_new_tokens`:
     the budget in characters, less the keys and fixed values, shared among the free-text strings (an array of
     them counts `max_items`; of alternatives, the first). At least 16."""
@@ -654,7 +658,7 @@ def json_prefix_fn(tok, schema: type[BaseModel], max_new_tokens: Optional[int] =
     Built on the library's core classes: its transformers module imports a path transformers 5 removed."""
     data, alphabet, chars_per_token = _tokenizer_data(tok)
     cap = None if max_new_tokens is None else free_text_cap(schema, max_new_tokens, chars_per_token)
-    return _prefix_fn(data, grammar_parser(schema, cap, alphabet, max_items=None if cap is None else 4))
+    return _prefix_fn(data, grammar_parser(schema, cap, alphabet, max_items=None if cap is None else GRAMMAR_MAX_ITEMS))
 
 def regex_prefix_fn(tok, pattern: str):
     """A `prefix_allowed_tokens_fn` that keeps the output a prefix of a match of regular expression `pattern`
