@@ -60,12 +60,24 @@ def study_path(name: str | Path) -> Path:
     return studies[str(name)]
 
 # %% ../nbs/02b_studies.ipynb #177ee604
+def _assigned(nb: Path) -> list[str]:
+    "Names assigned at top level in the notebook's `parameters` cell."
+    import ast, nbformat
+    cell = next((c for c in nbformat.read(nb, as_version=4).cells if "parameters" in c.metadata.get("tags", [])), None)
+    if cell is None: return []
+    nodes = [n for n in ast.parse(cell.source).body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    return [t.id for n in nodes for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)]
+
 def study_parameters(name: str | Path) -> dict[str, dict]:
-    "The parameters a study notebook declares: name -> `{default, help}` as papermill reads them."
+    "The parameters a study notebook declares: name -> `{default, help}` as papermill reads them; an assignment papermill cannot read is an error."
     import papermill as pm
     nb = study_path(name)
-    return {k: {"default": v["default"], "help": v["help"]}
-            for k, v in pm.inspect_notebook(str(nb)).items()}
+    got = {k: {"default": v["default"], "help": v["help"]} for k, v in pm.inspect_notebook(str(nb)).items()}
+    lost = [k for k in _assigned(nb) if k not in got]
+    if lost:   # papermill drops such a line with a warning, and `-p` on it would then be refused as unknown
+        raise StudyError(f"{nb}: papermill cannot read the parameter line(s) of {', '.join(lost)}; "
+                         "keep '=' out of their comments and give each a literal value")
+    return got
 
 def parse_value(text: str) -> Any:
     "A `-p` value as papermill reads it: `True`/`False`/`None`, an int, a float, else the string itself."

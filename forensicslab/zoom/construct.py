@@ -64,6 +64,7 @@ _NONSPEC = ["The surface {w} looks unusually smooth.", "The background {w} is sl
             "Colours {w} look a little oversaturated.", "The texture {w} looks soft and plastic.",
             "There is faint noise {w}."]
 _LOOK = ["Checking the region {w} for anything out of place.", "A closer look at the region {w}.", "Inspecting the detail {w}."]
+_OVERVIEW = "First an overview of the whole image. I will zoom in on the regions most worth checking."
 _OK = ["Nothing there breaks what a camera would record.", "The detail there is consistent with a photograph."]
 
 def _where(b, W, H):
@@ -121,7 +122,7 @@ class RuleProposer:
         else:
             glob = glob or "The whole image is consistent with a photograph."
         order = rng.permutation(len(cands)) if cands else []
-        traj = [TrajStep(bbox=None, thought="First an overview of the whole image. " + ("Some regions deserve a closer look." if cands else "I will check a few regions."))]
+        traj = [TrajStep(bbox=None, thought=_OVERVIEW)]   # the same for both labels: the verdict comes after a crop, not before
         for i in order:
             b, t, _ = cands[i]
             traj.append(TrajStep(bbox=box_to_norm(b, W, H), thought=str(rng.choice(_LOOK)).format(w=_where(b, W, H)) + " " + t))

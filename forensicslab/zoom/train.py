@@ -508,9 +508,17 @@ def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, c
     "Save the adapter, the processor and `zoom_train.json` (base folder, config, extra facts) to `path`."
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    base = portable_path(base_path, path)            # relative inside the project: the checkpoint moves with the repo
+    peft_cfgs = getattr(model, "peft_config", {})    # PEFT records the base in adapter_config.json and the model card
+    held = {k: c.base_model_name_or_path for k, c in peft_cfgs.items()}
+    for c in peft_cfgs.values(): c.base_model_name_or_path = base
+    try: model.save_pretrained(path)
+    finally:
+        for k, c in peft_cfgs.items(): c.base_model_name_or_path = held[k]
     processor.save_pretrained(path)
-    meta = {"base_path": portable_path(base_path, path), "config": asdict(cfg), **(extra or {})}
+    conf = asdict(cfg)
+    if Path(conf["base"]).exists(): conf["base"] = portable_path(conf["base"], path)
+    meta = {"base_path": base, "config": conf, **(extra or {})}
     (path / "zoom_train.json").write_text(json.dumps(meta, indent=2, default=str))
     return path
 
