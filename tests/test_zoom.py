@@ -277,7 +277,8 @@ def test_trained_checkpoint_is_evaluated_by_the_study_helpers(tmp_path):
     from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
     from forensicslab.zoom.construct import construct
     from forensicslab.zoom.train import ZoomTrainConfig, train_zoom
-    from forensicslab.zoom.evaluate import checkpoint_info, find_checkpoints, make_policy, run_policy, table1_metrics
+    from forensicslab.zoom.checkpoint import checkpoint_info, find_checkpoints
+    from forensicslab.zoom.evaluate import make_policy, run_policy, table1_metrics
     root = ensure_artifacts(tmp_path / "data", n_train=4, n_test=2, n_ood=2)
     tr, te = load_artifacts("train", root), load_artifacts("test", root)
     train_zoom(ZoomTrainConfig.smoke(reward=dict(alpha_m=0.0)), construct(tr, variants=("o3",)).trajectories, tr, tmp_path / "run")
@@ -293,6 +294,7 @@ def test_trained_checkpoint_is_evaluated_by_the_study_helpers(tmp_path):
     for name in ("sft", "grpo"):   # the recorded base is relative, so the run folder moves with the repo
         rec = json.loads((cks[name] / "adapter_config.json").read_text())["base_model_name_or_path"]
         assert rec == checkpoint_info(cks[name])["base_path"] and not Path(rec).is_absolute(), rec
+        assert str(tmp_path) not in (cks[name] / "README.md").read_text()
 
 
 def test_zoom_cli_without_a_key_is_one_line(tmp_path, monkeypatch, capsys):

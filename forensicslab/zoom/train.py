@@ -509,12 +509,16 @@ def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, c
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     base = portable_path(base_path, path)            # relative inside the project: the checkpoint moves with the repo
-    peft_cfgs = getattr(model, "peft_config", {})    # PEFT records the base in adapter_config.json and the model card
-    held = {k: c.base_model_name_or_path for k, c in peft_cfgs.items()}
-    for c in peft_cfgs.values(): c.base_model_name_or_path = base
+    # PEFT names the base in adapter_config.json (its configs) and in the model card (the base's config): use `base`
+    records = list(getattr(model, "peft_config", {}).values())
+    conf = model.get_base_model().config if hasattr(model, "get_base_model") else None
+    held = [c.base_model_name_or_path for c in records], getattr(conf, "_name_or_path", None)
+    for c in records: c.base_model_name_or_path = base
+    if conf is not None: conf._name_or_path = base
     try: model.save_pretrained(path)
     finally:
-        for k, c in peft_cfgs.items(): c.base_model_name_or_path = held[k]
+        for c, v in zip(records, held[0]): c.base_model_name_or_path = v
+        if conf is not None: conf._name_or_path = held[1]
     processor.save_pretrained(path)
     conf = asdict(cfg)
     if Path(conf["base"]).exists(): conf["base"] = portable_path(conf["base"], path)
