@@ -79,6 +79,27 @@ def test_grpo_reward_config_and_env_contract():
     with pytest.raises(ValueError, match="needs a verifier"): HybridReward(None, RewardConfig(alpha_m=0.5))
 
 
+def test_checkpoint_names_its_base_relative_to_itself(tmp_path):
+    "No absolute path in what a checkpoint writes (adapter config, model card, zoom_train.json): the run folder moves with the repo."
+    from peft import get_peft_model
+    from forensicslab.zoom.tinyvlm import load_vlm
+    from forensicslab.zoom.train import lora_config
+    vlm, proc = build_tiny_vlm(TinyVLMSpec(vocab_size=600, max_pixels=64 * 64))
+    save_vlm(vlm, proc, tmp_path / "run" / "base")
+    cfg = ZoomTrainConfig.smoke(base=str(tmp_path / "run" / "base"))
+    base, proc = load_vlm(tmp_path / "run" / "base", device="cpu")        # loaded from its folder, as a pipeline does
+    model = get_peft_model(base, lora_config(cfg))
+    save_checkpoint(model, proc, tmp_path / "run" / "sft", tmp_path / "run" / "base", cfg)
+    for f in ("adapter_config.json", "README.md", "zoom_train.json"):
+        text = (tmp_path / "run" / "sft" / f).read_text()
+        assert str(tmp_path) not in text and "../base" in text, (f, text[:400])
+    assert str(tmp_path) in model.get_base_model().name_or_path     # the live model is left as it was
+    moved = tmp_path / "moved"
+    (tmp_path / "run").rename(moved)
+    m, _ = load_checkpoint(moved / "sft", device="cpu")
+    assert sum(p_.numel() for p_ in m.parameters()) > 0
+
+
 @pytest.mark.slow
 def test_grpo_smoke_tool_called_and_verifier_scored(tmp_path):
     from forensicslab.zoom.rewards import aggregate_model_reward, item_reward

@@ -509,16 +509,15 @@ def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, c
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     base = portable_path(base_path, path)            # relative inside the project: the checkpoint moves with the repo
-    # PEFT names the base in adapter_config.json (its configs) and in the model card (the base's config): use `base`
-    records = list(getattr(model, "peft_config", {}).values())
-    conf = model.get_base_model().config if hasattr(model, "get_base_model") else None
-    held = [c.base_model_name_or_path for c in records], getattr(conf, "_name_or_path", None)
-    for c in records: c.base_model_name_or_path = base
-    if conf is not None: conf._name_or_path = base
+    # PEFT names the base in adapter_config.json (its configs) and in the model card (the base model's config and
+    # name): each says `base` while saving, then is put back
+    named = [(c, "base_model_name_or_path") for c in getattr(model, "peft_config", {}).values()]
+    if hasattr(model, "get_base_model"): named += [(model.get_base_model().config, "_name_or_path"), (model.get_base_model(), "name_or_path")]
+    held = [getattr(o, a, None) for o, a in named]
+    for o, a in named: setattr(o, a, base)
     try: model.save_pretrained(path)
     finally:
-        for c, v in zip(records, held[0]): c.base_model_name_or_path = v
-        if conf is not None: conf._name_or_path = held[1]
+        for (o, a), v in zip(named, held): setattr(o, a, v)
     processor.save_pretrained(path)
     conf = asdict(cfg)
     if Path(conf["base"]).exists(): conf["base"] = portable_path(conf["base"], path)
