@@ -2,7 +2,6 @@
 annotator and judge end to end over the OpenAI-compatible wire (local test server)."""
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -291,10 +290,6 @@ def test_trained_checkpoint_is_evaluated_by_the_study_helpers(tmp_path):
         m = table1_metrics(res, te)
         assert len(res) == 2 and 0 <= m["acc"] <= 1 and all(r.status in ("ok", "invalid_format", "turn_limit") for r in res)
     assert len(ids) == 2
-    for name in ("sft", "grpo"):   # the recorded base is relative, so the run folder moves with the repo
-        rec = json.loads((cks[name] / "adapter_config.json").read_text())["base_model_name_or_path"]
-        assert rec == checkpoint_info(cks[name])["base_path"] and not Path(rec).is_absolute(), rec
-        assert str(tmp_path) not in (cks[name] / "README.md").read_text()
 
 
 def test_zoom_cli_without_a_key_is_one_line(tmp_path, monkeypatch, capsys):

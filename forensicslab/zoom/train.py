@@ -512,7 +512,9 @@ def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, c
     # PEFT names the base in adapter_config.json (its configs) and in the model card (the base model's config and
     # name): each says `base` while saving, then is put back
     named = [(c, "base_model_name_or_path") for c in getattr(model, "peft_config", {}).values()]
-    if hasattr(model, "get_base_model"): named += [(model.get_base_model().config, "_name_or_path"), (model.get_base_model(), "name_or_path")]
+    if hasattr(model, "get_base_model"):
+        bm = model.get_base_model()
+        named += [(bm.config, "_name_or_path"), (bm, "name_or_path")]
     held = [getattr(o, a, None) for o, a in named]
     for o, a in named: setattr(o, a, base)
     try: model.save_pretrained(path)
