@@ -94,10 +94,13 @@ def test_checkpoint_names_its_base_relative_to_itself(tmp_path):
         text = (tmp_path / "run" / "sft" / f).read_text()
         assert str(tmp_path) not in text and "../base" in text, (f, text[:400])
     assert str(tmp_path) in model.get_base_model().name_or_path     # the live model is left as it was
+    cfg.to_yaml(tmp_path / "run" / "config.yaml")
+    assert "base: base\n" in (tmp_path / "run" / "config.yaml").read_text()
     moved = tmp_path / "moved"
     (tmp_path / "run").rename(moved)
     m, _ = load_checkpoint(moved / "sft", device="cpu")
     assert sum(p_.numel() for p_ in m.parameters()) > 0
+    assert ZoomTrainConfig.from_yaml(moved / "config.yaml").base == str((moved / "base").resolve())   # read from the file's folder
 
 
 @pytest.mark.slow

@@ -147,9 +147,15 @@ class ZoomTrainConfig:
                  max_tool_calls=1)
         return cls(**{**d, **kw})
 
+    def as_dict(self, folder: str | Path | None = None) -> dict:
+        "The fields; with `folder`, a local `base` is named relative to it (`portable_path`), so a run folder moves with the repo."
+        d = asdict(self)
+        if folder is not None and d["base"] != "tiny" and Path(d["base"]).exists(): d["base"] = portable_path(d["base"], folder)
+        return d
+
     def to_yaml(self, path: str | Path | None = None) -> str:
-        "The config as YAML (written to `path` when given)."
-        s = yaml.safe_dump(asdict(self), sort_keys=False)
+        "The config as YAML (written to `path` when given, a local `base` then relative to the file's folder)."
+        s = yaml.safe_dump(self.as_dict(Path(path).parent if path else None), sort_keys=False)
         if path: Path(path).write_text(s)
         return s
 
@@ -162,6 +168,9 @@ class ZoomTrainConfig:
         if not isinstance(d, dict): raise ZoomConfigError(f"{src}: a zoom training config is a YAML mapping")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown: raise ZoomConfigError(f"unknown config keys {sorted(unknown)}; valid keys: {[f.name for f in fields(cls)]}")
+        b = d.get("base")
+        if not is_text and b not in (None, "tiny") and not Path(b).is_absolute() and resolve_portable(b, Path(src).parent).exists():
+            d["base"] = str(resolve_portable(b, Path(src).parent))   # a relative local base is read from the file's folder
         return cls(**d)
 
 # %% ../../nbs/08g_zoom.train.ipynb #cac62868
@@ -521,9 +530,7 @@ def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, c
     finally:
         for (o, a), v in zip(named, held): setattr(o, a, v)
     processor.save_pretrained(path)
-    conf = asdict(cfg)
-    if Path(conf["base"]).exists(): conf["base"] = portable_path(conf["base"], path)
-    meta = {"base_path": base, "config": conf, **(extra or {})}
+    meta = {"base_path": base, "config": cfg.as_dict(path), **(extra or {})}
     (path / "zoom_train.json").write_text(json.dumps(meta, indent=2, default=str))
     return path
 
