@@ -168,9 +168,9 @@ class ZoomTrainConfig:
         if not isinstance(d, dict): raise ZoomConfigError(f"{src}: a zoom training config is a YAML mapping")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown: raise ZoomConfigError(f"unknown config keys {sorted(unknown)}; valid keys: {[f.name for f in fields(cls)]}")
-        b = d.get("base")
-        if not is_text and b not in (None, "tiny") and not Path(b).is_absolute() and resolve_portable(b, Path(src).parent).exists():
-            d["base"] = str(resolve_portable(b, Path(src).parent))   # a relative local base is read from the file's folder
+        if not is_text and d.get("base") not in (None, "tiny"):
+            local = resolve_portable(d["base"], Path(src).parent)   # a relative local base is read from the file's folder
+            if local.exists(): d["base"] = str(local)
         return cls(**d)
 
 # %% ../../nbs/08g_zoom.train.ipynb #cac62868
