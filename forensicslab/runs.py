@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 from .core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'RunBusy', 'RunConfigMismatch', 'FolderLock',
-           'RunFolder', 'Run', 'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir',
-           'portable_path', 'resolve_portable']
+__all__ = ['RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'RunBusy', 'RunConfigMismatch',
+           'FolderLock', 'RunFolder', 'Run', 'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir',
+           'cache_dir', 'portable_path', 'resolve_portable', 'machine_info', 'read_run_record', 'note_run',
+           'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class StopRun(Exception):
     "Raised by a case function to stop the run cleanly (finished rows are kept), e.g. a spent budget."
 
 # %% ../nbs/02_runs.ipynb #460a311f
-_TRACKED = ("forensicslab", "numpy", "pillow", "torch", "transformers", "trl", "peft", "openai", "google-genai",
-            "opencv-python-headless", "scikit-image", "pydantic")
+_TRACKED = ("forensicslab", "numpy", "scipy", "pandas", "scikit-learn", "pillow", "torch", "transformers", "trl", "peft",
+            "safetensors", "openai", "google-genai", "opencv-python-headless", "scikit-image", "pydantic", "papermill")
 
 def package_versions(names: Iterable[str] = _TRACKED) -> dict[str, str]:
     "Installed versions of the packages that shape results (absent ones are left out)."
@@ -55,12 +56,13 @@ def package_versions(names: Iterable[str] = _TRACKED) -> dict[str, str]:
         except metadata.PackageNotFoundError: pass
     return out
 
-def git_commit(path: str | Path = ".") -> Optional[str]:
-    "The current git commit of the checkout at `path` (with `+dirty` if it has changes), or None."
+def git_commit(path: str | Path = ".", exclude: Iterable[str] = ()) -> Optional[str]:
+    "The current git commit of the checkout at `path` (with `+dirty` if tracked files outside `exclude` changed), or None."
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=10)
         if sha.returncode: return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
+        spec = ["--", ".", *[f":(exclude){e}" for e in exclude]] if exclude else []
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *spec], cwd=path,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError): return None
@@ -298,13 +300,13 @@ def user_cache_dir() -> Path:
     except ImportError:
         return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensicslab"
 
-def cache_dir(*parts: str, project: str = ".cache", start: str | Path | None = None) -> Path:
-    "Cache folder `parts`: `$FORENSICSLAB_CACHE_DIR/...`, else `<checkout>/<project>/...` in a checkout, else the user cache."
+def cache_dir(*parts: str, project: str | None = None) -> Path:
+    """Cache folder `parts`: `$FORENSICSLAB_CACHE_DIR/...`, else the user cache folder; never a checkout.
+
+    `project` (the checkout sub-folder older versions cached into) no longer changes anything; it is accepted so
+    that callers written for the old signature keep working."""
     env = os.environ.get("FORENSICSLAB_CACHE_DIR")
-    if env: base = Path(env).expanduser()
-    else:
-        root = checkout_root(start)
-        base = root / project if root is not None else user_cache_dir()
+    base = Path(env).expanduser() if env else user_cache_dir()
     return base.joinpath(*parts)
 
 # %% ../nbs/02_runs.ipynb #7c08aa38
@@ -321,3 +323,80 @@ def resolve_portable(p: str, folder: str | Path) -> Path:
     q = Path(p)
     return q if q.is_absolute() else (Path(folder) / q).resolve()
 
+
+# %% ../nbs/02_runs.ipynb #9a1c0e52
+RUN_RECORD = "run.json"
+
+def machine_info() -> dict:
+    "Python and machine of this process: Python version and implementation, platform, architecture, CPU count."
+    return dict(python=sys.version.split()[0], implementation=platform.python_implementation(),
+                platform=platform.platform(), machine=platform.machine(), cpus=os.cpu_count())
+
+def read_run_record(folder: str | Path) -> dict:
+    "The `run.json` of `folder` as a dict (empty when there is none or it cannot be read)."
+    p = Path(folder) / RUN_RECORD
+    try: r = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError): return {}
+    return r if isinstance(r, dict) else {}
+
+_MERGED = ("data", "backends", "parts")   # mappings that notes add to, key by key
+
+def note_run(folder: str | Path, **fields) -> dict:
+    "Merge `fields` into `<folder>/run.json` (`data`, `backends` and `parts` key by key, others replaced); returns the record."
+    rec = read_run_record(folder)
+    for k, v in fields.items():
+        rec[k] = {**(rec.get(k) or {}), **v} if k in _MERGED and isinstance(v, dict) else v
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    _atomic_write(Path(folder) / RUN_RECORD, json.dumps(rec, indent=1, sort_keys=True, default=str) + "\n")
+    return rec
+
+def part_files(folder: str | Path, part: str) -> list[Path]:
+    "The files of `part` in `folder`: `<part>.*` and `<part>_*` (its tables, figures and provenance note)."
+    d = Path(folder)
+    return sorted({p for pat in (f"{part}.*", f"{part}_*") for p in d.glob(pat) if p.is_file()})
+
+def part_written(folder: str | Path, part: str, data: dict | None = None, **info) -> Optional[Path]:
+    """Record that this run made `part`; with external `data` (name -> spec) also write `<part>.provenance.json`
+    beside its files (data, commit, date, package version) and return its path."""
+    folder = Path(folder)
+    entry = {"status": "written", **info, **({"data": data} if data else {})}
+    note_run(folder, parts={part: entry}, **({"data": data} if data else {}))
+    if not data: return None
+    root = checkout_root(folder) or checkout_root()
+    prov = dict(part=part, data=data, **info, commit=git_commit(root, exclude=("outputs",)) if root else None,
+                date=datetime.now(timezone.utc).date().isoformat(), forensicslab=package_versions(["forensicslab"]).get("forensicslab"))
+    p = folder / f"{part}.provenance.json"
+    _atomic_write(p, json.dumps(prov, indent=1, default=str) + "\n")
+    return p
+
+def part_skipped(folder: str | Path, part: str, why: str, log: Callable[[str], None] = print) -> None:
+    "Record that this run could not make `part` and why (one line printed); its files of an earlier run stay untouched."
+    why = " ".join(str(why).split())
+    note_run(folder, parts={part: {"status": "skipped", "why": why}})
+    kept = part_files(folder, part)
+    log(f"skipped {part}: {why}" + (f" (its earlier files are kept: {len(kept)})" if kept else ""))
+
+def skipped_parts(folder: str | Path) -> dict[str, str]:
+    "Parts the last run of `folder` skipped: part -> reason."
+    return {k: v.get("why", "") for k, v in (read_run_record(folder).get("parts") or {}).items() if v.get("status") == "skipped"}
+
+def write_run_record(folder: str | Path, study: str, params: dict | None = None, status: str = "ok",
+                     seconds: float | None = None, error: str | None = None, root: str | Path | None = None) -> dict:
+    """Write `<folder>/run.json`, the provenance of a study output folder: package version, git commit, dependency
+    versions, Python and machine, data, backends, seed, every parameter, status, and the parts the notebook noted."""
+    params = dict(params or {})
+    notes = read_run_record(folder)
+    root = Path(root) if root else (checkout_root() or project_root())
+    data = {k: v for k, v in params.items() if v not in ("", None) and (k in ("dataset", "datasets", "data", "collections")
+            or k.endswith("_root") or k.endswith("_path"))}
+    backends = {k: v for k, v in params.items() if v not in ("", None) and any(s in k for s in ("backend", "backbone", "detector", "model"))}
+    rec = dict(study=study, status=status, seconds=None if seconds is None else round(float(seconds), 1), error=error,
+               forensicslab=package_versions(["forensicslab"]).get("forensicslab"),
+               git_commit=git_commit(root, exclude=("outputs",)), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               packages=package_versions(), **machine_info(),
+               data={**data, **(notes.get("data") or {})}, backends={**backends, **(notes.get("backends") or {})},
+               seed=params.get("seed"), parameters=params, parts=notes.get("parts") or {})
+    rec.update({k: v for k, v in notes.items() if k not in rec})   # anything else the notebook noted
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    _atomic_write(Path(folder) / RUN_RECORD, json.dumps(rec, indent=1, default=str) + "\n")
+    return rec

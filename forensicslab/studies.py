@@ -7,9 +7,11 @@ Docs: https://forensicslab.github.io/forensicslab/studies.html.md"""
 # %% ../nbs/02b_studies.ipynb #3cf278a7
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -18,11 +20,12 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import project_root, study_output_dir
+from .runs import part_files, project_root, read_run_record, skipped_parts, study_output_dir, write_run_record
 
 # %% auto #0
-__all__ = ['STUDY_ORDER', 'StudyError', 'UnknownStudy', 'list_studies', 'study_path', 'study_parameters', 'parse_value',
-           'parse_param_args', 'check_parameters', 'run_study', 'load_grid', 'grid_cells', 'cell_cost', 'run_batch']
+__all__ = ['STUDY_ORDER', 'FAILED_DIR', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path',
+           'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'run_study',
+           'load_grid', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -31,6 +34,12 @@ class StudyError(ForensicsLabError, ValueError):
 class UnknownStudy(StudyError, KeyError):
     "No study notebook of that name (a `KeyError` too, for old `except` clauses)."
     def __str__(self) -> str: return str(self.args[0]) if self.args else "unknown study"
+
+class StudyFailed(ForensicsLabError, RuntimeError):
+    "A study notebook stopped in a cell (or was interrupted); `kept` is the folder holding the failed attempt."
+    def __init__(self, message: str, kept: Optional[Path] = None, reason: str = ""):
+        super().__init__(message)
+        self.kept, self.reason = kept, reason or message
 
 # %% ../nbs/02b_studies.ipynb #3cbf32be
 STUDY_ORDER = ("triage", "detectors", "debate", "zoom")
@@ -62,7 +71,7 @@ def study_path(name: str | Path) -> Path:
 # %% ../nbs/02b_studies.ipynb #177ee604
 def _assigned(nb: Path) -> list[str]:
     "Names assigned at top level in the notebook's `parameters` cell."
-    import ast, nbformat
+    import nbformat
     cell = next((c for c in nbformat.read(nb, as_version=4).cells if "parameters" in c.metadata.get("tags", [])), None)
     if cell is None: return []
     nodes = [n for n in ast.parse(cell.source).body if isinstance(n, (ast.Assign, ast.AnnAssign))]
@@ -78,6 +87,14 @@ def study_parameters(name: str | Path) -> dict[str, dict]:
         raise StudyError(f"{nb}: papermill cannot read the parameter line(s) of {', '.join(lost)}; "
                          "keep '=' out of their comments and give each a literal value")
     return got
+
+def study_defaults(name: str | Path) -> dict[str, Any]:
+    "The values a study declares for its parameters: papermill's source text read as a Python literal where it is one."
+    out = {}
+    for k, v in study_parameters(name).items():
+        try: out[k] = ast.literal_eval(v["default"])
+        except (ValueError, SyntaxError): out[k] = v["default"]
+    return out
 
 def parse_value(text: str) -> Any:
     "A `-p` value as papermill reads it: `True`/`False`/`None`, an int, a float, else the string itself."
@@ -114,9 +131,34 @@ def check_parameters(name: str | Path, params: dict) -> None:
                          f"its parameters: {', '.join(declared)}")
 
 # %% ../nbs/02b_studies.ipynb #2edd3f5c
+FAILED_DIR = ".failed"
+"Where failed attempts are kept, beside the output folders: `<out_root>/.failed/<study>/`."
+
+def _one_line(e: BaseException) -> str:
+    "A cell's exception as one line (papermill's error carries the cell's exception name and value)."
+    ename, evalue = getattr(e, "ename", type(e).__name__), getattr(e, "evalue", str(e))
+    return " ".join(f"{ename}: {evalue}".split())[:600]
+
+def _replace_dir(src: Path, dest: Path) -> None:
+    "Move folder `src` to `dest`, replacing `dest` (the old one is renamed away first, then removed)."
+    old = dest.with_name(f".{dest.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists(): dest.rename(old)
+    src.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+def _carry_skipped(stage: Path, final: Path) -> None:
+    "Copy the earlier files of every part the new run skipped from `final` into `stage`, and note them."
+    from forensicslab.runs import note_run
+    if not final.is_dir(): return
+    for part, why in skipped_parts(stage).items():
+        kept = [f for f in part_files(final, part) if not (stage / f.name).exists()]
+        for f in kept: shutil.copy2(f, stage / f.name)
+        if kept: note_run(stage, parts={part: {"status": "skipped", "why": why, "kept": [f.name for f in kept]}})
+
 def run_study(name: str | Path, params: dict | None = None, out_root: str | Path | None = None,
               kernel: str = "python3", progress: bool = True, out_dir: str | Path | None = None) -> Path:
-    "Execute one study notebook with papermill (full configuration by default); returns the executed notebook."
+    "Execute one study notebook with papermill (full configuration by default), written aside; returns the executed notebook."
     import papermill as pm
     nb = study_path(name)
     params = dict(params or {})
@@ -126,13 +168,30 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     if out_dir is None and out_root is None and quick:
         out_dir = study_output_dir(stem, quick=True)   # a quick run never writes over the reference outputs
     if out_dir is None: out_dir = (Path(out_root) if out_root else project_root() / "outputs") / stem
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    p = {"quick": False, "out_dir": str(out_dir.resolve()), **params}
-    executed = out_dir / f"{stem}.ipynb"
-    pm.execute_notebook(str(nb), str(executed), parameters=p, kernel_name=kernel, language="python",
-                        cwd=str(Path(nb).resolve().parent), progress_bar=progress, log_output=False)
-    return executed
+    final = Path(out_dir).resolve()
+    stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
+    shutil.rmtree(stage, ignore_errors=True)   # what a killed run left
+    stage.mkdir(parents=True)
+    p = {"quick": False, **params, "out_dir": str(stage)}
+    record = {**study_defaults(nb), **p}
+    record.pop("out_dir")                      # the folder that holds run.json
+    t0 = time.time()
+    try:
+        pm.execute_notebook(str(nb), str(stage / f"{stem}.ipynb"), parameters=p, kernel_name=kernel, language="python",
+                            cwd=str(Path(nb).resolve().parent), progress_bar=progress, log_output=False)
+    except BaseException as e:
+        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else _one_line(e)
+        write_run_record(stage, stem, record, status="failed", seconds=time.time() - t0, error=reason)
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        _replace_dir(stage, failed)
+        if isinstance(e, KeyboardInterrupt): raise
+        raise StudyFailed(f"study {stem} failed: {reason}; {final} is unchanged, the failed attempt is in {failed}",
+                          kept=failed, reason=reason) from e
+    _carry_skipped(stage, final)
+    write_run_record(stage, stem, record, seconds=time.time() - t0)
+    _replace_dir(stage, final)
+    shutil.rmtree(failed, ignore_errors=True)   # an earlier failed attempt is stale now
+    return final / f"{stem}.ipynb"
 
 # %% ../nbs/02b_studies.ipynb #379fd43a
 def load_grid(path: str | Path) -> dict:
@@ -180,14 +239,38 @@ def cell_cost(folder: str | Path) -> float:
             total += float(c or 0.0)
     return total
 
+_CI = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*\[\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*\]\s*$")
+
+def numeric_columns(df):
+    """`df` with numbers for display strings: a column of `"86.7 [81.1, 92.0]"` becomes three numeric columns
+    (`col`, `col_lo`, `col_hi`), and a column of numbers with `-` placeholders becomes numeric (NaN for `-`)."""
+    import pandas as pd
+    out = {}
+    for c in df.columns:
+        s = df[c]
+        if pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s): out[c] = s; continue
+        txt = s.astype(str).str.strip()
+        blank = txt.isin(["-", "", "nan", "n/a"])
+        m = txt.str.extract(_CI)
+        if len(s) and (m[0].notna() | blank).all() and m[0].notna().any():
+            out[c], out[f"{c}_lo"], out[f"{c}_hi"] = (pd.to_numeric(m[i]) for i in range(3))
+            continue
+        num = pd.to_numeric(txt.where(~blank), errors="coerce")
+        out[c] = num if len(s) and (num.notna() | blank).all() and num.notna().any() else s
+    return pd.DataFrame(out)
+
+def _grid_value(v):
+    "A grid parameter as a summary column value: numbers and booleans stay numbers, lists and mappings become JSON."
+    return v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)
+
 def _stack_summary(done: list[dict], table: str, out: Path):
     import pandas as pd
     frames = []
     for c in done:
-        f = Path(c["folder"]) / table
+        f = out / c["folder"] / table   # folders are recorded relative to the grid output (an absolute one stays as is)
         if c["status"] != "ok" or not f.is_file(): continue
-        df = pd.read_csv(f)
-        for i, (k, v) in enumerate(c["grid"].items()): df.insert(i, k, v if isinstance(v, str) else json.dumps(v))
+        df = numeric_columns(pd.read_csv(f))
+        for i, (k, v) in enumerate(c["grid"].items()): df.insert(i, k, _grid_value(v))
         frames.append(df)
     if not frames: return None
     df = pd.concat(frames, ignore_index=True)
@@ -214,14 +297,15 @@ def run_batch(grid_file: str | Path, progress: bool = True, log: Callable[[str],
             records.append(json.loads(marker.read_text()))
             continue
         bar.set_postfix_str(name[-50:])
-        t0, status, error = time.time(), "ok", None
+        t0, status, error, spent = time.time(), "ok", None, folder
         try: runner(study, params, out_dir=folder, kernel=g["kernel"], progress=False)
         except Exception as e:
             status, error = "failed", " ".join(f"{type(e).__name__}: {e}".split())[:500]
+            spent = getattr(e, "kept", None) or folder   # a failed attempt's runs (and their cost) are kept aside
             log(f"cell {name} failed: {error}")
         rec = dict(cell=name, study=Path(study).stem, grid={k: params[k] for k in g["grid"]}, params=params,
-                   status=status, error=error, seconds=round(time.time() - t0, 1), cost_usd=cell_cost(folder),
-                   folder=str(folder))
+                   status=status, error=error, seconds=round(time.time() - t0, 1), cost_usd=cell_cost(spent),
+                   folder=name)
         folder.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps(rec, indent=1, default=str))
         records.append(rec)
