@@ -15,9 +15,10 @@ from typing import Optional
 
 import typer
 
+from . import __version__
 from .core import ForensicsLabError
-from .runs import project_root
-from .studies import (STUDY_ORDER, StudyError, UnknownStudy, list_studies, parse_param_args, run_batch,
+from .runs import project_root, skipped_parts
+from .studies import (STUDY_ORDER, StudyError, StudyFailed, UnknownStudy, list_studies, parse_param_args, run_batch,
                                   run_study, study_parameters, check_parameters)
 from .chat.cli import models_app
 from .data.cli import bench_app, data_app
@@ -27,21 +28,41 @@ from .triage.cli import analyze_cmd
 from .zoom.cli import train_app, zoom_cmd
 
 # %% auto #0
-__all__ = ['app', 'study_cmd', 'reproduce_cmd', 'batch_cmd', 'main']
+__all__ = ['app', 'summary_table', 'study_cmd', 'reproduce_cmd', 'batch_cmd', 'main']
 
 # %% ../nbs/09_cli.ipynb #5290a3e3
 _PARAM_HELP = ("Parameters: -p KEY VALUE (repeatable; True/False/None/numbers as papermill reads them, "
                "else a string) and -y KEY YAML (lists, mappings), given after the study name.")
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-def _execution_failed(e: Exception) -> str:
+def _execution_failed(e: BaseException) -> str:
     "One line for a study notebook that stopped in a cell (papermill's error carries the cell's exception)."
+    if isinstance(e, StudyFailed): return " ".join(e.reason.split())[:600]
     ename, evalue = getattr(e, "ename", type(e).__name__), getattr(e, "evalue", str(e))
     return " ".join(f"{ename}: {evalue}".split())[:600]
 
+def summary_table(results: list[tuple[str, str, float, str]], width: int = 110) -> str:
+    "The end-of-run table of `reproduce`: one line per study (name, ok/failed/skipped, seconds, one-line reason)."
+    w = max([len("study")] + [len(r[0]) for r in results])
+    lines = [f"{'study':<{w}}  {'status':<7}  {'seconds':>7}  reason"]
+    for name, status, secs, reason in results:
+        reason = " ".join((reason or "-").split())
+        lines.append(f"{name:<{w}}  {status:<7}  {secs:>7.0f}  {reason if len(reason) <= width else reason[:width - 3] + '...'}")
+    return "\n".join(lines)
+
 # %% ../nbs/09_cli.ipynb #def5d905
+def _show_version(value: bool):
+    if value:
+        typer.echo(f"forensicslab {__version__}")
+        raise typer.Exit()
+
 app = typer.Typer(help="forensicslab: a lab for agentic image forensics. Every command has --help.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                          help="Print the version and exit.")):
+    "forensicslab: a lab for agentic image forensics. Every command has --help."
 
 @app.command("study", context_settings=_EXTRA, epilog=_PARAM_HELP)
 def study_cmd(ctx: typer.Context,
@@ -59,11 +80,11 @@ def study_cmd(ctx: typer.Context,
     given = {"quick": quick, **parse_param_args(ctx.args)}
     t0 = time.time()
     try: nb = run_study(name, given, out)
-    except StudyError: raise
-    except Exception as e:
-        if type(e).__name__ != "PapermillExecutionError": raise
-        typer.echo(f"error: study {name} failed in a cell: {_execution_failed(e)}", err=True)
+    except StudyFailed as e:
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
+    skipped = skipped_parts(nb.parent)
+    if skipped: typer.echo("skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     typer.echo(f"{name}: done in {time.time()-t0:.0f} s; executed notebook and outputs in {nb.parent}")
 
 # %% ../nbs/09_cli.ipynb #677218eb
@@ -72,26 +93,42 @@ def reproduce_cmd(ctx: typer.Context,
                   only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these studies (repeatable)."),
                   quick: bool = typer.Option(False, help="Quick smoke configuration."),
                   out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/).")):
-    "Re-run every study notebook (tables and figures) into outputs/."
+    """Re-run every study notebook (tables and figures) into outputs/; a failed study leaves its folder as it was and
+    the others still run; a summary table ends the run, and the exit status is 1 when any study failed."""
     names = list(only or list_studies())
     given = parse_param_args(ctx.args)
     declared = {n: set(study_parameters(n)) for n in names}
     unused = sorted(k for k in given if not any(k in d for d in declared.values()))
     if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
-    failed, roots = [], set()
+    results, roots, interrupted = [], set(), False
     for n in names:
+        label = Path(n).stem
+        if interrupted:
+            results.append((label, "skipped", 0.0, "not run: the run was interrupted"))
+            continue
         t0 = time.time()
-        typer.echo(f"== {n}")
+        typer.echo(f"== {label}")
         p = {"quick": quick, **{k: v for k, v in given.items() if k in declared[n]}}
         try:
             nb = run_study(n, p, out)
             roots.add(nb.parent.parent)
+            skipped = skipped_parts(nb.parent)
+            results.append((label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items())))
             typer.echo(f"   ok in {time.time()-t0:.0f} s -> {nb.parent}")
+            if skipped: typer.echo("   skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+        except KeyboardInterrupt:
+            interrupted = True
+            results.append((label, "failed", time.time() - t0, "interrupted; its output folder is unchanged"))
         except Exception as e:
-            failed.append(n)
-            typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {_execution_failed(e)}", err=True)
+            results.append((label, "failed", time.time() - t0, _execution_failed(e)))
+            kept = getattr(e, "kept", None)
+            typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {_execution_failed(e)}"
+                       + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""), err=True)
     root = Path(out) if out else (roots.pop() if len(roots) == 1 else project_root() / "outputs")
+    typer.echo(f"\n{summary_table(results)}")
     typer.echo(f"\nResults: {root.resolve()}" + (" (quick runs: a scratch folder, outputs/ untouched)" if quick and not out else ""))
+    failed = [r[0] for r in results if r[1] == "failed"]
+    if interrupted: raise typer.Exit(130)
     if failed:
         typer.echo(f"failed studies: {', '.join(failed)}", err=True)
         raise typer.Exit(1)

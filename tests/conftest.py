@@ -1,11 +1,16 @@
 "Shared pytest options: slow checks are opt-in and every skip prints its reason (-ra)."
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Tests never write into the checkout: every cache of the session (detections, chat replies, debate embeddings,
+# retrieval) goes to one temporary folder, removed at exit. A test that needs its own sets the variable itself.
+_SESSION_CACHE = tempfile.TemporaryDirectory(prefix="forensicslab-test-cache-")
+os.environ["FORENSICSLAB_CACHE_DIR"] = _SESSION_CACHE.name
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

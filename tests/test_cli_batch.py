@@ -75,3 +75,66 @@ def test_example_grid_for_table4_names_three_backbones():
     cells = grid_cells(g)
     assert len(cells) == 3 and len({c[2]["backbone"] for c in cells}) == 3
     for study, _, params in cells: check_parameters(study, params)
+
+
+def _study(path: Path, body: str) -> Path:
+    "A throwaway study notebook: a parameters cell, then `body`."
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('quick = True\nout_dir = ""')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "python3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_reproduce_goes_on_after_a_failure_keeps_old_outputs_and_summarises(tmp_path):
+    "Issue 24: a failing study leaves its folder byte-identical (attempt kept in .failed/), the next study runs, exit 1."
+    from typer.testing import CliRunner
+    from forensicslab.cli import app
+    bad = _study(tmp_path / "broken.ipynb", "from pathlib import Path\nPath(out_dir, 'table.csv').write_text('half\\n')\n"
+                                            "raise RuntimeError('the data went away')")
+    good = _study(tmp_path / "fine.ipynb", "from pathlib import Path\nfrom forensicslab.runs import part_skipped\n"
+                                           "Path(out_dir, 'table.csv').write_text('acc\\n0.9\\n')\n"
+                                           "part_skipped(out_dir, 'table_real', 'no real data on this machine')")
+    out = tmp_path / "outputs"
+    old = out / "broken"
+    old.mkdir(parents=True)
+    (old / "table.csv").write_text("acc\n0.7\n")
+    (old / "broken.ipynb").write_text("{}")
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    (out / "fine").mkdir()
+    (out / "fine" / "table_real.csv").write_text("committed real rows\n")
+    res = CliRunner().invoke(app, ["reproduce", "--only", str(bad), "--only", str(good), "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before            # not half-overwritten
+    failed = out / ".failed" / "broken"
+    assert (failed / "table.csv").read_text() == "half\n" and json.loads((failed / "run.json").read_text())["status"] == "failed"
+    assert (out / "fine" / "table.csv").read_text() == "acc\n0.9\n"           # the study after the failure ran
+    assert (out / "fine" / "table_real.csv").read_text() == "committed real rows\n"   # a skipped part keeps its files
+    rec = json.loads((out / "fine" / "run.json").read_text())
+    assert rec["status"] == "ok" and rec["parts"]["table_real"]["kept"] == ["table_real.csv"] and rec["packages"]
+    lines = res.output.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.split()[:4] == ["study", "status", "seconds", "reason"])
+    rows = {l.split()[0]: l.split() for l in lines[head + 1:head + 3]}
+    assert rows["broken"][1] == "failed" and "RuntimeError: the data went away" in " ".join(rows["broken"])
+    assert rows["fine"][1] == "ok" and "skipped table_real: no real data on this machine" in " ".join(rows["fine"])
+    assert not list(out.glob(".*.running"))
+
+
+def test_batch_summary_is_numeric_and_cell_folders_relative(tmp_path):
+    "Issue 24: a table of display strings ('86.7 [81.1, 92.0]', '-') stacks into numbers; cell.json names its folder relatively."
+    import pandas as pd
+    from forensicslab.studies import run_batch
+    study = tiny_study(tmp_path / "tiny.ipynb")
+    def runner(study, params, out_dir, kernel, progress):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        Path(out_dir, "t.csv").write_text(f'config,acc,paper\nfusion,"8{params["seed"]}.5 [80.0, 90.0]",-\n')
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"study: {study}\nout: {tmp_path / 'out'}\ngrid:\n  seed: [0, 1]\nsummary: t.csv\n")
+    r = run_batch(grid, progress=False, runner=runner)
+    s = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert list(s.columns) == ["seed", "config", "acc", "acc_lo", "acc_hi", "paper"]
+    assert s.seed.tolist() == [0, 1] and s.acc.tolist() == [80.5, 81.5] and s.acc_hi.tolist() == [90.0, 90.0]
+    assert s.paper.isna().all() and r["summary"].acc.dtype.kind == "f"
+    assert json.loads((tmp_path / "out" / "tiny__seed=1" / "cell.json").read_text())["folder"] == "tiny__seed=1"

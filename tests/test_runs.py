@@ -146,15 +146,39 @@ def test_two_configs_racing_on_a_fresh_folder_never_mix(tmp_path):
         assert cfgs == {m}, f"rows of {cfgs} under a manifest of {m}"
 
 
-def test_cache_dir_outside_a_checkout_is_the_user_cache(tmp_path, monkeypatch):
-    "Issue 17 item 11: outside a checkout nothing is cached under the current folder; the env var overrides."
+def test_cache_dir_is_the_user_cache_never_a_checkout(tmp_path, monkeypatch):
+    "Issue 24: every cache goes to the user cache folder (or $FORENSICSLAB_CACHE_DIR), inside a checkout or not."
     from forensicslab.runs import cache_dir, user_cache_dir
-    monkeypatch.chdir(tmp_path)
+    repo = Path(__file__).resolve().parents[1]
     monkeypatch.delenv("FORENSICSLAB_CACHE_DIR", raising=False)
-    assert cache_dir("detections") == user_cache_dir() / "detections"
-    assert not cache_dir("detections").is_relative_to(tmp_path)
+    for where in (tmp_path, repo):
+        monkeypatch.chdir(where)
+        assert cache_dir("detections") == user_cache_dir() / "detections"
+        assert not cache_dir("detections").is_relative_to(where)
     monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", str(tmp_path / "c"))
     assert cache_dir("chat", "x.sqlite") == tmp_path / "c" / "chat" / "x.sqlite"
-    monkeypatch.delenv("FORENSICSLAB_CACHE_DIR")
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    assert cache_dir("detections").is_relative_to(Path(__file__).resolve().parents[1])
+
+
+def test_session_cache_is_outside_the_checkout():
+    "conftest points FORENSICSLAB_CACHE_DIR at a temporary folder: no test writes a cache into the checkout."
+    import os
+    from forensicslab.runs import cache_dir
+    repo = Path(__file__).resolve().parents[1]
+    assert os.environ.get("FORENSICSLAB_CACHE_DIR") and not cache_dir("debate").resolve().is_relative_to(repo)
+
+
+def test_run_record_holds_provenance_and_parts(tmp_path):
+    "Issue 24: run.json (one writer, runs.write_run_record) and a skipped part that keeps its earlier files."
+    from forensicslab.runs import part_skipped, part_written, read_run_record, write_run_record
+    (tmp_path / "t_real.csv").write_text("committed rows\n")
+    part_skipped(tmp_path, "t_real", "no real data", log=lambda m: None)
+    part_written(tmp_path, "t_teaching", rows=2)
+    rec = write_run_record(tmp_path, "demo", {"seed": 7, "backend": "openai:gpt-4o", "dataset": "verite", "quick": False})
+    assert (tmp_path / "t_real.csv").read_text() == "committed rows\n"
+    on_disk = read_run_record(tmp_path)
+    assert on_disk == json.loads(json.dumps(rec, default=str))
+    assert rec["seed"] == 7 and rec["backends"] == {"backend": "openai:gpt-4o"} and rec["data"] == {"dataset": "verite"}
+    assert rec["parts"]["t_real"] == {"status": "skipped", "why": "no real data"} and rec["parts"]["t_teaching"]["status"] == "written"
+    for k in ("forensicslab", "git_commit", "packages", "python", "platform", "machine", "cpus", "parameters", "date"):
+        assert k in rec, k
+    assert len(rec["git_commit"].split("+")[0]) == 40         # this checkout's commit (a test runs inside it)
