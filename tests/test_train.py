@@ -267,3 +267,63 @@ def test_train_zoom_command_runs_each_family_and_resumes(tmp_path, family):
     assert r2.exit_code == 0 and (out / "sft" / "zoom_train.json").stat().st_mtime_ns == stamp
     import re
     assert "verifier: found, reused" in r2.output and not re.search(r"^(sft|grpo): \d+ steps", r2.output, re.M)
+
+
+# ---- GRPO: every registered image has exactly one attended image-token run (issue 24) ---------------------------
+def _image_runs(ids, keep, image_id) -> int:
+    "Image-token runs among the tokens the model attends to (`keep`): what Qwen3-VL's rope index pairs with image grids."
+    import itertools
+    kinds = [int(t == image_id) for t, k in zip(ids.tolist(), keep.tolist()) if k]
+    return sum(1 for k, _ in itertools.groupby(kinds) if k)
+
+
+def _spy_batches(monkeypatch):
+    "Record, for every GRPO batch, each rollout's registered images and attended image-token runs."
+    import forensicslab.zoom.train as T
+    seen, orig = [], T.ZoomGRPOTrainer._generate_and_score_completions
+
+    def spy(self, inputs):
+        out = orig(self, inputs)
+        image_id = self.processing_class.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+        keep = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+        n = out.get("num_images") or [0] * len(ids)
+        grids = out.get("image_grid_thw")
+        seen.append(dict(images=list(n), runs=[_image_runs(ids[b], keep[b], image_id) for b in range(len(ids))],
+                         grids=0 if grids is None else int(grids.shape[0]),
+                         cut=[int(out["completion_mask"][b].sum()) == 0 for b in range(len(ids))]))
+        return out
+    monkeypatch.setattr(T.ZoomGRPOTrainer, "_generate_and_score_completions", spy)
+    return seen
+
+
+def test_grpo_rollout_cut_after_a_crop_registers_no_orphan_image(tmp_path, monkeypatch):
+    """A rollout that crops, then runs past `max_completion_length`, is masked whole (DAPO `mask_truncated_completions`).
+    Its crop must not stay registered: Qwen3-VL pairs image grids with the image-token runs it attends to, so an
+    orphan crop shifts every later rollout's grid (the `make demo` crash of issue 24: 16 grids, 15 runs).
+    Scripted turns drive TRL's real tool loop: every rollout crops a wide box (a crop grid unlike the full image's),
+    then rollout 0 writes on without an end token and is cut, the others answer."""
+    import forensicslab.zoom.train as T
+    trajs, samples = smoke_task(tmp_path / "data", n=2, size=96)
+    cfg = ZoomTrainConfig.smoke(tiny=TINY, grpo_steps=1, num_generations=2, grpo_batch_size=4, max_completion_length=160,
+                                max_tool_calls=1, max_zooms=1)
+    model, proc = load_policy(cfg, texts=_texts(trajs))
+    tok = proc.tokenizer
+    call = '<tool_call>\n{"name": "crop", "arguments": {"bbox": [0, 0, 90, 30]}}\n</tool_call><|im_end|>'
+    answer = '<answer>{"verdict": "real", "evidence": [{"bbox": null, "text": "no flaw"}]}</answer><|im_end|>'
+    ramble = "the crop shows a bright square " * 60                       # no end token: cut by the length limit
+    turns = []
+
+    def scripted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        first = not turns or turns[-1] == "after"
+        turns.append("first" if first else "after")
+        if first: return [tok.encode(call, add_special_tokens=False) for _ in prompt_ids], None
+        return [tok.encode(ramble if i == 0 else answer, add_special_tokens=False) for i in range(len(prompt_ids))], None
+    monkeypatch.setattr(T.ZoomGRPOTrainer, "_generate_single_turn", scripted)
+    seen = _spy_batches(monkeypatch)
+    run_grpo(cfg, model, proc, samples[:2], HybridReward(lambda image, items: [0.7] * len(items)), tmp_path / "run")
+    assert turns == ["first", "after"] and len(seen) == 1, (turns, seen)
+    b = seen[0]
+    assert b["cut"] == [True, False, False, False], b                 # the script did what it says: rollout 0 cut
+    assert b["images"][1:] == [2, 2, 2], b                            # the others: full image + their crop
+    assert b["runs"] == b["images"] and b["grids"] == sum(b["images"]), b

@@ -34,9 +34,9 @@ from .agent import (TOOL_NAME, BoxError, Episode, ZoomStep, observation_text, pr
 # %% auto #0
 __all__ = ['CURVES', 'ZoomConfigError', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'ZoomEnv', 'crop_tool_schema',
            'fill_images', 'sft_dataset', 'snap_box', 'snap_trajectory', 'ToolVLMCollator', 'CSVLogger', 'read_curves',
-           'plot_curves', 'world_size', 'run_sft', 'turn_texts', 'HybridReward', 'ZoomGRPOTrainer', 'grpo_dataset',
-           'run_grpo', 'save_checkpoint', 'load_checkpoint', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom',
-           'smoke_task']
+           'plot_curves', 'world_size', 'run_sft', 'turn_texts', 'HybridReward', 'drop_cut_crops', 'ZoomGRPOTrainer',
+           'grpo_dataset', 'run_grpo', 'save_checkpoint', 'load_checkpoint', 'HFZoomPolicy', 'grpo_phase_means',
+           'train_zoom', 'smoke_task']
 
 # %% ../../nbs/08g_zoom.train.ipynb #2e7e4247
 class ZoomConfigError(ForensicsLabError, ValueError):
@@ -465,15 +465,32 @@ class HybridReward:
 # %% ../../nbs/08g_zoom.train.ipynb #3333dfb9
 from trl import GRPOTrainer
 
+def drop_cut_crops(completion_ids: list[list[int]], tool_images: list[list], end_ids, image_token_id: int,
+                   pad_id: int) -> tuple[list[list[int]], list[list]]:
+    "For each rollout cut by the length limit (last token not in `end_ids`): no tool images, and its image tokens turned into `pad_id`."
+    ends, ids_out, imgs_out = set(end_ids), [], []
+    for ids, imgs in zip(completion_ids, tool_images, strict=True):
+        if imgs and ids and ids[-1] not in ends:
+            ids, imgs = [pad_id if t == image_token_id else t for t in ids], []
+        ids_out.append(ids)
+        imgs_out.append(imgs)
+    return ids_out, imgs_out
+
 class ZoomGRPOTrainer(GRPOTrainer):
-    "`GRPOTrainer` whose tool loop gets tensor image fields (fixes a crash when every tool call of a batch fails)."
+    "`GRPOTrainer` whose tool loop keeps images and image tokens paired: tensor image fields, and no crop left in a rollout cut by the length limit."
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
         mf = dict(multimodal_fields or {})
         if "pixel_values" in mf and not isinstance(mf["pixel_values"], torch.Tensor):
             mf["pixel_values"] = torch.as_tensor(np.asarray(mf["pixel_values"], dtype=np.float32))
         if "image_grid_thw" in mf and not isinstance(mf["image_grid_thw"], torch.Tensor):
             mf["image_grid_thw"] = torch.as_tensor(np.asarray(mf["image_grid_thw"], dtype=np.int64))
-        return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, mf)
+        mask, comps, ids, logprobs, calls, fails, tool_images = super()._tool_call_loop(
+            prompts, prompt_ids, completion_ids, completions, logprobs, images, mf)
+        if self.mask_truncated_completions and self._image_pad_token_id is not None:
+            pad = self._tokenizer.pad_token_id   # TRL's test for a cut rollout: last token neither an end token nor padding
+            ids, tool_images = drop_cut_crops(ids, tool_images, [*self.eos_token_ids, pad], self._image_pad_token_id, pad)
+        return mask, comps, ids, logprobs, calls, fails, tool_images
+
 
 # %% ../../nbs/08g_zoom.train.ipynb #c5af0748
 def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int = 5):
