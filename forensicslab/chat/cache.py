@@ -121,8 +121,9 @@ class SampleCounter:
         with self._lock: self._n.clear()
 
 def default_cache_path() -> Path:
-    "`$FORENSICSLAB_CACHE`, else `<repo>/.cache/chat.sqlite` (git-ignored)."
+    """`$FORENSICSLAB_CACHE`, else `chat.sqlite` in the cache folder (`forensicslab.runs.cache_dir`: `$FORENSICSLAB_CACHE_DIR`
+    or the user cache folder), never inside a checkout or the working folder."""
     env = os.environ.get("FORENSICSLAB_CACHE")
-    if env: return Path(env)
-    from forensicslab.runs import project_root
-    return project_root() / ".cache" / "chat.sqlite"
+    if env: return Path(env).expanduser()
+    from forensicslab.runs import cache_dir
+    return cache_dir("chat.sqlite")
