@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=None, help="at most N images per split (all by default)")
     a = ap.parse_args(argv)
     from forensicslab.data.bench import ensure_bench, load_bench
-    from forensicslab.triage import study as T
+    from forensicslab.triage import all as T
     root = ensure_bench()
     auth = [s for s in load_bench("ood", root) if s.label == 0]
     split = lambda s: s.provenance["domain"] if s.provenance["domain"].startswith("processed_") else "unprocessed"

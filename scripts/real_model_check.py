@@ -125,7 +125,7 @@ def verdict_text(v) -> str:
 def triage_roles(model, path, cards, dets, case: str) -> dict:
     from forensicslab.chat.models import chat_context
     from forensicslab.imageio import load_image
-    from forensicslab.triage.agents import LLMAuditor, LLMJudge, LLMSingleAgent, measure_facts
+    from forensicslab.triage.all import LLMAuditor, LLMJudge, LLMSingleAgent, measure_facts
     image = load_image(path)
     facts = measure_facts(image, dets, cards)
     out = {}

@@ -16,12 +16,11 @@ from PIL import Image
 from skimage import data as skdata
 
 from forensicslab.core import Detection
-from forensicslab.triage.fusion import algorithmic_fusion, ds_fusion
 from forensicslab.imageio import load_image
 from forensicslab.chat.prompts import load_prompt as _load_prompt
-from forensicslab.triage.agents import (AuditVerdict, RuleAuditor, RuleJudge, TriagePipeline, Verdict,
-                                 make_card, measure_facts, run_auditors)
-from forensicslab.triage.study import (build_config, offline_configs, paper_configs, triage_metrics)
+from forensicslab.triage.all import (AuditVerdict, Evidence, RuleAuditor, RuleJudge, RuleParams, TriagePipeline, Verdict,
+                                     algorithmic_fusion, build_config, ds_fusion, make_card, measure_facts, offline_configs,
+                                     paper_configs, run_auditors, triage_metrics)
 
 
 # ---------------------------------------------------------------- constructed cases
@@ -104,7 +103,6 @@ def test_rule_judge_conflicts_guided_vs_unguided():
     # redundant detectors), the guided judge says authentic
     d2 = {"spectral": Detection.from_score("spectral", 0.7), "npr": Detection.from_score("npr", 0.05)}
     a2 = run_auditors(RuleAuditor(), img, d2, c, measure_facts(img, d2, c))
-    from forensicslab.triage.agents import RuleParams
     assert not RuleJudge(guided=True, params=RuleParams(lone_penalty=0.5, accept_min=0.3)).judge(img, d2, c, a2).is_manipulated
     assert RuleJudge(guided=False).judge(img, d2, c, a2).decisive == "spectral"
 
@@ -294,7 +292,7 @@ def test_study_grid_offline_and_llm(tmp_path):
     "run_grid on a few real images: shared Stage 0, one resumable run per configuration, Table 4 and McNemar."
     from forensicslab.core import Sample
     from forensicslab.chat.testing import openai_server
-    from forensicslab.triage.study import Evidence, mcnemar_pairs, rows_written, run_grid, study_configs, table4
+    from forensicslab.triage.study import mcnemar_pairs, rows_written, run_grid, study_configs, table4
     photos = {"coffee": skdata.coffee(), "astronaut": skdata.astronaut()}
     samples = []
     for i, (name, rgb) in enumerate(photos.items()):
@@ -342,7 +340,6 @@ def test_study_grid_offline_and_llm(tmp_path):
 @pytest.mark.slow
 def test_pipeline_on_real_photographs(shared_data, tmp_path):
     "The offline presets on real public forgeries and authentic photos (PSCC-Net samples, CASIA v2 tampered)."
-    from forensicslab.triage.study import Evidence
     items = [(p, 0 if p.stem.startswith("authentic") else 1) for p in sorted((shared_data / "pscc_samples").glob("*.png"))]
     items += [(p, 1) for p in sorted((shared_data / "casia2_samples").glob("Tp_*.jpg"))]
     assert len(items) == 16
@@ -395,7 +392,7 @@ def _two_samples(tmp_path):
 def test_failed_cases_are_retried_on_resume(tmp_path):
     "A server that fails every call, then recovers: the failed cases are retried by the next run, history kept."
     from forensicslab.chat.testing import openai_server
-    from forensicslab.triage.study import Evidence, run_grid, run_totals
+    from forensicslab.triage.study import run_grid, run_totals
     samples, ev, srv = _two_samples(tmp_path), Evidence(tmp_path / "detcache"), _Flaky()
     with openai_server(srv) as url:
         cfg = paper_configs(backbone=f"openai-compatible:{url}#g")[3]
@@ -414,7 +411,7 @@ def test_failed_cases_are_retried_on_resume(tmp_path):
 def test_attempts_are_bounded(tmp_path):
     "After max_attempts failures a case is final (counted as failed), not retried forever."
     from forensicslab.chat.testing import openai_server
-    from forensicslab.triage.study import Evidence, run_grid
+    from forensicslab.triage.study import run_grid
     samples, ev, srv = _two_samples(tmp_path)[:1], Evidence(tmp_path / "detcache"), _Flaky()
     with openai_server(srv) as url:
         cfg = paper_configs(backbone=f"openai-compatible:{url}#g")[1]      # single agent: one call per case
