@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from forensicslab.debate.data import (article_split, load_mmfakebench, load_news
 from forensicslab.debate.retrieval import (BingVisualSearch, GoogleVisionWeb, LocalIndex, PageHit, RetrievalError,
                                     RetrievalResult, Retriever, local_web_server)
 from forensicslab.chat.testing import openai_server
+from forensicslab.runs import cache_dir
 
 CAPTION = "Protesters march through Paris during the 2024 floods."
 
@@ -355,7 +357,7 @@ def test_real_verite_offline(shared_data):
     if not root.is_dir(): pytest.skip(f"VERITE not present at {root}")
     ds = load_verite(root)
     assert len(ds) == 1001 and int((ds.labels == 0).sum()) == 338
-    vv = verite_views(ds, max_articles=30, cache_dir=Path(__file__).resolve().parents[1] / ".cache" / "debate")
+    vv = verite_views(ds, max_articles=30, cache_dir=cache_dir("debate"))   # the session's cache (conftest), not the checkout
     rows = vv.predict("clip_threshold", False, kinds=("true", "out-of-context"))
     assert len(rows) > 20 and {r["kind"] for r in rows} <= {"true", "out-of-context"}
     own = {s.caption for s in vv.ds.samples if s.provenance["article"] == vv.ds.samples[0].provenance["article"]}
@@ -370,7 +372,30 @@ def test_study_notebook_runs_with_papermill(tmp_path, shared_data):
     nb = Path(__file__).resolve().parents[1] / "nbs" / "studies" / "debate_table5.ipynb"
     pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), parameters={"quick": True, "out_dir": str(tmp_path)},
                         cwd=str(nb.parent), progress_bar=False, kernel_name="python3", language="python")
-    assert (tmp_path / "table5_offline.md").exists() and "VERITE" in (tmp_path / "table5_offline.md").read_text()
+    assert (tmp_path / "table5_verite.md").exists() and "VERITE" in (tmp_path / "table5_verite.md").read_text()
+    prov = json.loads((tmp_path / "table5_verite.provenance.json").read_text())
+    assert prov["data"]["verite"].startswith("verite") and "1001 pairs" in prov["data"]["verite"] and prov["date"]
+
+
+def test_study_without_verite_keeps_earlier_rows_and_downloads_nothing(tmp_path):
+    "Issue 24: a machine without VERITE skips the VERITE part in one line; the earlier files stay byte-identical."
+    pm = pytest.importorskip("papermill")
+    nb = Path(__file__).resolve().parents[1] / "nbs" / "studies" / "debate_table1.ipynb"
+    out, absent = tmp_path / "out", tmp_path / "no-verite-here"
+    out.mkdir()
+    (out / "table1_verite.csv").write_text("rows made where VERITE was present\n")
+    (out / "table1_verite.provenance.json").write_text("{}\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), progress_bar=False, kernel_name="python3",
+                        language="python", parameters={"quick": True, "out_dir": str(out), "verite_root": str(absent)})
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name.startswith("table1_verite")} == before
+    assert not absent.exists()                                   # download defaults to False: nothing fetched
+    parts = json.loads((out / "run.json").read_text())["parts"]
+    assert parts["table1_verite"]["status"] == "skipped" and "VERITE" in parts["table1_verite"]["why"].upper()
+    assert parts["table1_teaching"]["status"] == "written" and (out / "table1_teaching.csv").is_file()
+    printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "out.ipynb", as_version=4).cells
+                      for o in c.get("outputs", []))
+    assert "skipped table1_verite: " in printed and "download" not in printed.split("skipped table1_verite: ")[1].splitlines()[0]
 
 
 def test_chat_summarizer_fences_pages_and_is_cached(tmp_path, nc_fixture):

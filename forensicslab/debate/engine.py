@@ -20,7 +20,8 @@ from pydantic import BaseModel, Field
 
 from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Sample
 from ..chat.prompts import fence, prompt_hash, render_prompt
-from ..metrics import binary_metrics, fmt_ci, metric_table, paper_numbers
+from ..metrics import binary_metrics, fmt_ci, metric_table, paper_numbers, write_table
+from ..runs import part_skipped, part_written, portable_path, project_root
 from .retrieval import ExtractiveQA, PageHit, RetrievalResult
 import forensicslab.debate.data  # registers the debate families
 
@@ -31,8 +32,8 @@ def _prompt(name: str, **fields) -> str:
 __all__ = ['ANSWER_SCHEMAS', 'STRATEGIES', 'CONVENTIONS', 'RUN_CONTROLS', 'DebateAnswer', 'DisambiguationAnswer', 'Critique',
            'Turn', 'DebateResult', 'agreed', 'majority', 'DebateConfig', 'AgentFailed', 'LLMAgent', 'format_answer',
            'DebateInput', 'run_debate', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'debate_case_fn',
-           'models_from_spec', 'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'publish_table',
-           'llm_rows']
+           'models_from_spec', 'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'data_spec',
+           'publish_table', 'llm_rows']
 
 # %% ../../nbs/07_debate.engine.ipynb #76ccc9c1
 class DebateAnswer(BaseModel):
@@ -453,16 +454,25 @@ def backend_status(backend: str, ds) -> Optional[str]:
     return None
 
 # %% ../../nbs/07_debate.engine.ipynb #25db38d9
-def publish_table(df, out: str | Path, name: str, caption: str, why_not: Optional[str] = None) -> Optional[Path]:
-    """Write `df` as `name.{csv,md,tex}` under `out`; when the part could not run (`why_not`, or no rows), remove the
-    stale files of an earlier run and write `name.md` saying why, so no output survives that this run did not make."""
-    from forensicslab.metrics import write_table
+def data_spec(ds) -> str:
+    """How a table names the data it was made from: name, pairs, folder (relative to the checkout when inside it) and a
+    fingerprint of the pairs as loaded (sha256 of ids and labels), so two runs can tell whether they saw the same data."""
+    fp = hashlib.sha256("\n".join(f"{s.id}\t{s.label}" for s in ds.samples).encode()).hexdigest()[:12]
+    where = portable_path(ds.root, project_root()) if ds.root is not None else "built in memory"
+    return f"{ds.name}: {len(ds)} pairs from {where} (pairs sha256 {fp})"
+
+def publish_table(df, out: str | Path, name: str, caption: str, why_not: Optional[str] = None,
+                  data: Optional[dict] = None, **info) -> Optional[Path]:
+    """Write `df` as `name.{csv,md,tex}` under `out` and record the part as made (with external `data`, name -> spec,
+    also `name.provenance.json` beside it). When the part cannot run here (`why_not`: data absent, no backend; or no
+    rows) write nothing: the part is recorded as skipped with its reason, in one printed line, and the files of an
+    earlier run (say, VERITE rows made where VERITE was present) are never deleted or replaced by a "not run" note."""
     out = Path(out)
-    if why_not is None and df is not None and len(df): return write_table(df, out, name, caption)["md"]
-    for ext in ("csv", "md", "tex"): (out / f"{name}.{ext}").unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text(f"{caption}\n\nNot run: {why_not or 'no rows'}\n")
-    print(f"{name}: not run: {why_not or 'no rows'} (stale files removed)")
+    if why_not is None and df is not None and len(df):
+        md = write_table(df, out, name, caption)["md"]
+        part_written(out, name, data=data, rows=len(df), **info)
+        return md
+    part_skipped(out, name, why_not or "no rows")
     return None
 
 # %% ../../nbs/07_debate.engine.ipynb #502c0faf
