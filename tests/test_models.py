@@ -550,7 +550,7 @@ def test_unsafe_bin_checkpoint_is_refused_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04 not loaded")
     res = CliRunner().invoke(models_app, ["ask", f"hf:{tmp_path}", "hi"])
-    assert res.exit_code == 1 and "only safetensors" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "only safetensors" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
 
 

@@ -7,8 +7,10 @@ Docs: https://forensicslab.github.io/forensicslab/chat.cli.html.md"""
 # %% ../../nbs/05e_chat.cli.ipynb #a355a06e
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +23,7 @@ from ..core import ChatMessage, ForensicsLabError
 
 
 # %% auto #0
-__all__ = ['models_app', 'controls_from_options', 'model_options', 'ask_cmd', 'cache_info_cmd', 'prices_cmd']
+__all__ = ['models_app', 'cache_root', 'controls_from_options', 'model_options', 'ask_cmd', 'cache_info_cmd', 'prices_cmd']
 
 # %% ../../nbs/05e_chat.cli.ipynb #e1b9e39b
 _OPTIONS = [
@@ -34,13 +36,29 @@ _OPTIONS = [
     ("budget_usd", Optional[float], None, "--budget-usd", "stop the run when this much is spent"),
     ("budget_tokens", Optional[int], None, "--budget-tokens", "stop the run after this many tokens"),
     ("trace", Optional[Path], None, "--trace", "JSONL trace of every model exchange"),
-    ("cache", Optional[str], None, "--cache", "reply cache: off | rw | replay"),
+    ("cache", Optional[str], None, "--cache", "cache mode: rw (read and write) | replay (read only; a miss fails) | off"),
+    ("cache_dir", Optional[Path], None, "--cache-dir", "cache folder of this command (default: $FORENSICSLAB_CACHE_DIR or the user cache folder)"),
     ("model_controls", Optional[str], None, "--model-controls", "all of the above as JSON/YAML text or a .json/.yaml file"),
 ]
 
-def controls_from_options(backend=(), model_controls=None, **flat) -> ModelControls:
-    "A `ModelControls` from the values of the options `model_options` adds (the flat ones win over --model-controls)."
+@contextlib.contextmanager
+def cache_root(path: str | Path | None):
+    "Within the block, every cache of forensicslab lives under `path` (as `FORENSICSLAB_CACHE_DIR`); `None` changes nothing."
+    if path is None:
+        yield
+        return
+    old = os.environ.get("FORENSICSLAB_CACHE_DIR")
+    os.environ["FORENSICSLAB_CACHE_DIR"] = str(Path(path).expanduser().resolve())
+    try: yield
+    finally:
+        if old is None: os.environ.pop("FORENSICSLAB_CACHE_DIR", None)
+        else: os.environ["FORENSICSLAB_CACHE_DIR"] = old
+
+def controls_from_options(backend=(), model_controls=None, cache_dir=None, **flat) -> ModelControls:
+    """A `ModelControls` from the values of the options `model_options` adds (the flat ones win over --model-controls);
+    `cache_dir` puts the reply cache at `cache_dir/chat.sqlite`."""
     c = ModelControls.of(model_controls)
+    if cache_dir is not None and not flat.get("cache_path"): flat["cache_path"] = Path(cache_dir).expanduser() / "chat.sqlite"
     roles = dict(c.backends)
     for b in backend or ():
         role, sep, spec = b.partition("=")
@@ -52,8 +70,8 @@ def controls_from_options(backend=(), model_controls=None, **flat) -> ModelContr
 def model_options(fn):
     """Decorator for a Typer command: adds the model run-control options (`--backend ROLE=SPEC`,
     `--max-tokens`, `--temperature`, `--timeout`, `--attempts`, `--structured`, `--budget-usd`,
-    `--budget-tokens`, `--trace`, `--cache`, `--model-controls`) and calls `fn(..., controls=ModelControls)`.
-    A bad value is a one-line error, exit 2."""
+    `--budget-tokens`, `--trace`, `--cache`, `--cache-dir`, `--model-controls`) and calls `fn(..., controls=ModelControls)`
+    with every cache under `--cache-dir` when it is given. A bad value is a one-line error, exit 2."""
     sig = inspect.signature(fn)
     kept = [p for name, p in sig.parameters.items() if name != "controls"]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
@@ -66,7 +84,7 @@ def model_options(fn):
         except ForensicsLabError as e:
             typer.echo(f"error: {redact(e)}", err=True)
             raise typer.Exit(2)
-        return fn(*args, controls=controls, **kw)
+        with cache_root(opts["cache_dir"]): return fn(*args, controls=controls, **kw)
     wrapper.__signature__ = sig.replace(parameters=kept + added)
     return wrapper
 
@@ -90,20 +108,21 @@ def ask_cmd(spec: str = typer.Argument(..., help="e.g. openai:gpt-4o, openai-com
         msgs = ([ChatMessage.of("system", system)] if system else []) + [ChatMessage.of("user", prompt, *image)]
         r = m.chat(msgs, temperature=controls.temperature if controls.temperature is not None else 0.0,
                    max_tokens=controls.max_tokens or 512)
-    except (ForensicsLabError, ValueError, FileNotFoundError) as e:
+    except (ForensicsLabError, ValueError, FileNotFoundError) as e:   # a missing key or package, a bad spec or file, a failed call
         typer.echo(f"error: {redact(e)}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(2)
     typer.echo(r.text)
     for n in r.notes: typer.echo(f"note: {n}", err=True)
     typer.echo(f"[{r.model_id}] in={r.input_tokens} out={r.output_tokens} cost=${r.cost_usd:.6f} "
                f"latency={r.latency_s:.2f}s attempts={r.attempts} cached={r.cached}", err=True)
 
 @models_app.command("cache-info")
-def cache_info_cmd(path: Optional[Path] = typer.Argument(None, help="cache file (default: $FORENSICSLAB_CACHE or .cache/chat.sqlite)")):
-    "Count the stored replies per model id."
-    p = path or default_cache_path()
+def cache_info_cmd(path: Optional[Path] = typer.Argument(None, help="cache file (default: $FORENSICSLAB_CACHE, else chat.sqlite in --cache-dir)"),
+                   cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="cache folder (default: $FORENSICSLAB_CACHE_DIR or the user cache folder)")):
+    "Count the stored replies per model id (exit 1 when nothing is cached yet)."
+    with cache_root(cache_dir): p = path or default_cache_path()
     if not Path(p).exists():
-        typer.echo(f"error: no cache at {p}", err=True)
+        typer.echo(f"no reply cache at {p} yet (nothing cached)", err=True)
         raise typer.Exit(1)
     rows = ChatCache(p)._conn().execute("SELECT model_id, COUNT(*), MIN(created), MAX(created) FROM replies "
                                        "GROUP BY model_id ORDER BY model_id").fetchall()
