@@ -42,9 +42,11 @@ def dispatch_table(detections: dict[str, Detection]) -> list[dict]:
     return rows
 
 def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to analyse (omit with --list)."),
-               detector: Optional[list[str]] = typer.Option(None, "--detector", "-d", help="Run only these detectors (repeatable)."),
+               detectors: Optional[list[str]] = typer.Option(None, "--detectors", "-d", help="Run only these detectors (comma-separated or repeated)."),
                timeout: float = typer.Option(DEFAULT_TIMEOUT, help="Seconds each detector may take."),
-               cache: Optional[Path] = typer.Option(None, help="Cache folder for detections (default: no cache)."),
+               cache: Optional[str] = typer.Option(None, "--cache", help="Detection cache: rw (read and write) | off (the default, unless --cache-dir is given)."),
+               cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Cache folder (detections in CACHE_DIR/detections; default: $FORENSICSLAB_CACHE_DIR or the user cache folder)."),
+               detector: Optional[list[str]] = typer.Option(None, "--detector", hidden=True, help="Deprecated spelling of --detectors."),
                panels: Optional[Path] = typer.Option(None, help="Write the heatmap panels into this folder."),
                as_json: bool = typer.Option(False, "--json", help="Print the detections as JSON."),
                remote: Optional[list[str]] = typer.Option(None, "--remote", help="Add a served detector: name=http://host:port (repeatable)."),
@@ -66,7 +68,12 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
     except ImageError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    names = detector or list_detectors()
+    names = [n.strip() for x in [*(detectors or []), *(detector or [])] for n in x.split(",") if n.strip()] or list_detectors()
+    mode = cache or ("rw" if cache_dir else "off")
+    if mode not in ("rw", "off"):
+        typer.echo(f"error: --cache {mode!r}: detections use rw or off (the folder is --cache-dir)", err=True)
+        raise typer.Exit(2)
+    store = None if mode == "off" else (Path(cache_dir) / "detections" if cache_dir else True)
     if not names:
         typer.echo("no detectors registered (see forensicslab.detectors.pool.discovery_errors())", err=True)
         raise typer.Exit(1)
@@ -75,7 +82,7 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
         typer.echo(f"error: unknown detectors {unknown}; registered: {', '.join(list_detectors())}", err=True)
         raise typer.Exit(2)
     t0 = time.perf_counter()
-    res = run_pool(img, names, timeout=timeout, cache=cache)
+    res = run_pool(img, names, timeout=timeout, cache=store)
     wall = time.perf_counter() - t0
     if as_json:
         typer.echo(json.dumps({k: d.model_dump(mode="json") for k, d in res.items()}, indent=1))
