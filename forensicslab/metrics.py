@@ -18,7 +18,7 @@ from scipy import stats
 import forensicslab
 
 # %% auto #0
-__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'mcnemar', 'fmt_ci', 'write_table', 'paper_numbers']
+__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'roc_auc', 'mcnemar', 'fmt_ci', 'write_table', 'paper_numbers']
 
 # %% ../nbs/02a_metrics.ipynb #c85c5546
 def _ratio(a, b) -> float: return float(a) / b if b else float("nan")
@@ -50,6 +50,16 @@ def metric_table(y_true, y_pred, n_boot: int = 1000, seed: int = 0,
     "Each binary metric with its bootstrap 95% interval."
     t, p = np.asarray(y_true, int), np.asarray(y_pred, int)
     return {k: bootstrap_ci(lambda i, k=k: binary_metrics(t[i], p[i])[k], len(t), n_boot, seed=seed) for k in metrics}
+
+# %% ../nbs/02a_metrics.ipynb #823310b6
+def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    "ROC AUC of `scores` for binary `labels` (1 = positive) by ranks, ties averaged; NaN when a class is missing."
+    s, y = np.asarray(scores, float), np.asarray(labels, int)
+    if s.shape != y.shape: raise ValueError(f"roc_auc needs one label per score, got {s.shape} and {y.shape}")
+    n1, n0 = int((y == 1).sum()), int((y == 0).sum())
+    if not n1 or not n0: return float("nan")
+    ranks = stats.rankdata(s)
+    return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 # %% ../nbs/02a_metrics.ipynb #ca36d79c
 def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, float]:

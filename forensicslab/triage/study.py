@@ -25,7 +25,7 @@ from ..chat.prompts import prompt_hash
 from ..core import Detection, Sample, ToolCard
 from ..data.datasets import load_dataset, stratified_draw
 from ..imageio import LoadedImage, load_image
-from ..metrics import bootstrap_ci, fmt_ci, mcnemar, paper_numbers
+from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers
 from ..runs import Case, Run, config_hash
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
 from .data import Evidence, stage0, study_samples
@@ -252,9 +252,7 @@ def _arrays(rows: list[dict]):
 def _metric(name, y, p, arb, known):
     def f(i):
         yi, pi = y[i], p[i]
-        if name == "recall": return (pi[yi == 1] == 1).mean() if (yi == 1).any() else np.nan
-        if name == "specificity": return (pi[yi == 0] == 0).mean() if (yi == 0).any() else np.nan
-        if name == "accuracy": return (pi == yi).mean() if len(yi) else np.nan
+        if name != "arbitration": return binary_metrics(yi, pi)[name]
         scored = (yi == 1) & known[i]
         return arb[i][scored].mean() if scored.any() else np.nan
     return f
