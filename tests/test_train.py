@@ -327,3 +327,47 @@ def test_grpo_rollout_cut_after_a_crop_registers_no_orphan_image(tmp_path, monke
     assert b["cut"] == [True, False, False, False], b                 # the script did what it says: rollout 0 cut
     assert b["images"][1:] == [2, 2, 2], b                            # the others: full image + their crop
     assert b["runs"] == b["images"] and b["grids"] == sum(b["images"]), b
+
+
+# ---- a failed stage never leaves a half-overwritten run (issue 24) ---------------------------------------------------
+def _tree(root):
+    "Relative path -> sha256 of every file under `root`, hidden work folders included."
+    import hashlib
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(root).rglob("*"))
+            if p.is_file()}
+
+
+def test_failed_grpo_stage_leaves_the_previous_run_byte_identical(tmp_path, monkeypatch):
+    "SFT succeeds, GRPO raises: base, SFT checkpoint, curves and config of the previous run stay byte for byte."
+    import forensicslab.zoom.train as T
+    trajs, samples = smoke_task(tmp_path / "data", n=2)
+    runs = tmp_path / "runs"
+    prev = runs / "run"
+    for rel, text in {"base/config.json": "{}", "base/old_shard.bin": "old base", "sft/zoom_train.json": "{}",
+                      "sft/adapter_model.safetensors": "old sft", "grpo/adapter_model.safetensors": "old grpo",
+                      "verifier/verifier.json": "{}", "sft_log.csv": "stage,step\nsft,1\n", "config.yaml": "base: tiny\n",
+                      "notes.md": "made elsewhere"}.items():
+        (prev / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prev / rel).write_text(text)
+    before = _tree(runs)
+    cfg = ZoomTrainConfig.smoke(tiny=TINY, sft_steps=2, grpo_steps=1, num_generations=2, grpo_batch_size=2,
+                                max_completion_length=48)
+    verifier = lambda image, items: [0.7] * len(items)
+
+    class Broken(T.HybridReward):
+        def __call__(self, *a, **kw): raise RuntimeError("reward crashed in GRPO")
+    with monkeypatch.context() as mp:
+        mp.setattr(T, "HybridReward", Broken)
+        with pytest.raises(RuntimeError, match="crashed in GRPO"):
+            T.train_zoom(cfg, trajs, samples, prev, verifier=verifier, texts=_texts(trajs))
+    assert _tree(runs) == before                                   # nothing replaced, no work folder left behind
+    assert sorted(p.name for p in runs.iterdir()) == ["run"]
+    # a run that succeeds replaces what it wrote (each folder whole), keeps the rest, and its checkpoints name ../base
+    res = T.train_zoom(cfg, trajs, samples, prev, verifier=verifier, texts=_texts(trajs))
+    assert res["grpo"] == prev / "grpo" and (prev / "grpo" / "zoom_train.json").exists()
+    assert (prev / "notes.md").read_text() == "made elsewhere" and (prev / "verifier" / "verifier.json").read_text() == "{}"
+    assert not (prev / "base" / "old_shard.bin").exists() and (prev / "base" / "config.json").read_text() != "{}"
+    assert '"base_path": "../base"' in (prev / "sft" / "zoom_train.json").read_text()
+    assert sorted(p.name for p in runs.iterdir()) == ["run"]
+    m, _ = load_checkpoint(prev / "grpo", device="cpu")
+    assert sum(p_.numel() for p_ in m.parameters()) > 0

@@ -20,6 +20,7 @@ from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 from transformers.models.qwen3_vl import Qwen3VLConfig, Qwen3VLProcessor
 
 from ..core import ForensicsLabError
+from .checkpoint import WriteAside
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'VLM_FAMILIES', 'qwen3_vl_chat_template', 'base_corpus', 'train_tokenizer',
@@ -217,12 +218,11 @@ def resolve_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[str
     return device, dt
 
 def save_vlm(model, processor, path: str | Path) -> Path:
-    "Write model weights, tokenizer, image processor and chat template to `path`."
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    processor.save_pretrained(path)
-    return path
+    "Write model weights, tokenizer, image processor and chat template to `path` (written aside, each file replaced only once all are saved)."
+    with WriteAside(path, merge=True) as tmp:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+    return Path(path)
 
 def resolve_model_path(spec: str | Path) -> Path:
     "A local model folder for `spec`: the folder itself, or a hub id (`org/name`) fetched with `huggingface_hub` (cached)."

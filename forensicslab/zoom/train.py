@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -29,6 +30,7 @@ from ..runs import portable_path, resolve_portable
 from .rewards import RewardConfig, episode_answer, zoom_reward
 from .tinyvlm import (TinyVLMSpec, build_tiny_vlm, load_vlm, resolve_device_dtype, save_vlm)
 from .verifier import TEXT_LORA_TARGETS
+from .checkpoint import WriteAside
 from .agent import (TOOL_NAME, BoxError, Episode, ZoomStep, observation_text, prompt_messages, to_chat, zoom)
 
 # %% auto #0
@@ -179,12 +181,13 @@ def load_policy(cfg: ZoomTrainConfig, texts: Sequence[str] = (), save_to: str | 
     "`(model, processor)` for `cfg.base`: build the tiny model (tokenizer on `texts`, tower pretrained on `vision_samples` when `cfg.vision`) or load a folder."
     if cfg.base == "tiny":
         model, proc = build_tiny_vlm(cfg.tiny_spec, texts=texts)
-        if cfg.vision:
-            if not vision_samples: raise ValueError("cfg.vision is set: pass vision_samples (images with flaw boxes) to pretrain the tower")
-            from forensicslab.zoom.vision import VisionPretrainConfig, pretrain_vision
-            log = Path(save_to) / "vision_log.csv" if save_to else None
-            pretrain_vision(model, proc, vision_samples, VisionPretrainConfig(**{"seed": cfg.seed, **cfg.vision}), log)
-        if save_to: save_vlm(model, proc, save_to)
+        with WriteAside(save_to) if save_to else nullcontext() as tmp:   # `save_to` replaced once the tower is trained and saved
+            if cfg.vision:
+                if not vision_samples: raise ValueError("cfg.vision is set: pass vision_samples (images with flaw boxes) to pretrain the tower")
+                from forensicslab.zoom.vision import VisionPretrainConfig, pretrain_vision
+                log = tmp / "vision_log.csv" if tmp else None
+                pretrain_vision(model, proc, vision_samples, VisionPretrainConfig(**{"seed": cfg.seed, **cfg.vision}), log)
+            if tmp: save_vlm(model, proc, tmp)
         device, dtype = resolve_device_dtype(cfg.device, cfg.dtype)
         return model.to(device=device, dtype=dtype), proc
     return load_vlm(cfg.base, device=cfg.device, dtype=cfg.dtype, max_pixels=cfg.max_pixels)
@@ -374,6 +377,7 @@ def world_size() -> int:
 
 def _trainer_dir(cfg: ZoomTrainConfig, out_dir: Path, stage: str) -> tuple[str, dict, Optional[str]]:
     "`(output_dir, save kwargs, checkpoint to resume from)`: trainer checkpoints under `out_dir/<stage>_trainer` when `cfg.save_steps`."
+    out_dir = Path(out_dir)
     if not cfg.save_steps: return _scratch(stage), {}, None
     d = out_dir / f"{stage}_trainer"
     last = max(d.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]), default=None) if d.exists() else None
@@ -388,12 +392,12 @@ def _common_args(cfg: ZoomTrainConfig) -> dict:
                 dataloader_num_workers=0)
 
 def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict], out_dir: str | Path,
-            callbacks: Sequence = ()):
-    "SFT with LoRA on trajectories; returns the trainer (its `.model` is the PEFT model). Curves go to `out_dir/sft_log.csv`."
+            callbacks: Sequence = (), trainer_root: str | Path | None = None):
+    "SFT with LoRA on trajectories; returns the trainer (its `.model` is the PEFT model). Curves go to `out_dir/sft_log.csv`, resumable trainer checkpoints (`cfg.save_steps`) under `trainer_root` (default `out_dir`)."
     from trl import SFTConfig, SFTTrainer
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    output_dir, save_kw, resume = _trainer_dir(cfg, out_dir, "sft")
+    output_dir, save_kw, resume = _trainer_dir(cfg, trainer_root or out_dir, "sft")
     args = SFTConfig(output_dir=output_dir, max_steps=cfg.sft_steps, num_train_epochs=cfg.sft_epochs,
                      per_device_train_batch_size=cfg.sft_per_device(world_size()), gradient_accumulation_steps=cfg.sft_grad_accum,
                      learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
@@ -502,12 +506,13 @@ def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int 
                               "image": imgs, "sample": [s.model_dump_json() for s in samples]})
 
 def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], reward: HybridReward,
-             out_dir: str | Path, callbacks: Sequence = (), env_factory: Callable = ZoomEnv):
-    "GRPO (DAPO settings) with the crop tool in the rollouts; returns the trainer. Curves go to `out_dir/grpo_log.csv`."
+             out_dir: str | Path, callbacks: Sequence = (), env_factory: Callable = ZoomEnv,
+             trainer_root: str | Path | None = None):
+    "GRPO (DAPO settings) with the crop tool in the rollouts; returns the trainer. Curves go to `out_dir/grpo_log.csv`, trainer checkpoints as in `run_sft`."
     from trl import GRPOConfig
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    output_dir, save_kw, resume = _trainer_dir(cfg, out_dir, "grpo")
+    output_dir, save_kw, resume = _trainer_dir(cfg, trainer_root or out_dir, "grpo")
     vllm = {}
     if cfg.use_vllm:
         import importlib.util
@@ -531,9 +536,8 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
 # %% ../../nbs/08g_zoom.train.ipynb #67bd962e
 def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, cfg: ZoomTrainConfig,
                     extra: dict | None = None) -> Path:
-    "Save the adapter, the processor and `zoom_train.json` (base folder, config, extra facts) to `path`."
+    "Save the adapter, the processor and `zoom_train.json` (base folder, config, extra facts) to `path`, written aside (`WriteAside`)."
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     base = portable_path(base_path, path)            # relative inside the project: the checkpoint moves with the repo
     # PEFT names the base in adapter_config.json (its configs) and in the model card (the base model's config and
     # name): each says `base` while saving, then is put back
@@ -542,13 +546,14 @@ def save_checkpoint(model, processor, path: str | Path, base_path: str | Path, c
         bm = model.get_base_model()
         named += [(bm.config, "_name_or_path"), (bm, "name_or_path")]
     held = [getattr(o, a, None) for o, a in named]
-    for o, a in named: setattr(o, a, base)
-    try: model.save_pretrained(path)
-    finally:
-        for (o, a), v in zip(named, held): setattr(o, a, v)
-    processor.save_pretrained(path)
-    meta = {"base_path": base, "config": cfg.as_dict(path), **(extra or {})}
-    (path / "zoom_train.json").write_text(json.dumps(meta, indent=2, default=str))
+    with WriteAside(path) as tmp:              # a sibling at the same depth: `base` reads the same from it
+        for o, a in named: setattr(o, a, base)
+        try: model.save_pretrained(tmp)
+        finally:
+            for (o, a), v in zip(named, held): setattr(o, a, v)
+        processor.save_pretrained(tmp)
+        meta = {"base_path": base, "config": cfg.as_dict(path), **(extra or {})}
+        (tmp / "zoom_train.json").write_text(json.dumps(meta, indent=2, default=str))
     return path
 
 def load_checkpoint(path: str | Path, device: str = "auto", dtype: str = "auto", trainable: bool = False):
@@ -608,29 +613,42 @@ def grpo_phase_means(csv_path: str | Path, frac: float = 0.2) -> dict:
     return {"steps": len(r), "k": k, "first": float(r[:k].mean()), "last": float(r[-k:].mean())}
 
 def train_zoom(cfg: ZoomTrainConfig, trajectories: Sequence[dict], grpo_samples: Sequence[Sample], out_dir: str | Path,
-               verifier: Optional[Callable] = None, texts: Sequence[str] = (), skip_grpo: bool = False) -> dict:
-    "SFT then GRPO; checkpoints under `out_dir/sft` and `out_dir/grpo`, curves in `out_dir/*_log.csv`, timings returned."
+               verifier: Optional[Callable] = None, texts: Sequence[str] = (), skip_grpo: bool = False,
+               aside: bool = True) -> dict:
+    """SFT then GRPO; checkpoints under `out_dir/sft` and `out_dir/grpo`, curves in `out_dir/*_log.csv`, timings returned.
+
+    With `aside` the run is written into a hidden sibling of `out_dir` and its files and folders replace those of
+    `out_dir` only when every stage succeeded (`WriteAside`): a failed stage leaves `out_dir` as it was. Pass
+    `aside=False` when `out_dir` is itself work written aside (the study notebook stages its whole run)."""
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.to_yaml(out_dir / "config.yaml")
-    base_path = out_dir / "base" if cfg.base == "tiny" else Path(cfg.base)
-    model, proc = load_policy(cfg, texts=texts, save_to=base_path if cfg.base == "tiny" else None)
-    t0 = time.perf_counter()
-    sft = run_sft(cfg, model, proc, trajectories, out_dir)
-    t_sft = time.perf_counter() - t0
-    save_checkpoint(sft.model, proc, out_dir / "sft", base_path, cfg, {"stage": "sft", "seconds": t_sft})
-    out = {"base": base_path, "sft": out_dir / "sft", "sft_seconds": t_sft, "sft_steps": sft.state.global_step,
-           "sft_log": out_dir / "sft_log.csv"}
-    if skip_grpo: return out
-    reward = HybridReward(verifier, cfg.reward_config, cfg.variant)
-    t0 = time.perf_counter()
-    grpo = run_grpo(cfg, sft.model, proc, grpo_samples, reward, out_dir)
-    t_grpo = time.perf_counter() - t0
-    save_checkpoint(grpo.model, proc, out_dir / "grpo", base_path, cfg, {"stage": "grpo", "seconds": t_grpo})
-    out.update(grpo=out_dir / "grpo", grpo_seconds=t_grpo, grpo_steps=grpo.state.global_step,
-               grpo_log=out_dir / "grpo_log.csv", reward_calls=reward.calls, verifier_calls=reward.verifier_calls)
-    return out
+    w = WriteAside(out_dir, merge=True) if aside else None
+    run = w.path if w else out_dir
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        cfg.to_yaml(run / "config.yaml")
+        base_path = run / "base" if cfg.base == "tiny" else Path(cfg.base)
+        model, proc = load_policy(cfg, texts=texts, save_to=base_path if cfg.base == "tiny" else None)
+        t0 = time.perf_counter()
+        sft = run_sft(cfg, model, proc, trajectories, run, trainer_root=out_dir)
+        t_sft = time.perf_counter() - t0
+        save_checkpoint(sft.model, proc, run / "sft", base_path, cfg, {"stage": "sft", "seconds": t_sft})
+        out = {"base": base_path, "sft": run / "sft", "sft_seconds": t_sft, "sft_steps": sft.state.global_step,
+               "sft_log": run / "sft_log.csv"}
+        if not skip_grpo:
+            reward = HybridReward(verifier, cfg.reward_config, cfg.variant)
+            t0 = time.perf_counter()
+            grpo = run_grpo(cfg, sft.model, proc, grpo_samples, reward, run, trainer_root=out_dir)
+            t_grpo = time.perf_counter() - t0
+            save_checkpoint(grpo.model, proc, run / "grpo", base_path, cfg, {"stage": "grpo", "seconds": t_grpo})
+            out.update(grpo=run / "grpo", grpo_seconds=t_grpo, grpo_steps=grpo.state.global_step,
+                       grpo_log=run / "grpo_log.csv", reward_calls=reward.calls, verifier_calls=reward.verifier_calls)
+    except BaseException:
+        if w: w.abort()
+        raise
+    if not w: return out
+    w.commit()
+    return {k: w.final(v) if isinstance(v, Path) and v.is_relative_to(run) else v for k, v in out.items()}
 
 # %% ../../nbs/08g_zoom.train.ipynb #3506ebd7
 def smoke_task(root: str | Path, n: int = 4, size: int = 96, seed: int = 0) -> tuple[list[dict], list[Sample]]:

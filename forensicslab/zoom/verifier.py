@@ -22,6 +22,7 @@ from torch import nn
 
 from ..core import Box, EvidenceItem
 from ..runs import portable_path, resolve_portable
+from .checkpoint import WriteAside
 from .tinyvlm import load_vlm
 
 # %% auto #0
@@ -305,16 +306,16 @@ def new_verifier(base_path: str | Path, cfg: VerifierTrainConfig | None = None, 
 
 def save_verifier(verifier: Verifier | EvidenceVerifier, path: str | Path, base_path: str | Path,
                   cfg: VerifierTrainConfig | None = None, extra: dict | None = None) -> Path:
-    "Write the trained tensors and a `verifier.json` that points at `base_path`."
+    "Write the trained tensors and a `verifier.json` that points at `base_path` (written aside: `path` is replaced only once both are saved)."
     model = verifier.model if isinstance(verifier, Verifier) else verifier
     cfg = cfg or VerifierTrainConfig()
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(state, str(path / "trainable.safetensors"))
     meta = {"base_path": portable_path(base_path, path), "lora": cfg.lora, "lora_r": cfg.lora_r,
             "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **(extra or {})}
-    (path / "verifier.json").write_text(json.dumps(meta, indent=2))
+    with WriteAside(path) as tmp:
+        save_file(state, str(tmp / "trainable.safetensors"))
+        (tmp / "verifier.json").write_text(json.dumps(meta, indent=2))
     return path
 
 def load_verifier(path: str | Path, device: str = "auto", dtype: str = "auto", base_path: str | Path | None = None) -> Verifier:
