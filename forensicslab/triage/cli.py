@@ -27,7 +27,7 @@ from .study import build_config, preset
 
 # %% auto #0
 __all__ = ['OFFLINE_LINE', 'AnalyzeError', 'pool_cards', 'check_detectors', 'analyze_image', 'stage0_line', 'verdict_lines',
-           'expand_inputs', 'write_index', 'analyze_batch', 'analyze_cmd']
+           'expand_inputs', 'write_index', 'analyze_batch', 'default_out', 'analyze_cmd']
 
 # %% ../../nbs/06d_triage.cli.ipynb #ce621ed3
 class AnalyzeError(ForensicsLabError, ValueError):
@@ -175,10 +175,18 @@ def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules
 def _split(names: list[str] | None) -> list[str] | None:
     return [n.strip() for x in names or [] for n in x.split(",") if n.strip()] or None
 
-def _single(image: Path, config, auditor_backend, judge_backend, detectors, report, no_cache, as_json, controls=None) -> int:
-    "Analyse one image on the terminal; returns the exit status."
+def default_out(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
+                detectors: list[str] | None = None, root: str | Path = "forensicslab-analyze") -> Path:
+    "The output folder of one configuration: `root/<preset>-<hash of preset, backends and detectors>` (in the working folder)."
+    cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
+    manifest = dict(kind="analyze", configuration=cfg.model_dump(), detectors=check_detectors(detectors))
+    return Path(root) / f"{cfg.name}-{config_hash(manifest)[:8]}"
+
+def _single(image: Path, config, auditor_backend, judge_backend, detectors, report, no_cache, as_json, controls=None,
+            out_dir: Path | None = None) -> int:
+    "Analyse one image on the terminal (its case report into `out_dir`, or at `report`); returns the exit status."
     img, dets, cards, res = analyze_image(image, config, auditor_backend, judge_backend, detectors, cache=not no_cache, controls=controls)
-    out = Path(report) if report else Path(image).with_name(Path(image).stem + ".triage.html")
+    out = Path(report) if report else (out_dir or default_out(config, auditor_backend, judge_backend, detectors)) / f"{Path(image).stem}.triage.html"
     if as_json: typer.echo(res.model_dump_json(indent=1))
     else:
         typer.echo(f"image: {image}\nconfiguration: {res.config}")
@@ -205,14 +213,17 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
                 auditor_backend: Optional[str] = typer.Option(None, help="Model spec for the auditors, e.g. openai:gpt-4o."),
                 judge_backend: Optional[str] = typer.Option(None, help="Model spec for the judge (or the single agent)."),
                 detectors: Optional[list[str]] = typer.Option(None, "--detectors", help="Run only these detectors (comma-separated or repeated)."),
-                report: Optional[Path] = typer.Option(None, help="One image: where to write the case report (default: IMAGE.triage.html beside it)."),
-                out: Optional[Path] = typer.Option(None, help="Batch output folder (reports, results.csv, index.html); default ./forensicslab-analyze."),
-                no_cache: bool = typer.Option(False, "--no-cache", help="Recompute detections instead of reading the detection cache."),
+                report: Optional[Path] = typer.Option(None, help="One image: where to write the case report (default: IMAGE.triage.html in the output folder)."),
+                out: Optional[Path] = typer.Option(None, help="Output folder (case reports; for several images results.csv and index.html); "
+                                                              "default ./forensicslab-analyze/<configuration>-<hash>, one per configuration."),
+                no_cache: bool = typer.Option(False, "--no-cache", hidden=True, help="Deprecated spelling of --cache off."),
                 as_json: bool = typer.Option(False, "--json", help="Print each case record as JSON (one line per image in a batch)."),
                 controls=None):
     """Analyse images: the detector pool and a triage configuration, the verdict, and a case report per image.
     The model run controls (`--backend auditor=SPEC`, `--max-tokens`, `--timeout`, ...) apply to every model call."""
     dets = _split(detectors)
+    no_cache = no_cache or controls.cache == "off"
+    if no_cache and controls.cache != "off": controls = type(controls).of(controls, cache="off")
     try:
         kind = preset(config).kind
         if controls is not None and kind == "pipeline":
@@ -220,9 +231,9 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
         if controls is not None and kind in ("pipeline", "single"):
             judge_backend = judge_backend or controls.backends.get("judge" if kind == "pipeline" else "single") or controls.backends.get("*")
         files = expand_inputs(paths)
-        if len(files) == 1 and out is None and not paths[0].is_dir():
-            raise typer.Exit(_single(files[0], config, auditor_backend, judge_backend, dets, report, no_cache, as_json, controls))
-        target = out or Path("forensicslab-analyze")
+        target = out or default_out(config, auditor_backend, judge_backend, dets)
+        if len(files) == 1 and not paths[0].is_dir():
+            raise typer.Exit(_single(files[0], config, auditor_backend, judge_backend, dets, report, no_cache, as_json, controls, target))
         rows = analyze_batch(files, target, config, auditor_backend, judge_backend, dets, cache=not no_cache, progress=not as_json,
                              controls=controls)
     except typer.Exit: raise
