@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..core import Sample
+from .checkpoint import WriteAside
 from .tinyvlm import load_vlm
 from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint,
                                      load_policy, run_grpo, run_sft, save_checkpoint, snap_trajectory)
@@ -98,14 +99,16 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     run_cfg = replace(cfg, base=str(base_path))
     if "sft" in stages and not (resume and (out / "sft" / "zoom_train.json").exists()):
         model, proc = load_vlm(base_path, device=cfg.device, dtype=cfg.dtype, max_pixels=cfg.max_pixels)
-        sft = run_sft(run_cfg, model, proc, data["trajectories"], out)
-        if _is_main(): save_checkpoint(sft.model, proc, out / "sft", base_path, cfg, {"stage": "sft"})
+        with WriteAside(out, merge=True) as work:      # curve and checkpoint replace the old ones only when the stage succeeded
+            sft = run_sft(run_cfg, model, proc, data["trajectories"], work, trainer_root=out)
+            if _is_main(): save_checkpoint(sft.model, proc, work / "sft", base_path, cfg, {"stage": "sft"})
         log(f"sft: {sft.state.global_step} steps")
     if "grpo" in stages and not (resume and (out / "grpo" / "zoom_train.json").exists()):
         model, proc = load_checkpoint(out / "sft", device=cfg.device, dtype=cfg.dtype, trainable=True)
         reward = HybridReward(verifier, cfg.reward_config, cfg.variant)
-        grpo = run_grpo(run_cfg, model, proc, data["train"], reward, out)
-        if _is_main(): save_checkpoint(grpo.model, proc, out / "grpo", base_path, cfg, {"stage": "grpo"})
+        with WriteAside(out, merge=True) as work:
+            grpo = run_grpo(run_cfg, model, proc, data["train"], reward, work, trainer_root=out)
+            if _is_main(): save_checkpoint(grpo.model, proc, work / "grpo", base_path, cfg, {"stage": "grpo"})
         log(f"grpo: {grpo.state.global_step} steps, reward calls {reward.calls}")
     result = {}
     if "eval" in stages and _is_main():
