@@ -2,6 +2,7 @@
 OpenAI-compatible server (concurrent auditors, mixed backends), failures, the `analyze` CLI and the
 HTML case report rendered in headless Chromium."""
 import difflib
+import html
 import json
 import re
 import shutil
@@ -269,6 +270,7 @@ def _chromium():
 
 
 def test_case_report_renders_in_chromium(tmp_path):
+    "The page as a browser lays it out: the style sheet's rules reach the banner, the pills and the reasoning."
     exe = _chromium()
     if not exe:
         pytest.skip("chromium not installed (make test installs it via scripts/ensure-chromium.sh)")
@@ -276,15 +278,28 @@ def test_case_report_renders_in_chromium(tmp_path):
     img = load_image(skdata.astronaut()); c = _cards(); d = _dets(img, face=0.9)
     res = TriagePipeline("rules", auditor=RuleAuditor(), judge=RuleJudge())(img, d, c)
     page = write_case_report(tmp_path / "case.html", img, d, c, res, title="astronaut", truth="face")
-    shot = tmp_path / "shot.png"
+    # the test adds a script that writes the computed styles into the page; Chromium prints the DOM after it ran
+    probe = """<script>
+    const css = (sel, ...props) => { const e = document.querySelector(sel); if (!e) return null;
+      const s = getComputedStyle(e); return Object.fromEntries(props.map(p => [p, s.getPropertyValue(p)])); };
+    document.body.insertAdjacentHTML("beforeend", "<pre id='computed'>" + JSON.stringify({
+      banner: css(".banner", "padding-top", "border-radius", "font-weight", "background-color", "display"),
+      valid: css(".pill.valid", "border-radius", "background-color", "font-weight"),
+      reason: css(".aud .reason", "white-space", "line-height")}) + "</pre>");
+    </script>"""
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text().replace("</body>", probe + "</body>"))
     cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-           "--window-size=1200,1600", f"--screenshot={shot}", page.resolve().as_uri()]
+           "--virtual-time-budget=2000", "--dump-dom", probed.resolve().as_uri()]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert shot.is_file(), p.stderr[-2000:]
-    a = np.asarray(Image.open(shot).convert("L"), np.float32)
-    assert a.shape[0] >= 1000 and a.std() > 20, "blank screenshot"
-    assert (a < 100).mean() > 0.02      # text and images were drawn, not an empty white page
+    m = re.search(r"<pre id=\"computed\">(.*?)</pre>", p.stdout, re.S)
+    assert m, p.stderr[-2000:]
+    s = json.loads(html.unescape(m.group(1)))
+    assert s["banner"] == {"padding-top": "10px", "border-radius": "6px", "font-weight": "700",
+                           "background-color": "rgb(253, 226, 225)", "display": "inline-block"}, s["banner"]
+    assert s["valid"] == {"border-radius": "10px", "background-color": "rgb(217, 242, 222)", "font-weight": "600"}, s["valid"]
+    assert s["reason"]["white-space"] == "pre-wrap", s["reason"]
 
 
 # ---------------------------------------------------------------- the study grid, offline and with models

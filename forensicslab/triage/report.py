@@ -40,28 +40,16 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:2px solid #ddd;padding-bottom:4px}
 .meta{color:#555;font-size:13px}
-.banner{display:inline-block
-padding:10px 16px
-border-radius:6px
-font-weight:700
-font-size:18px
-margin:12px 0}
+.banner{display:inline-block;padding:10px 16px;border-radius:6px;font-weight:700;font-size:18px;margin:12px 0}
 .manip{background:#fde2e1;color:#8a1c17;border:1px solid #e9a5a1} .auth{background:#e1f5e4;color:#1d5e2a;border:1px solid #9fd3a9}
 .fail{background:#fff4d6;color:#7a5400;border:1px solid #e5c56b}
 table{border-collapse:collapse;font-size:13px;margin:6px 0} th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3} tr.fired td.score{color:#b3261e;font-weight:700} tr.dropped td{color:#888}
-.pill{display:inline-block
-padding:1px 8px
-border-radius:10px
-font-size:12px
-font-weight:600}
+.pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600}
 .valid{background:#d9f2de;color:#1d5e2a} .invalid{background:#eee;color:#555}
 .imgs img{max-width:100%;border:1px solid #ccc;margin:4px 0} .orig{max-width:420px}
 .aud{border:1px solid #ddd;border-radius:6px;padding:8px 12px;margin:8px 0}
-.reason{white-space:pre-wrap
-font-size:13.5px
-line-height:1.45} ol{margin:4px 0 4px 20px
-font-size:13.5px}
+.reason{white-space:pre-wrap;font-size:13.5px;line-height:1.45} ol{margin:4px 0 4px 20px;font-size:13.5px}
 code{background:#f5f5f5;padding:0 3px}
 .note{background:#eef3fb;border:1px solid #b7c9e8;border-radius:6px;padding:8px 12px;font-size:13.5px}
 .scale{display:flex;align-items:center;gap:8px;font-size:12px;color:#444;margin:2px 0}
