@@ -17,7 +17,9 @@ from ..core import ForensicsLabError, Sample
 from .engine import STRATEGIES, DebateConfig, DebateInput, DebateResult, models_from_spec, run_debate
 from .retrieval import LocalIndex, PageHit, make_retriever
 from ..imageio import load_image
-from ..runs import cache_dir
+from ..chat.cache import CACHE_MODES
+from ..chat.cli import cache_root
+from ..runs import cache_dir as runs_cache_dir
 
 # %% auto #0
 __all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd']
@@ -69,26 +71,33 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
                     agents: int = typer.Option(2, help="Number of debaters (LLM backends)."),
                     temperature: float = typer.Option(0.0, help="Sampling temperature of every call."),
                     max_tokens: int = typer.Option(512, help="Reply length cap of every call."),
-                    budget: Optional[float] = typer.Option(None, "--budget", help="Cost budget in USD for the whole debate."),
-                    budget_tokens: Optional[int] = typer.Option(None, help="Token budget for the whole debate."),
+                    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Cost budget in USD for the whole debate."),
+                    budget_tokens: Optional[int] = typer.Option(None, "--budget-tokens", help="Token budget for the whole debate."),
                     sample: int = typer.Option(0, help="Sample index of sampled calls (temperature > 0)."),
-                    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the reply cache."),
-                    as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON.")):
+                    cache: str = typer.Option("rw", "--cache", help="Reply cache: rw (read and write) | replay (read only; a miss fails) | off."),
+                    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Cache folder (default: $FORENSICSLAB_CACHE_DIR or the user cache folder)."),
+                    as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
+                    budget: Optional[float] = typer.Option(None, "--budget", hidden=True, help="Deprecated spelling of --budget-usd."),
+                    no_cache: bool = typer.Option(False, "--no-cache", hidden=True, help="Deprecated spelling of --cache off.")):
     "Debate whether CAPTION puts IMAGE in a false context; prints the transcript, sources, unresolved flag and total cost."
+    mode = "off" if no_cache else cache
     try:
+        if mode not in CACHE_MODES: raise ValueError(f"--cache {mode!r}: use one of {', '.join(CACHE_MODES)} (the folder is --cache-dir)")
         load_image(image)
         cfg = DebateConfig(strategy=strategy, retrieval=retrieval != "none", n_agents=agents, max_rounds=rounds, sample=sample)
-        cache = cache_dir("debate")
-        models = models_from_spec(backend, cfg.n_agents, None, cache="off" if no_cache else "rw", temperature=temperature,
-                                  max_tokens=max_tokens, budget_usd=budget, budget_tokens=budget_tokens) if backend else None
-        retr = _retriever(retrieval, cache, chat=models[0] if models else None)
-        ctx = retr.retrieve(image) if retr else None
-        sample_ = Sample(id=image.stem, image=str(image.resolve()), caption=caption, label=0)
-        if models is None:
-            from forensicslab.debate.offline import OfflinePairDebate
-            res = OfflinePairDebate(cache, max_rounds=rounds).debate(image.stem, caption, ctx)
-        else:
-            res = run_debate(DebateInput(sample_, ctx), models, cfg)
+        with cache_root(cache_dir):
+            folder = runs_cache_dir("debate")
+            models = models_from_spec(backend, cfg.n_agents, None, cache=mode, temperature=temperature, max_tokens=max_tokens,
+                                      budget_usd=budget_usd if budget_usd is not None else budget,
+                                      budget_tokens=budget_tokens) if backend else None
+            retr = _retriever(retrieval, folder, chat=models[0] if models else None)
+            ctx = retr.retrieve(image) if retr else None
+            sample_ = Sample(id=image.stem, image=str(image.resolve()), caption=caption, label=0)
+            if models is None:
+                from forensicslab.debate.offline import OfflinePairDebate
+                res = OfflinePairDebate(folder, max_rounds=rounds).debate(image.stem, caption, ctx)
+            else:
+                res = run_debate(DebateInput(sample_, ctx), models, cfg)
     except (ForensicsLabError, ValueError, ImportError) as e: _fail(e)
     if as_json:
         typer.echo(res.model_dump_json(indent=2))
