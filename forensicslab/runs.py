@@ -387,9 +387,10 @@ def write_run_record(folder: str | Path, study: str, params: dict | None = None,
     params = dict(params or {})
     notes = read_run_record(folder)
     root = Path(root) if root else (checkout_root() or project_root())
-    data = {k: v for k, v in params.items() if v not in ("", None) and (k in ("dataset", "datasets", "data", "collections")
+    given = lambda v: v not in ("", None) and v != {} and v != []
+    data = {k: v for k, v in params.items() if given(v) and (k in ("dataset", "datasets", "data", "collections")
             or k.endswith("_root") or k.endswith("_path"))}
-    backends = {k: v for k, v in params.items() if v not in ("", None) and any(s in k for s in ("backend", "backbone", "detector", "model"))}
+    backends = {k: v for k, v in params.items() if given(v) and any(s in k for s in ("backend", "backbone", "detector", "model"))}
     rec = dict(study=study, status=status, seconds=None if seconds is None else round(float(seconds), 1), error=error,
                forensicslab=package_versions(["forensicslab"]).get("forensicslab"),
                git_commit=git_commit(root, exclude=("outputs",)), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

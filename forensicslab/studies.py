@@ -256,7 +256,7 @@ def numeric_columns(df):
             out[c], out[f"{c}_lo"], out[f"{c}_hi"] = (pd.to_numeric(m[i]) for i in range(3))
             continue
         num = pd.to_numeric(txt.where(~blank), errors="coerce")
-        out[c] = num if len(s) and (num.notna() | blank).all() and num.notna().any() else s
+        out[c] = num if len(s) and (num.notna() | blank).all() else s   # an all-placeholder column is all NaN
     return pd.DataFrame(out)
 
 def _grid_value(v):
