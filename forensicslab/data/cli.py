@@ -24,7 +24,7 @@ __all__ = ['bench_app', 'data_app', 'build_cmd', 'info_cmd', 'data_group', 'fetc
 bench_app = typer.Typer(help="The offline forgery benchmark: build it, inspect it.", no_args_is_help=True)
 
 @bench_app.command("build")
-def build_cmd(root: Optional[Path] = typer.Option(None, help="Output folder (default: data/bench in the checkout)."),
+def build_cmd(out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: $FORENSICSLAB_BENCH, else data/bench in the checkout)."),
               seed: int = typer.Option(0, help="Random seed; the same seed gives the same pixels."),
               id_manipulated: int = typer.Option(135, help="Manipulated images in the in-distribution collection."),
               id_authentic: int = typer.Option(105, help="Authentic images in the in-distribution collection."),
@@ -33,8 +33,10 @@ def build_cmd(root: Optional[Path] = typer.Option(None, help="Output folder (def
               train_scale: float = typer.Option(1.0, help="Multiply the train collection's default counts."),
               image: int = typer.Option(256, help="Image side in pixels (multiple of 8)."),
               tiny: bool = typer.Option(False, help="A few images per group (a smoke build)."),
-              force: bool = typer.Option(False, help="Rebuild even when a benchmark is there.")):
+              force: bool = typer.Option(False, help="Rebuild even when a benchmark is there."),
+              root: Optional[Path] = typer.Option(None, "--root", hidden=True, help="Deprecated spelling of --out.")):
     "Build the benchmark (cached: does nothing when the same build is there), then print time and counts."
+    root = out or root
     if tiny: sizes = BenchSizes.tiny()
     else:
         sizes = BenchSizes(id_manipulated=id_manipulated, id_authentic=id_authentic, ood_per_family=ood_per_family,
@@ -76,10 +78,12 @@ def data_group():
 
 @data_app.command("fetch")
 def fetch_cmd(name: str = typer.Argument(..., help="verite or newsclippings."),
-              root: Optional[Path] = typer.Option(None, help="Destination (default: $FORENSICSLAB_<NAME> or data/<name>)."),
+              out: Optional[Path] = typer.Option(None, "--out", help="Destination folder (default: $FORENSICSLAB_<NAME> or data/<name>)."),
               base_url: Optional[str] = typer.Option(None, help="Download from this base URL instead of the authors' repository."),
-              force: bool = typer.Option(False, help="Download again even when the files are there.")):
+              force: bool = typer.Option(False, help="Download again even when the files are there."),
+              root: Optional[Path] = typer.Option(None, "--root", hidden=True, help="Deprecated spelling of --out.")):
     "Download dataset NAME's public files (annotations, embeddings) into data/NAME."
+    root = out or root
     from forensicslab.core import ForensicsLabError
     from forensicslab.debate.data import fetch_dataset
     try: r = fetch_dataset(name, root, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
