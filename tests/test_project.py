@@ -154,3 +154,11 @@ def test_cli_import_path_loads_no_extra():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]", f"the CLI imports optional packages at start-up: {r.stdout}"
+
+
+def test_optional_extras_table_matches_pyproject():
+    "`forensicslab.chat.backends.OPTIONAL_EXTRAS` (module -> extra, used in every 'pip install' hint) agrees with pyproject."
+    from forensicslab.chat.backends import OPTIONAL_EXTRAS
+    _, extras = _requirements()
+    wrong = {m: x for m, x in OPTIONAL_EXTRAS.items() if _DIST_OF.get(m, m).lower().replace("_", "-") not in extras.get(x, set())}
+    assert not wrong, f"OPTIONAL_EXTRAS names extras that do not install these modules: {wrong}"

@@ -30,11 +30,23 @@ from .reliability import (BackendError, MissingKeyError, TransientError, parse_r
                                        register_secret)
 
 # %% auto #0
-__all__ = ['STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages',
-           'Completion', 'Capabilities', 'schema_json', 'schema_instruction', 'with_schema_instruction',
-           'grammar_schema', 'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend', 'resolve_device',
-           'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available',
-           'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
+__all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'extra_for', 'ImagePart', 'image_part', 'Prepared',
+           'as_messages', 'prepare_messages', 'Completion', 'Capabilities', 'schema_json', 'schema_instruction',
+           'with_schema_instruction', 'grammar_schema', 'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend',
+           'resolve_device', 'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint',
+           'grammar_available', 'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
+
+# %% ../../nbs/05a_chat.backends.ipynb #0a1e7a02
+OPTIONAL_EXTRAS = {"openai": "api", "google": "api", "transformers": "train", "peft": "train", "trl": "train",
+                   "accelerate": "train", "datasets": "train", "tokenizers": "train", "lmformatenforcer": "train",
+                   "gguf": "tiny-llm", "sentence_transformers": "text", "jpeglib": "jpeg", "ray": "ray"}
+"Top-level module of each optional dependency -> the extra of `pyproject.toml` that installs it."
+
+def extra_for(err: ImportError, what: str = "this") -> ImportError:
+    "`err` (a missing module) as an ImportError that names the extra installing it; other import errors unchanged."
+    top = (getattr(err, "name", None) or "").split(".")[0]
+    if top not in OPTIONAL_EXTRAS: return err
+    return ImportError(f"{what} needs the optional package {top!r}: pip install 'forensicslab[{OPTIONAL_EXTRAS[top]}]'")
 
 # %% ../../nbs/05a_chat.backends.ipynb #a44d76f6
 _SEND_AS_IS = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}

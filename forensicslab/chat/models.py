@@ -22,7 +22,7 @@ import yaml
 from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
-from .backends import (Backend, Capabilities, Completion, GeminiBackend, HFBackend, OpenAIBackend,
+from .backends import (Backend, Capabilities, Completion, GeminiBackend, HFBackend, OpenAIBackend, extra_for,
                                         Prepared, prepare_messages, schema_json, with_schema_instruction)
 from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
 from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Reply
@@ -538,13 +538,15 @@ def get_model(spec: Union[str, dict, ModelSpec], cache: Optional[str] = None, ca
     url = base_url or s.base_url
     conc = concurrency or opts.pop("concurrency", None) or (c.concurrency if c else None)
     timeout = timeout if timeout is not None else (c.timeout if c else 60.0)
-    if s.backend in ("openai", "openai-compatible"):
-        be = OpenAIBackend(s.model, base_url=url, api_key=api_key, provider=s.backend, timeout=timeout, **opts)
-    elif s.backend == "gemini":
-        be = GeminiBackend(s.model, api_key=api_key, base_url=url, timeout=timeout, **opts)
-    else:
-        if url: raise ValueError("hf: models are local; base_url does not apply")
-        be = HFBackend(s.model, **opts)
+    try:
+        if s.backend in ("openai", "openai-compatible"):
+            be = OpenAIBackend(s.model, base_url=url, api_key=api_key, provider=s.backend, timeout=timeout, **opts)
+        elif s.backend == "gemini":
+            be = GeminiBackend(s.model, api_key=api_key, base_url=url, timeout=timeout, **opts)
+        else:
+            if url: raise ValueError("hf: models are local; base_url does not apply")
+            be = HFBackend(s.model, **opts)
+    except ImportError as e: raise extra_for(e, f"{s.backend}:{s.model}") from None   # a missing client names its extra
     attempts = max_attempts if max_attempts is not None else (c.attempts if c else 5)
     return Model(be, cache=cache or (c.cache if c else "off"), cache_path=cache_path or (c.cache_path if c else None),
                  trace_path=trace_path or (c.trace if c else None), run=run,
