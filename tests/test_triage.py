@@ -308,11 +308,11 @@ def test_study_grid_offline_and_llm(tmp_path):
     from forensicslab.core import Sample
     from forensicslab.chat.testing import openai_server
     from forensicslab.triage.study import mcnemar_pairs, rows_written, run_grid, study_configs, table4
-    photos = {"coffee": skdata.coffee(), "astronaut": skdata.astronaut()}
+    photos = {"coffee": (skdata.coffee(), 0), "astronaut": (skdata.astronaut(), 1), "chelsea": (skdata.chelsea(), 0)}
     samples = []
-    for i, (name, rgb) in enumerate(photos.items()):
+    for name, (rgb, label) in photos.items():
         p = tmp_path / f"{name}.png"; Image.fromarray(rgb[:192, :192]).save(p)
-        samples.append(Sample(id=name, image=str(p), label=i % 2, family="face" if i % 2 else None))
+        samples.append(Sample(id=name, image=str(p), label=label, family="face" if label else None))
     ev = Evidence(tmp_path / "detcache")
     with openai_server(_Role()) as url:
         configs = study_configs(backbone=f"openai-compatible:{url}#g", other=f"openai-compatible:{url}#o",
@@ -325,8 +325,8 @@ def test_study_grid_offline_and_llm(tmp_path):
         again, _ = run_grid(configs, {"id": samples}, ev, tmp_path / "out", workers=2, progress=False,
                             model_cache="rw", cache_path=tmp_path / "chat.sqlite")
         assert url.hits == hits
-    assert all(len(rows) == 2 and all(r["status"] == "ok" for r in rows) for rows in results.values())
-    assert again == results and rows_written(tmp_path / "out") == 9 * 2          # the second pass appended no row
+    assert all(len(rows) == 3 and all(r["status"] == "ok" for r in rows) for rows in results.values())
+    assert again == results and rows_written(tmp_path / "out") == 9 * 3          # the second pass appended no row
     assert all(r["failure"] is None for rows in results.values() for r in rows)
     disp, raw = table4(results, {c.name: c for c in configs}, n_boot=20)
     assert len(disp) == 9 and set(raw.config) == {c.name for c in configs}
@@ -336,7 +336,8 @@ def test_study_grid_offline_and_llm(tmp_path):
         r = raw[raw.config == c.name].iloc[0]
         man = [x for x in rows if x["label"] == 1]
         assert r.recall == sum(x["pred"] == 1 for x in man) / len(man)
-        assert r.specificity == sum(x["pred"] == 0 for x in rows if x["label"] == 0)
+        real = [x for x in rows if x["label"] == 0]                                  # two authentic images
+        assert r.specificity == sum(x["pred"] == 0 for x in real) / len(real)
         assert r.arbitration == sum(bool(x["in_scope"]) for x in man) / len(man)
     # McNemar: a_only counts the images only the first configuration got right (orientation checked by hand)
     t = mcnemar_pairs({c.name: results[(c.name, "id")] for c in configs})
