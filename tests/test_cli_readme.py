@@ -256,3 +256,14 @@ def test_readme_python_blocks_run(tmp_path):
 def textwrap_dedent(s: str) -> str:
     import textwrap
     return textwrap.dedent(s)
+
+
+def test_readme_benchmark_counts_match_the_code():
+    "Issue 24: the README said the ood collection had 200 images while the code built 270. Every `coll`: N in the README is asked of the spec."
+    from forensicslab.data.bench import COLLECTIONS, BenchSizes, _plan
+    plan = {c: _plan(c, BenchSizes()) for c in COLLECTIONS}
+    said = re.findall(r"`(train|id|ood)`: (\d+)(?: images)?(?: \((\d+) manipulated)?", README)
+    assert {c for c, *_ in said} == set(COLLECTIONS), said
+    for coll, n, fake in said:
+        assert int(n) == len(plan[coll]), f"README: {coll} has {n} images; the code builds {len(plan[coll])}"
+        if fake: assert int(fake) == sum(label for _, label, _ in plan[coll]), (coll, fake)
