@@ -123,3 +123,52 @@ def test_quick_study_never_writes_into_outputs(monkeypatch):
     assert not seen["dst"].startswith(str(REPO / "outputs"))
     run_study("triage_table4", {"quick": False}, progress=False)
     assert seen["p"]["out_dir"] == str((REPO / "outputs" / "triage_table4").resolve())
+
+
+@pytest.fixture(scope="module")
+def photo_file(tmp_path_factory):
+    from forensicslab.data.photos import photo
+    d = tmp_path_factory.mktemp("photo")
+    Image.fromarray(photo("coffee")).save(d / "photo.jpg", quality=92)
+    return d / "photo.jpg"
+
+
+@pytest.mark.parametrize("argv", [
+    ["models", "ask", "openai:gpt-4o", "hi"],
+    ["analyze", "{photo}", "--config", "complete", "--auditor-backend", "openai:gpt-4o", "--judge-backend", "openai:gpt-4o",
+     "--detectors", "noise", "--cache", "off"],
+    ["zoom", "{photo}", "--policy", "openai:gpt-4o"],
+    ["debate", "pair", "{photo}", "a caption", "--backend", "openai:gpt-4o", "--cache", "off"],
+])
+def test_missing_key_exits_2_in_one_line(capsys, monkeypatch, photo_file, argv):
+    "Issue 24: the README promises exit 2 and one `error:` line for a missing key (models ask exited 1)."
+    for v in ("OPENAI_API_KEY", "FORENSICSLAB_DEBUG"): monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", str(photo_file.parent / "cache"))
+    code, out, err = run_main(capsys, *[a.format(photo=photo_file) for a in argv])
+    assert code == 2, (code, out, err)
+    assert err.startswith("error:") and "OPENAI_API_KEY" in err and err.count("\n") == 1 and "Traceback" not in out + err, err
+
+
+def test_missing_optional_package_exits_2_naming_the_extra(capsys, monkeypatch):
+    "As in a plain `pip install .`: no openai client; the line says which extra to install."
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used-123456")
+    monkeypatch.setitem(sys.modules, "openai", None)
+    code, out, err = run_main(capsys, "models", "ask", "openai:gpt-4o", "hi")
+    assert code == 2 and err.count("\n") == 1 and "pip install 'forensicslab[api]'" in err, err
+
+
+def test_nothing_to_show_exits_1(capsys, monkeypatch, tmp_path):
+    "Exit 1: the command ran but had nothing to show (README: `bench info` before a build, `cache-info` before any cache)."
+    monkeypatch.delenv("FORENSICSLAB_CACHE", raising=False)
+    code, _, err = run_main(capsys, "bench", "info", "--root", str(tmp_path / "none"))
+    assert code == 1 and "no benchmark" in err
+    code, _, err = run_main(capsys, "models", "cache-info", "--cache-dir", str(tmp_path / "c"))
+    assert code == 1 and "no reply cache" in err and not (tmp_path / "c").exists()
+
+
+def test_bad_option_values_exit_2(capsys, photo_file):
+    "Exit 2 for a bad argument: a cache mode that is not one (a folder is --cache-dir), an unknown detector."
+    for argv in (["detect", str(photo_file), "--cache", "somewhere"], ["detect", str(photo_file), "--detectors", "nope"],
+                 ["models", "ask", "openai:gpt-4o", "hi", "--cache", "sometimes"]):
+        code, out, err = run_main(capsys, *argv)
+        assert code == 2 and "error" in (out + err).lower(), (argv, out, err)
