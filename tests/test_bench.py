@@ -1,6 +1,10 @@
-"End-to-end checks of the offline benchmark: counts, masks against edits, hash stability, CLI."
+"End-to-end checks of the offline benchmark: counts, masks against edits, hash stability (across threads and BLAS kernels too), CLI."
 import csv
+import hashlib
 import json
+import os
+import platform
+import shutil
 import subprocess
 import sys
 
@@ -140,3 +144,68 @@ def test_one_source_of_shipped_photos():
     for name, (x, y, w, h) in photos.FACE_BOXES.items():
         assert photos.PHOTOS[name].category == "human" and x + w <= ph[name].shape[1] and y + h <= ph[name].shape[0]
     with pytest.raises(KeyError, match="unknown photograph"): photos.photo("nope")
+
+
+# --- issue 24: the generators give the same bytes on any machine ---------------------------------------------
+
+_GEN_SCRIPT = r"""
+import hashlib, json, sys
+import numpy as np, torch
+torch.set_num_threads(int(sys.argv[1]))
+from forensicslab.data.bench import BenchSizes, build_bench, load_bench, load_generators, shipped_photos
+from forensicslab.data.generators import fill_hole, synthesize
+from forensicslab.imageio import load_image
+gens, _ = load_generators()
+ph = shipped_photos()
+a, b = np.ascontiguousarray(ph["astronaut"][:128, :128]), np.ascontiguousarray(ph["coffee"][100:228, 200:328])
+hole = np.zeros((128, 128), bool); hole[40:80, 30:90] = True
+sha = lambda x: hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+raw = {n: sha(synthesize(g, a, b, 0.2, 0.8, seed=5) if n.startswith("vae") else fill_hole(g, a, hole)) for n, g in gens.items()}
+sizes = BenchSizes(id_manipulated=0, id_authentic=0, ood_per_family=1, ood_authentic=0, ood_processed=0,
+                   train_manipulated={"spectral": 1, "npr": 1, "inpaint_net": 2}, train_authentic={}, image=128)
+root = build_bench(sys.argv[2], sizes=sizes, log=lambda m: None)
+built = {s.id: load_image(s.image).hash for c in ("train", "ood") for s in load_bench(c, root, build=False)}
+print(json.dumps({"raw": raw, "built": built}))
+"""
+
+# sha256 of the raw generator outputs above (uint8 arrays from package pixels, no resampling): the same on every machine
+GOLDEN = {
+    "vae_tconv": "f50d6925a125972fe06986867ea842d23d5caf5515e5948ca35faba595cf056f",
+    "fill_tconv": "33b353a6f48474cf8b3e0acf67173a620e12493e986e8515cb6ad24b04772ba3",
+    "vae_bilinear": "ea80347fdd1ec7f580da49489b8303bfa81dc42ecfb6181c5c170fc95d2396ba",
+    "fill_bilinear": "3e7eaa3ed6836c209bc73361881924c54b9fc23b7e67affaaa2d3a4671ea5d8b",
+}
+
+
+def _generate(tmp_path, threads: int, extra: dict) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads), **extra}
+    r = subprocess.run([sys.executable, "-c", _GEN_SCRIPT, str(threads), str(tmp_path / f"b{threads}")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_generated_images_same_bytes_across_threads_and_kernels(tmp_path):
+    "Issue 24: generated images rebuilt with 1 and 2 threads (torch, OpenMP, MKL, OpenBLAS) and, on x86, another BLAS kernel."
+    one = _generate(tmp_path, 1, {})
+    # x86: OpenBLAS's SSE kernels instead of the AVX2/AVX-512 ones, torch without vector kernels (the float generators of
+    # benchmark v4 gave other pixels under ATEN_CPU_CAPABILITY=default: the issue-24 symptom on one machine)
+    other = {"OPENBLAS_CORETYPE": "Prescott", "ATEN_CPU_CAPABILITY": "default"} if platform.machine() in ("x86_64", "AMD64") else {}
+    two = _generate(tmp_path, 2, other)
+    assert one == two
+    assert one["raw"] == GOLDEN
+    gen = [k for k in one["built"] if "spectral" in k or "npr" in k or "inpaint_net" in k or "synthesis" in k or "gen_inpaint" in k]
+    assert len(gen) == 6, sorted(one["built"])
+
+
+def test_generator_weights_pinned_and_recorded(tiny, tmp_path):
+    "The shipped generator files are the pinned ones, a build records their sha256 (bench.json and card), other bytes are refused."
+    files = {n: hashlib.sha256((bench.weights_dir() / f"{n}.safetensors").read_bytes()).hexdigest() for n in bench.GENERATORS}
+    info = json.loads((tiny / "bench.json").read_text())
+    assert info["generators"] == files == bench.GENERATOR_SHA256
+    card = (tiny / "README.md").read_text()
+    assert all(h in card for h in files.values())
+    for n in bench.GENERATORS: shutil.copy(bench.weights_dir() / f"{n}.safetensors", tmp_path)
+    p = tmp_path / "vae_bilinear.safetensors"
+    p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1]))
+    with pytest.raises(bench.BenchError, match="is not the pinned"): bench.load_generators(tmp_path)

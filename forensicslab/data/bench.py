@@ -10,11 +10,13 @@ from __future__ import annotations
 import csv
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -28,11 +30,12 @@ from ..imageio import load_image
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS',
-           'lfw_faces', 'Crop', 'random_crop', 'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move',
-           'splice', 'face_edit', 'jpeg_roundtrip', 'camera_demosaic', 'process_authentic', 'BenchSizes', 'spread',
-           'default_root', 'contact_sheet', 'shortcut_checks', 'write_card', 'BenchError', 'BenchMissing',
-           'build_bench', 'bench_info', 'ensure_bench', 'load_bench', 'mask_leak']
+__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'GENERATORS', 'GENERATOR_SHA256',
+           'BENCH_VERSION', 'DATASET', 'COLLECTIONS', 'BenchError', 'BenchMissing', 'lfw_faces', 'Crop', 'random_crop',
+           'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice', 'face_edit',
+           'jpeg_roundtrip', 'camera_demosaic', 'process_authentic', 'BenchSizes', 'spread', 'weights_dir',
+           'load_generators', 'train_generators', 'default_root', 'contact_sheet', 'shortcut_checks', 'write_card',
+           'build_bench', 'bench_info', 'ensure_bench', 'load_bench', 'mask_leak', 'publish_card']
 
 # %% ../../nbs/03_data.bench.ipynb #3373238e
 ID_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "motorcycle_left", "motorcycle_right", "hubble")
@@ -42,6 +45,12 @@ GROUPS = {"spectral": "synthesis", "npr": "synthesis", "face_blend": "face", "in
 "Built-in detector id -> the family of the images made in its regime (the `id` collection's groups)."
 IMAGE_FAMILIES = tuple(f for f in FAMILIES if f in set(GROUPS.values()))
 "The manipulation families this benchmark makes, in taxonomy order (other studies may register more families)."
+
+class BenchError(ForensicsLabError, ValueError):
+    "A benchmark that is missing, incomplete, built with other settings, or asked for an unknown collection; or a generator file that is not the shipped one."
+
+class BenchMissing(BenchError, FileNotFoundError):
+    "No benchmark (or part of one) where it was looked for; the message says how to build it."
 
 @functools.lru_cache(maxsize=None)
 def lfw_faces() -> np.ndarray:
@@ -394,7 +403,7 @@ _TRAIN_REAL = {"spectral": 30, "npr": 30, "face_blend": 25, "inpaint_net": 40, "
 
 @dataclass
 class BenchSizes:
-    "How many images of each kind, the image side, and how long the generators train."
+    "How many images of each kind and the image side."
     id_manipulated: int = 135
     id_authentic: int = 105
     ood_per_family: int = 20
@@ -403,15 +412,13 @@ class BenchSizes:
     train_manipulated: dict = field(default_factory=lambda: dict(_TRAIN_FAKE))
     train_authentic: dict = field(default_factory=lambda: dict(_TRAIN_REAL))
     image: int = 256
-    vae_steps: int = 300
-    fill_steps: int = 300
 
     @classmethod
     def tiny(cls, per_group: int = 1) -> "BenchSizes":
-        "A few images per group and family, generators trained for a few steps (for tests)."
+        "A few images per group and family, at 128 px (for tests)."
         return cls(id_manipulated=8 * per_group, id_authentic=8 * per_group, ood_per_family=per_group, ood_authentic=5 * per_group, ood_processed=len(PROCESSINGS) * per_group,
                    train_manipulated={g: per_group for g in GROUPS}, train_authentic={g: per_group for g in GROUPS},
-                   image=128, vae_steps=4, fill_steps=4)
+                   image=128)
 
     def validate(self):
         for k, v in asdict(self).items():
@@ -590,38 +597,77 @@ class _Maker:
         return m
 
 # %% ../../nbs/03_data.bench.ipynb #cb346dee
-def _train_models(root: Path, seed: int, sizes: BenchSizes, log: Callable) -> dict:
-    from forensicslab.data.generators import TrainConfig, train_vae, train_fill, save_model, load_model
-    ph = shipped_photos()
-    pools = {"id": [ph[p] for p in ID_PHOTOS], "ood": [ph[p] for p in OOD_PHOTOS]}
-    specs = {"vae_tconv": ("vae", "tconv", "id"), "fill_tconv": ("fill", "tconv", "id"),
-             "vae_bilinear": ("vae", "bilinear", "ood"), "fill_bilinear": ("fill", "bilinear", "ood")}
-    out = {}
-    for i, (name, (kind, up, pool)) in enumerate(specs.items()):
-        steps = sizes.vae_steps if kind == "vae" else sizes.fill_steps
-        path = root / "models" / f"{name}-s{seed}-n{steps}.safetensors"
-        if path.exists():
-            out[name] = load_model(path)
-            continue
-        t0 = time.time()
+GENERATORS = {"vae_tconv": ("vae", "tconv", "id"), "fill_tconv": ("fill", "tconv", "id"),
+              "vae_bilinear": ("vae", "bilinear", "ood"), "fill_bilinear": ("fill", "bilinear", "ood")}
+"Generator name -> (kind, up-sampling, photo pool it was trained on)."
+GENERATOR_SHA256 = {
+    "vae_tconv": "fed9361c27c845fbf984f137cbc29ab98be8922ab9195fd6f8c5d440010d7db0",
+    "fill_tconv": "0473e9b54776282b7a99954e4ba192d061019d439ba2cc0a3cbeff032357c0a4",
+    "vae_bilinear": "e84e81478fad3983f53c78d014f1630ce3b6dd99c79e6d57d5caefcea58320df",
+    "fill_bilinear": "3145ab724abdad2ac25be3426fd7183f591067a9a002e993b7cc165e4db13335",
+}
+"The sha256 of each shipped generator file: `load_generators` refuses any other bytes, and a build records them."
+
+def weights_dir() -> Path:
+    "The folder of the shipped generator files (`forensicslab/data/weights`)."
+    return Path(str(resources.files("forensicslab.data") / "weights"))
+
+def _sha256(p: Path) -> str: return hashlib.sha256(p.read_bytes()).hexdigest()
+
+def load_generators(folder: str | Path | None = None) -> tuple[dict, dict[str, str]]:
+    "The four shipped generators as integer models, each file checked against `GENERATOR_SHA256`: (name -> model, name -> sha256)."
+    from forensicslab.data.generators import load_generator   # imports torch: only when a build needs the generators
+    folder, models, sums = Path(folder or weights_dir()), {}, {}
+    for name in GENERATORS:
+        p = folder / f"{name}.safetensors"
+        if not p.exists(): raise BenchMissing(f"{p}: the shipped generator is missing; reinstall forensicslab")
+        h = _sha256(p)
+        if h != GENERATOR_SHA256.get(name):
+            raise BenchError(f"{p}: sha256 {h[:16]}... is not the pinned {GENERATOR_SHA256.get(name, 'none')[:16]}...; restore the "
+                             f"shipped file (after retraining: pin the new hashes and bump BENCH_VERSION)")
+        models[name], sums[name] = load_generator(p), h
+    return models, sums
+
+def train_generators(out: str | Path | None = None, steps: int = 300, seed: int = 0, n_calib: int = 24,
+                     log: Callable[[str], None] = print) -> dict[str, str]:
+    "Train, calibrate and quantise the four generators and save them into `out` (default: `weights_dir()`); returns their sha256. Run by hand, once."
+    import torch
+    from forensicslab.data.generators import (TrainConfig, quantisation_error, quantise_fill, quantise_vae, save_generator,
+                                              train_fill, train_vae)
+    out, ph, sums = Path(out or weights_dir()), shipped_photos(), {}
+    for i, (name, (kind, up, pool)) in enumerate(GENERATORS.items()):
+        t0, photos = time.time(), ID_PHOTOS if pool == "id" else OOD_PHOTOS
         cfg = TrainConfig(steps=steps, seed=seed * 100 + i, patch=40, batch=12 if kind == "vae" else 8)
-        m, loss = (train_vae if kind == "vae" else train_fill)(pools[pool], up, cfg)
-        save_model(m, path)
-        out[name] = m
-        log(f"trained {name} ({steps} steps, L1 {loss:.3f}) in {time.time() - t0:.1f} s")
-    return out
+        net, loss = (train_vae if kind == "vae" else train_fill)([ph[p] for p in photos], up, cfg)
+        rng = np.random.default_rng([seed, 7, i])
+        def pair():   # calibration input as the build uses it: two 256 px crops (VAE), a crop and an object-shaped hole (fill)
+            a = random_crop(rng, photos, 256).render()
+            return (a, random_crop(rng, photos, 256).render()) if kind == "vae" else (a, blob_mask(256, 256, rng, (0.02, 0.12)))
+        calib, held_out = [pair() for _ in range(n_calib)], [pair() for _ in range(8)]
+        q = quantise_vae(net, calib, seed) if kind == "vae" else quantise_fill(net, calib)
+        meta = {"name": name, "train": {**asdict(cfg), "photos": list(photos), "final_l1": round(loss, 4)},
+                "calibration": f"{n_calib} pairs of 256 px crops of the same photos", "torch": torch.__version__,
+                "quantisation_error": quantisation_error(net, q, held_out)}
+        p = save_generator(q, out / f"{name}.safetensors", meta)
+        sums[name] = _sha256(p)
+        log(f"{name}: trained {steps} steps (L1 {loss:.3f}), quantised, {p.stat().st_size // 1024} kB, "
+            f"vs float {meta['quantisation_error']} in {time.time() - t0:.0f} s")
+    return sums
 
 # %% ../../nbs/03_data.bench.ipynb #3fa2002d
-BENCH_VERSION = "4"
+BENCH_VERSION = "5"
 DATASET = "forensicslab-bench"
 
 def default_root() -> Path:
     "`$FORENSICSLAB_BENCH` if set, else `<repo>/data/bench` of the checkout holding this package (or of the cwd)."
     if os.environ.get("FORENSICSLAB_BENCH"): return Path(os.environ["FORENSICSLAB_BENCH"])
+    return _checkout() / "data" / "bench"
+
+def _checkout() -> Path:
+    "The checkout holding this package (or the cwd's project)."
     try: here = project_root(Path(__file__).resolve().parent)
     except NameError: here = project_root()  # run inside the notebook: no __file__
-    base = here if (here / "pyproject.toml").exists() else project_root()
-    return base / "data" / "bench"
+    return here if (here / "pyproject.toml").exists() else project_root()
 
 def _save_png_mask(mask: np.ndarray, path: Path):
     Image.fromarray(mask.astype(np.uint8) * 255).save(path, optimize=False)
@@ -763,7 +809,7 @@ code paths work and how methods behave relative to each other under controlled c
 Built by `forensicslab bench build` (or `forensicslab.data.bench.ensure_bench`) in {info['build_s']:.0f} s wall clock
 ({info.get('cpu_s', float('nan')):.0f} s CPU of this process) on {info.get('cores', '?')} cores, load average
 {info.get('load_avg', ['?'])[0]} at the start and {info.get('load_avg', ['?', '?'])[-1]} at the end (other jobs share the machine).
-Image side {info['sizes']['image']} px before OOD resizing.
+Image side {info['sizes']['image']} px before OOD resizing. Counts: {', '.join(f'{c} {len(ss)}' for c, ss in colls.items())} images.
 
 ## Counts per family and collection
 
@@ -814,7 +860,12 @@ here; the public sets do not allow it to the same extent.
 
 Photographs: scikit-image `skimage.data` (bundled images), scikit-learn sample images,
 matplotlib's `grace_hopper.jpg`; face donors: `skimage.data.lfw_subset()` (Labeled Faces in the
-Wild). See those projects for the photographs' terms. Generators: `forensicslab.data.generators`.
+Wild). See those projects for the photographs' terms.
+
+Generators: `forensicslab.data.generators`, trained once and shipped in the package as integer weights
+(`forensicslab/data/weights/`), run in exact integer arithmetic, so every machine builds the same bytes:
+
+{chr(10).join(f'- `{k}`: sha256 `{v}`' for k, v in info.get('generators', {}).items())}
 """
     p = root / "README.md"
     p.write_text(txt)
@@ -823,15 +874,9 @@ Wild). See those projects for the photographs' terms. Generators: `forensicslab.
 # %% ../../nbs/03_data.bench.ipynb #727cea10
 COLLECTIONS = ("train", "id", "ood")
 
-class BenchError(ForensicsLabError, ValueError):
-    "A benchmark that is missing, incomplete, built with other settings, or asked for an unknown collection."
-
-class BenchMissing(BenchError, FileNotFoundError):
-    "No benchmark (or part of one) where it was looked for; the message says how to build it."
-
 def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = None, references: bool = False,
                 log: Callable[[str], None] = print) -> Path:
-    "Build the benchmark into `root` (replacing it), from nothing: train the generators, make every image, write the card."
+    "Build the benchmark into `root` (replacing it): load the shipped generators, make every image, write the card."
     root = Path(root)
     sizes = (sizes or BenchSizes()).validate()
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -840,7 +885,8 @@ def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = N
     tmp.mkdir()
     t0, c0, load0 = time.time(), time.process_time(), os.getloadavg()[0]
     try:
-        models = _train_models(tmp, seed, sizes, log)
+        models, sums = load_generators()
+        log(f"generators: {', '.join(f'{k} {v[:12]}' for k, v in sums.items())} (sha256, as pinned)")
         maker, colls = _Maker(models, sizes.image), {}
         for c in COLLECTIONS: colls[c] = _build_collection(tmp, c, seed, sizes, maker, references, log)
         hashes = {c: {s.provenance["hash"] for s in ss} for c, ss in colls.items()}
@@ -849,7 +895,7 @@ def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = N
                 if a < b and hashes[a] & hashes[b]: raise RuntimeError(f"collections {a} and {b} share {len(hashes[a] & hashes[b])} images")
         for c, ss in colls.items():
             if ss: contact_sheet(ss, tmp, tmp / f"contact_{c}.png")
-        info = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes), "build_s": round(time.time() - t0, 1),
+        info = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes), "generators": sums, "build_s": round(time.time() - t0, 1),
                 "cpu_s": round(time.process_time() - c0, 1), "cores": os.cpu_count(),
                 "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
                 "counts": {c: {"manipulated": sum(s.label for s in ss), "authentic": sum(1 - s.label for s in ss)} for c, ss in colls.items()},
@@ -876,13 +922,14 @@ def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[
     "Return the root of a built benchmark with this seed and these sizes, building it first if missing (cached)."
     root = Path(root or default_root())
     sizes = (sizes or BenchSizes()).validate()
-    want = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes)}
+    want = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes), "generators": GENERATOR_SHA256}
     def ok():
         info = bench_info(root)
         if info is None: return False
         have = {k: info.get(k) for k in want}
         if have == want and (info.get("references") or not references): return True
-        if have["version"] != BENCH_VERSION or (have == want and references): return False  # stale recipes: rebuild
+        if have["version"] != BENCH_VERSION or have["generators"] != GENERATOR_SHA256 or (have == want and references):
+            return False  # stale recipes or generators: rebuild
         if not force:
             raise BenchError(f"{root} holds a benchmark built with other settings ({have['seed']=}, version {have['version']}, "
                              f"sizes {have['sizes']}); pass force=True to rebuild it, or another root")
@@ -928,3 +975,16 @@ def mask_leak(sample: Sample, root: str | Path, tol: int = 2) -> tuple[int, int]
     grown = cv2.dilate(mk.astype(np.uint8), np.ones((2 * r + 1, 2 * r + 1), np.uint8)) > 0
     diff = np.abs(img.rgb.astype(int) - ref.rgb).max(2) > tol
     return int((diff & ~grown).sum()), int(diff.sum())
+
+# %% ../../nbs/03_data.bench.ipynb #104e3da5
+def publish_card(root: str | Path | None = None, out: str | Path | None = None, quality: int = 75) -> Path:
+    "Copy a built benchmark's card (as `card.md`), `bench.json` and contact sheets (as JPEG) into `out` (default: the checkout's `outputs/bench`)."
+    root = Path(root or default_root())
+    if bench_info(root) is None: raise BenchMissing(f"{root}/bench.json: no benchmark built there; run `forensicslab bench build` first")
+    out = Path(out or _checkout() / "outputs" / "bench")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(root / "README.md", out / "card.md")
+    shutil.copyfile(root / "bench.json", out / "bench.json")
+    for c in COLLECTIONS:
+        if (root / f"contact_{c}.png").exists(): Image.open(root / f"contact_{c}.png").convert("RGB").save(out / f"contact_{c}.jpg", "JPEG", quality=quality)
+    return out

@@ -8,18 +8,25 @@ Docs: https://forensicslab.github.io/forensicslab/data.generators.html.md"""
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from ..core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['deterministic', 'PatchVAE', 'FillNet', 'PatchSampler', 'TrainConfig', 'train_vae', 'train_fill', 'synthesize',
-           'fill_hole', 'save_model', 'load_model']
+__all__ = ['W_MAX', 'ACT_CAL', 'ACT_MAX', 'M_MAX', 'EXACT', 'FORMAT', 'deterministic', 'PatchVAE', 'FillNet', 'PatchSampler',
+           'TrainConfig', 'train_vae', 'train_fill', 'up2_int', 'conv_exact', 'tconv_exact', 'GeneratorError',
+           'IntLayer', 'IntVAE', 'IntFill', 'quantise_vae', 'quantise_fill', 'synthesize', 'fill_hole',
+           'quantisation_error', 'save_generator', 'load_generator']
 
 # %% ../../nbs/03b_data.generators.ipynb #cd8b9372
 @contextlib.contextmanager
@@ -162,23 +169,242 @@ def train_fill(photos: Sequence[np.ndarray], up: str = "tconv", cfg: TrainConfig
             loss = hole.item()
     return m.eval(), loss
 
-# %% ../../nbs/03b_data.generators.ipynb #84310ca7
-@torch.no_grad()
-def synthesize(vae: PatchVAE, anchor_a: np.ndarray, anchor_b: np.ndarray, mix: float = 0.3, noise: float = 0.5,
-               seed: int = 0) -> np.ndarray:
-    "Decode a latent sample between two anchor images (HxWx3 uint8, same size, sides divisible by 4)."
-    if anchor_a.shape != anchor_b.shape: raise ValueError(f"anchors differ in shape: {anchor_a.shape} vs {anchor_b.shape}")
-    if anchor_a.shape[0] % 4 or anchor_a.shape[1] % 4: raise ValueError(f"image sides must be divisible by 4, got {anchor_a.shape[:2]}")
-    with deterministic(seed):
-        mu_a, lv = vae.encode(_to_t(anchor_a)[None])
-        mu_b, _ = vae.encode(_to_t(anchor_b)[None])
-        z = (1 - mix) * mu_a + mix * mu_b + noise * torch.randn_like(mu_a) * (0.5 * lv).exp()
-        return _to_u8(vae.decode(z)[0])
+# %% ../../nbs/03b_data.generators.ipynb #4345ac51
+W_MAX = 2**11 - 1      # weights: signed 12-bit, one scale per output channel
+ACT_CAL = 2**12 - 1    # the largest activation seen in calibration maps here
+ACT_MAX = 2**15 - 1    # activations clip here (8x headroom over calibration)
+M_MAX = 2**20          # requantisation multipliers stay below this
+EXACT = 2**53          # float64 represents every integer below this exactly
+_CHUNK = 2**21         # im2col elements per matrix product (16 MB of float64)
 
-@torch.no_grad()
-def fill_hole(net: FillNet, rgb: np.ndarray, mask: np.ndarray, pad: int = 24) -> np.ndarray:
-    "Fill the `mask` (HxW bool, True = hole) of `rgb` with `net`; pixels outside the mask are unchanged."
-    if mask.shape != rgb.shape[:2]: raise ValueError(f"mask {mask.shape} does not match image {rgb.shape[:2]}")
+def _rshift_round(a: np.ndarray, s) -> np.ndarray:
+    "Round-half-up division of int64 `a` by `2**s` (s >= 1; an int or an array that broadcasts)."
+    s = np.asarray(s, np.int64)
+    return (a + (np.int64(1) << (s - 1))) >> s
+
+def up2_int(x: np.ndarray) -> np.ndarray:
+    "Bilinear x2 up-sampling (align_corners=False, edges clamped) of int64 (C,H,W), times 16: exact integers."
+    def rows(a):
+        p = np.concatenate([a[:, :1], a, a[:, -1:]], 1)
+        out = np.empty((a.shape[0], 2 * a.shape[1]) + a.shape[2:], np.int64)
+        out[:, 0::2], out[:, 1::2] = 3 * a + p[:, :-2], 3 * a + p[:, 2:]
+        return out
+    return rows(rows(x).transpose(0, 2, 1)).transpose(0, 2, 1)
+
+def conv_exact(x: np.ndarray, w: np.ndarray, stride: int = 1, pad: int = 0, dil: int = 1) -> np.ndarray:
+    "Cross-correlation (as `torch.conv2d`) of float64 (C,H,W) by (O,C,kh,kw), both holding integers: im2col, one product per row chunk."
+    C, H, W = x.shape
+    O, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad))) if pad else x
+    Ho, Wo = (H + 2 * pad - dil * (kh - 1) - 1) // stride + 1, (W + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    wm, out = w.reshape(O, -1), np.empty((O, Ho, Wo))
+    step = max(1, _CHUNK // (C * kh * kw * Wo))
+    for y0 in range(0, Ho, step):
+        n = min(step, Ho - y0)
+        cols = np.empty((C, kh, kw, n, Wo))
+        for ky in range(kh):
+            for kx in range(kw):
+                ys, xs = ky * dil + y0 * stride, kx * dil
+                cols[:, ky, kx] = xp[:, ys:ys + stride * (n - 1) + 1:stride, xs:xs + stride * (Wo - 1) + 1:stride]
+        out[:, y0:y0 + n] = (wm @ cols.reshape(-1, n * Wo)).reshape(O, n, Wo)
+    return out
+
+_PHASE = {0: ((0, 3), (1, 1)), 1: ((1, 2), (2, 0))}  # output parity -> (offset in the 1-padded input, kernel index) x 2
+
+def tconv_exact(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    "`ConvTranspose2d(kernel 4, stride 2, padding 1)` of float64 (C,H,W) by torch-layout (C,O,4,4): four 2x2 convolutions, one per output phase."
+    C, H, W = x.shape
+    xp, out = np.pad(x, ((0, 0), (1, 1), (1, 1))), np.empty((w.shape[1], 2 * H, 2 * W))
+    for py in (0, 1):
+        for px in (0, 1):
+            (oy, ky0), (_, ky1) = _PHASE[py]
+            (ox, kx0), (_, kx1) = _PHASE[px]
+            k = w[:, :, [ky0, ky1]][:, :, :, [kx0, kx1]].transpose(1, 0, 2, 3)
+            out[:, py::2, px::2] = conv_exact(xp[:, oy:oy + H + 1, ox:ox + W + 1], np.ascontiguousarray(k))
+    return out
+
+# %% ../../nbs/03b_data.generators.ipynb #046a21d9
+class GeneratorError(ForensicsLabError, ValueError):
+    "A generator file that is missing, not a forensicslab generator, or whose integers could overflow; or bad input to one."
+
+@dataclass
+class IntLayer:
+    "One quantised convolution (optionally after bilinear x2 up-sampling, optionally followed by ReLU), run in exact integers."
+    op: str                 # 'conv' or 'tconv'
+    w: np.ndarray           # int16; conv (O,C,kh,kw), tconv (C,O,4,4) as torch stores it
+    b: np.ndarray           # int64 (O,), in accumulator units
+    m: np.ndarray           # int64 (O,), requantisation multiplier (< M_MAX)
+    s: np.ndarray           # int64 (O,), requantisation shift (>= 1)
+    stride: int = 1
+    pad: int = 0
+    dil: int = 1
+    up: bool = False        # bilinear x2 up-sampling before the convolution
+    relu: bool = False
+    pixels: bool = False    # the last layer: rescale straight to uint8 pixel values
+
+    def bound(self, in_max: int) -> int:
+        "The largest |accumulator| any input with |values| <= `in_max` can give (products and partial sums included)."
+        w = np.abs(self.w.astype(np.int64))
+        if self.op == "conv": l1 = int(w.sum((1, 2, 3)).max())
+        else: l1 = int(max(w[:, :, py::2, px::2].sum((0, 2, 3)).max() for py in (0, 1) for px in (0, 1)))  # one phase's taps
+        return (16 * in_max if self.up else in_max) * l1 + int(np.abs(self.b).max())
+
+    def check(self, in_max: int) -> "IntLayer":
+        "Refuse a layer whose sums could leave exact float64 (2**53) or whose rescale could leave int64."
+        a = self.bound(in_max)
+        if a >= EXACT or a * int(self.m.max()) >= 2**62 or int(self.s.min()) < 1:
+            raise GeneratorError(f"quantised layer ({self.op} {self.w.shape}) can reach {a}, beyond exact arithmetic; re-quantise the generator")
+        return self
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        "int64 (C,H,W) -> int64 (O,H',W'): activations in [-ACT_MAX, ACT_MAX] (ReLU: [0, ACT_MAX]) or pixels in [0, 255]."
+        if self.up: x = up2_int(x)
+        xf, wf = x.astype(np.float64), self.w.astype(np.float64)
+        acc = tconv_exact(xf, wf) if self.op == "tconv" else conv_exact(xf, wf, self.stride, self.pad, self.dil)
+        a = acc.astype(np.int64) + self.b[:, None, None]
+        m, s = self.m[:, None, None], self.s[:, None, None]
+        if self.pixels: return np.clip((a * m + (np.int64(128) << s)) >> s, 0, 255)
+        return np.clip(_rshift_round(a * m, s), 0 if self.relu else -ACT_MAX, ACT_MAX)
+
+def _run(layers: list[IntLayer], x: np.ndarray) -> np.ndarray:
+    for L in layers: x = L(x)
+    return x
+
+def _check_chain(layers: list[IntLayer], in_max: int) -> None:
+    for L in layers:
+        L.check(in_max)
+        in_max = ACT_MAX   # every layer's output is clipped to ACT_MAX (pixels: 255)
+
+# %% ../../nbs/03b_data.generators.ipynb #1f932df6
+def _groups(seq: nn.Sequential) -> list[dict]:
+    "Split a Sequential into (optional up-sampling) + convolution + (optional ReLU) groups."
+    out, up = [], False
+    for mod in seq:
+        if isinstance(mod, nn.Upsample): up = True
+        elif isinstance(mod, (nn.Conv2d, nn.ConvTranspose2d)):
+            out.append({"mod": mod, "up": up, "relu": False, "max": None})
+            up = False
+        elif isinstance(mod, nn.ReLU): out[-1]["relu"] = True
+        else: raise GeneratorError(f"cannot quantise a {type(mod).__name__} layer")
+    return out
+
+def _record_max(groups: list[dict]) -> list:
+    "Forward hooks that keep each group's per-channel max |output| (after its ReLU) over the calibration passes."
+    def hook(mod, inp, out, g):
+        v = (out.clamp(min=0) if g["relu"] else out.abs()).amax((0, 2, 3)).detach().double().numpy()
+        g["max"] = v if g["max"] is None else np.maximum(g["max"], v)
+    return [g["mod"].register_forward_hook(lambda mod, i, o, g=g: hook(mod, i, o, g)) for g in groups]
+
+def _quantise(groups: list[dict], s_in: np.ndarray, last_scale: Optional[np.ndarray] = None, pixels: bool = False) -> list[IntLayer]:
+    "Integer layers for calibrated `groups`, given the real value of one input unit per channel (`s_in`)."
+    layers = []
+    for i, g in enumerate(groups):
+        mod, last = g["mod"], i == len(groups) - 1
+        tconv = isinstance(mod, nn.ConvTranspose2d)
+        if tconv and (mod.kernel_size, mod.stride, mod.padding) != ((4, 4), (2, 2), (1, 1)):
+            raise GeneratorError("only ConvTranspose2d(kernel 4, stride 2, padding 1) is supported")
+        s = s_in / 16 if g["up"] else s_in
+        w = mod.weight.detach().double().numpy()
+        weff = w * (s[:, None, None, None] if tconv else s[None, :, None, None])   # real value per integer input unit
+        wmax = np.abs(weff).max((0, 2, 3) if tconv else (1, 2, 3))
+        sw = np.where(wmax > 0, wmax / W_MAX, 1.0)
+        wq = np.round(weff / (sw[None, :, None, None] if tconv else sw[:, None, None, None])).astype(np.int16)
+        bq = np.round(mod.bias.detach().double().numpy() / sw).astype(np.int64)
+        if last and pixels: r, s_out = sw * 127.5, None
+        else:
+            s_out = last_scale if last and last_scale is not None else np.maximum(g["max"], 1e-4) / ACT_CAL
+            r = sw / s_out
+        sh = np.floor(np.log2((M_MAX - 1) / r)).astype(np.int64)
+        layers.append(IntLayer("tconv" if tconv else "conv", wq, bq, np.round(r * 2.0 ** sh).astype(np.int64), sh,
+                               mod.stride[0], mod.padding[0], mod.dilation[0], g["up"], g["relu"], last and pixels))
+        s_in = s_out
+    return layers
+
+def _u8_to_int(rgb: np.ndarray) -> np.ndarray:
+    "HxWx3 uint8 -> int64 (3,H,W) holding 2u - 255 (the float networks' [-1, 1] at scale 1/255)."
+    return (2 * np.asarray(rgb, np.int64) - 255).transpose(2, 0, 1)
+
+# %% ../../nbs/03b_data.generators.ipynb #6cd0c0e7
+class IntVAE:
+    "A quantised `PatchVAE`: integer encoder and decoder layers and the integer table of exp(logvar / 2) of its sampling step."
+    def __init__(self, enc: list[IntLayer], dec: list[IntLayer], z: int, sigma: np.ndarray, sigma_shift: int, up: str,
+                 meta: Optional[dict] = None):
+        self.enc, self.dec, self.z, self.sigma, self.sigma_shift, self.up, self.meta = enc, dec, z, sigma, int(sigma_shift), up, meta or {}
+        _check_chain(enc, 255)
+        _check_chain(dec, ACT_MAX)
+        if len(sigma) != 2 * ACT_CAL + 1 or int(sigma.max()) >= 2**30 or 12 + self.sigma_shift < 1:
+            raise GeneratorError("the VAE's exp table does not match this version of the integer format")
+
+    def encode(self, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        "HxWx3 uint8 -> (mean, log-variance) latents as int64 (z, H/4, W/4); the log-variance is clipped to +-8 (+-ACT_CAL)."
+        e = _run(self.enc, _u8_to_int(rgb))
+        return e[:self.z], np.clip(e[self.z:], -ACT_CAL, ACT_CAL)
+
+    def decode(self, z: np.ndarray) -> np.ndarray:
+        "int64 latents (z, h, w) -> (4h)x(4w)x3 uint8."
+        return np.ascontiguousarray(_run(self.dec, z).astype(np.uint8).transpose(1, 2, 0))
+
+class IntFill:
+    "A quantised `FillNet`: integer layers from (image with hole, mask) to pixels."
+    def __init__(self, body: list[IntLayer], up: str, meta: Optional[dict] = None):
+        self.body, self.up, self.meta = body, up, meta or {}
+        _check_chain(body, 255)
+
+    def predict(self, rgb: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        "The full predicted HxWx3 uint8 image for `rgb` with the hole `mask` (HxW bool, True = hole; sides divisible by 4)."
+        x = _u8_to_int(rgb) * (~mask)[None]
+        return np.ascontiguousarray(_run(self.body, np.concatenate([x, 255 * mask[None].astype(np.int64)])).astype(np.uint8).transpose(1, 2, 0))
+
+# %% ../../nbs/03b_data.generators.ipynb #3eb39b0e
+def _float_in(rgb: np.ndarray) -> torch.Tensor: return _to_t(rgb)[None]
+
+def quantise_vae(vae: PatchVAE, calib: Sequence[tuple[np.ndarray, np.ndarray]], seed: int = 0) -> IntVAE:
+    "Calibrate `vae` on anchor pairs (HxWx3 uint8) sampled as `synthesize` does, and quantise it to an `IntVAE`."
+    ge, gd = _groups(vae.enc), _groups(vae.dec)
+    hooks, r = _record_max(ge) + _record_max(gd), np.random.default_rng(seed)
+    with torch.no_grad(), deterministic(seed):
+        for a, b in calib:
+            mu_a, lv = vae.encode(_float_in(a))
+            mu_b, _ = vae.encode(_float_in(b))
+            mix, noise = r.uniform(0, 0.3), r.uniform(0.3, 1.2)
+            vae.decode((1 - mix) * mu_a + mix * mu_b + noise * torch.randn_like(mu_a) * (0.5 * lv).exp())
+    for h in hooks: h.remove()
+    s_mu, s_lv = max(float(ge[-1]["max"][:vae.z].max()), 1e-4) / ACT_CAL, 8.0 / ACT_CAL   # log-variance: +-8 -> +-ACT_CAL
+    enc = _quantise(ge, np.full(3, 1 / 255), last_scale=np.r_[np.full(vae.z, s_mu), np.full(vae.z, s_lv)])
+    dec = _quantise(gd, np.full(vae.z, s_mu), pixels=True)
+    sig = np.exp(0.5 * np.arange(-ACT_CAL, ACT_CAL + 1) * s_lv) / s_mu     # exp(logvar / 2) in latent units
+    shift = int(np.floor(np.log2(2**30 / sig.max())))
+    return IntVAE(enc, dec, vae.z, np.round(sig * 2.0 ** shift).astype(np.int64), shift, vae.up)
+
+def quantise_fill(net: FillNet, calib: Sequence[tuple[np.ndarray, np.ndarray]]) -> IntFill:
+    "Calibrate `net` on (HxWx3 uint8 image, HxW bool hole) pairs and quantise it to an `IntFill`."
+    gb = _groups(net.body)
+    hooks = _record_max(gb)
+    with torch.no_grad():
+        for rgb, mask in calib: net(_float_in(rgb), torch.from_numpy(mask.astype(np.float32))[None, None])
+    for h in hooks: h.remove()
+    return IntFill(_quantise(gb, np.full(4, 1 / 255), pixels=True), net.up)
+
+# %% ../../nbs/03b_data.generators.ipynb #84310ca7
+def synthesize(vae: IntVAE, anchor_a: np.ndarray, anchor_b: np.ndarray, mix: float = 0.3, noise: float = 0.5,
+               seed: int = 0) -> np.ndarray:
+    "Decode a latent sample between two anchor images (HxWx3 uint8, same size, sides divisible by 4), in exact integers."
+    if not isinstance(vae, IntVAE): raise GeneratorError(f"synthesize needs an IntVAE (load_generator or quantise_vae), got {type(vae).__name__}")
+    if anchor_a.shape != anchor_b.shape: raise GeneratorError(f"anchors differ in shape: {anchor_a.shape} vs {anchor_b.shape}")
+    if anchor_a.shape[0] % 4 or anchor_a.shape[1] % 4: raise GeneratorError(f"image sides must be divisible by 4, got {anchor_a.shape[:2]}")
+    if not (0 <= mix <= 1 and 0 <= noise <= 4): raise GeneratorError(f"mix must lie in [0, 1] and noise in [0, 4], got {mix}, {noise}")
+    mu_a, lv = vae.encode(anchor_a)
+    mu_b, _ = vae.encode(anchor_b)
+    mq, nq = int(round(mix * 4096)), int(round(noise * 4096))                             # 12-bit fixed point
+    eps = np.random.default_rng(seed).integers(0, 4096, (12,) + mu_a.shape).sum(0) - 24570  # Irwin-Hall: mean 0, sd ~4096
+    mean = (4096 - mq) * mu_a + mq * mu_b                                                   # latent units x 2**12
+    spread = _rshift_round(nq * eps * vae.sigma[lv + ACT_CAL], 12 + vae.sigma_shift)        # |.| < 2**14 * 2**15 * 2**30
+    return vae.decode(np.clip(_rshift_round(mean + spread, 12), -ACT_MAX, ACT_MAX))
+
+def fill_hole(net: IntFill, rgb: np.ndarray, mask: np.ndarray, pad: int = 24) -> np.ndarray:
+    "Fill the `mask` (HxW bool, True = hole) of `rgb` with `net`, in exact integers; pixels outside the mask are unchanged."
+    if not isinstance(net, IntFill): raise GeneratorError(f"fill_hole needs an IntFill (load_generator or quantise_fill), got {type(net).__name__}")
+    if mask.shape != rgb.shape[:2]: raise GeneratorError(f"mask {mask.shape} does not match image {rgb.shape[:2]}")
     if not mask.any(): return rgb.copy()
     ys, xs = np.nonzero(mask)
     h, w = mask.shape
@@ -186,35 +412,60 @@ def fill_hole(net: FillNet, rgb: np.ndarray, mask: np.ndarray, pad: int = 24) ->
     x0, x1 = max(0, xs.min() - pad), min(w, xs.max() + 1 + pad)
     win, m = rgb[y0:y1, x0:x1], mask[y0:y1, x0:x1]
     ph, pw = -win.shape[0] % 4, -win.shape[1] % 4  # the net needs sides divisible by 4: reflect-pad
-    winp = np.pad(win, ((0, ph), (0, pw), (0, 0)), mode="reflect")
-    mp = np.pad(m, ((0, ph), (0, pw)))
-    with deterministic(0):
-        pred = _to_u8(net(_to_t(winp)[None], torch.from_numpy(mp.astype(np.float32))[None, None])[0])
+    pred = net.predict(np.pad(win, ((0, ph), (0, pw), (0, 0)), mode="reflect"), np.pad(m, ((0, ph), (0, pw))))
     pred = pred[:win.shape[0], :win.shape[1]]
     out = rgb.copy()
     sub = out[y0:y1, x0:x1]
     sub[m] = pred[m]
     return out
 
+# %% ../../nbs/03b_data.generators.ipynb #34bda1aa
+@torch.no_grad()
+def quantisation_error(net: PatchVAE | FillNet, q: IntVAE | IntFill, samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict:
+    """How far the integer generator `q` lies from the float network `net` it was made from: on (anchor, anchor)
+    pairs the VAE at its latent mean (mix 0.3, no noise), on (image, hole) pairs the fill inside the hole. Returns the
+    mean |difference| in grey levels, the share of pixel values that differ, the largest difference, the count."""
+    d = []
+    for a, b in samples:
+        if isinstance(net, PatchVAE):
+            mu_a, _ = net.encode(_float_in(a))
+            mu_b, _ = net.encode(_float_in(b))
+            d.append(np.abs(_to_u8(net.decode(0.7 * mu_a + 0.3 * mu_b)[0]).astype(int) - synthesize(q, a, b, 0.3, 0.0)).ravel())
+        else:
+            f = _to_u8(net(_float_in(a), torch.from_numpy(b.astype(np.float32))[None, None])[0])
+            d.append(np.abs(f.astype(int) - q.predict(a, b))[b].ravel())
+    d = np.concatenate(d)
+    return {"mean_abs": round(float(d.mean()), 4), "share_differing": round(float((d > 0).mean()), 4), "max_abs": int(d.max()), "values": int(d.size)}
+
 # %% ../../nbs/03b_data.generators.ipynb #cacc4732
-def save_model(model: nn.Module, path: str | Path) -> Path:
-    "Save a `PatchVAE` or `FillNet` as safetensors (architecture recorded in the metadata)."
-    from safetensors.torch import save_file
+FORMAT = "forensicslab-int-generator-1"
+_LAYER_KEYS = ("op", "stride", "pad", "dil", "up", "relu", "pixels")
+
+def save_generator(net: IntVAE | IntFill, path: str | Path, meta: Optional[dict] = None) -> Path:
+    "Save a quantised generator as safetensors: integer tensors, the layer list and `meta` (how it was trained) in the header."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"class": type(model).__name__, "up": model.up}
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
+    parts = {"enc": net.enc, "dec": net.dec} if isinstance(net, IntVAE) else {"body": net.body}
+    tensors = {f"{p}.{i}.{k}": np.ascontiguousarray(getattr(L, k)) for p, ls in parts.items() for i, L in enumerate(ls) for k in "wbms"}
+    head = {"format": FORMAT, "class": type(net).__name__, "up": net.up, "meta": meta if meta is not None else net.meta,
+            "layers": {p: [{k: getattr(L, k) for k in _LAYER_KEYS} for L in ls] for p, ls in parts.items()}}
+    if isinstance(net, IntVAE):
+        tensors["sigma"] = net.sigma
+        head.update(z=net.z, sigma_shift=net.sigma_shift)
+    # one metadata key holding sorted JSON: safetensors writes several keys in no fixed order, and the file's sha256 is pinned
+    save_file(tensors, str(path), metadata={"forensicslab": json.dumps(head, sort_keys=True)})
     return path
 
-def load_model(path: str | Path) -> nn.Module:
-    "Load a model saved by `save_model`."
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+def load_generator(path: str | Path) -> IntVAE | IntFill:
+    "Load a generator saved by `save_generator` (its layers checked for exact arithmetic)."
     path = Path(path)
-    if not path.exists(): raise FileNotFoundError(f"{path}: no such model file; rebuild the benchmark to train it")
-    with safe_open(str(path), "pt") as fh: meta = fh.metadata() or {}
-    cls = {"PatchVAE": PatchVAE, "FillNet": FillNet}.get(meta.get("class"))
-    if cls is None: raise ValueError(f"{path}: not a forensicslab generator (metadata {meta})")
-    m = cls(up=meta["up"])
-    m.load_state_dict(load_file(str(path)))
-    return m.eval()
+    if not path.exists(): raise GeneratorError(f"{path}: no such generator file")
+    try:
+        with safe_open(str(path), "np") as fh:
+            head, t = json.loads((fh.metadata() or {}).get("forensicslab", "{}")), {k: fh.get_tensor(k) for k in fh.keys()}
+    except Exception as e: raise GeneratorError(f"{path}: not a safetensors file ({e})") from None
+    if head.get("format") != FORMAT: raise GeneratorError(f"{path}: not a forensicslab integer generator (format {head.get('format')!r}, want {FORMAT!r})")
+    parts = {p: [IntLayer(**spec, w=t[f"{p}.{i}.w"], b=t[f"{p}.{i}.b"], m=t[f"{p}.{i}.m"], s=t[f"{p}.{i}.s"]) for i, spec in enumerate(specs)]
+             for p, specs in head["layers"].items()}
+    if head["class"] == "IntVAE": return IntVAE(parts["enc"], parts["dec"], head["z"], t["sigma"], head["sigma_shift"], head["up"], head["meta"])
+    return IntFill(parts["body"], head["up"], head["meta"])
