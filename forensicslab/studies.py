@@ -23,9 +23,9 @@ from .core import ForensicsLabError
 from .runs import part_files, project_root, read_run_record, skipped_parts, study_output_dir, write_run_record
 
 # %% auto #0
-__all__ = ['STUDY_ORDER', 'FAILED_DIR', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path',
-           'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'run_study',
-           'load_grid', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
+__all__ = ['STUDY_ORDER', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies',
+           'study_path', 'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters',
+           'run_study', 'load_grid', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -156,6 +156,22 @@ def _carry_skipped(stage: Path, final: Path) -> None:
         for f in kept: shutil.copy2(f, stage / f.name)
         if kept: note_run(stage, parts={part: {"status": "skipped", "why": why, "kept": [f.name for f in kept]}})
 
+RESUMABLE = ("runs",)
+"Sub-folders of a study's output that hold resumable run rows (`forensicslab.runs.Run`): a new attempt starts from them."
+STAGE_MARK = ".parameters.json"
+
+def _open_stage(stage: Path, final: Path, record: dict) -> None:
+    """The folder a study runs in: a killed attempt with the same parameters is resumed as it is; otherwise a fresh
+    folder that starts with the finished runs of `final`, so a re-run or a kill -9 redoes no finished case."""
+    key = json.dumps(record, sort_keys=True, default=str)
+    mark = stage / STAGE_MARK
+    if mark.is_file() and mark.read_text(encoding="utf-8") == key: return
+    shutil.rmtree(stage, ignore_errors=True)   # a killed attempt with other parameters
+    stage.mkdir(parents=True)
+    for sub in RESUMABLE:
+        if (final / sub).is_dir(): shutil.copytree(final / sub, stage / sub)
+    mark.write_text(key, encoding="utf-8")
+
 def run_study(name: str | Path, params: dict | None = None, out_root: str | Path | None = None,
               kernel: str = "python3", progress: bool = True, out_dir: str | Path | None = None) -> Path:
     "Execute one study notebook with papermill (full configuration by default), written aside; returns the executed notebook."
@@ -170,11 +186,10 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     if out_dir is None: out_dir = (Path(out_root) if out_root else project_root() / "outputs") / stem
     final = Path(out_dir).resolve()
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
-    shutil.rmtree(stage, ignore_errors=True)   # what a killed run left
-    stage.mkdir(parents=True)
     p = {"quick": False, **params, "out_dir": str(stage)}
     record = {**study_defaults(nb), **p}
     record.pop("out_dir")                      # the folder that holds run.json
+    _open_stage(stage, final, record)
     t0 = time.time()
     try:
         pm.execute_notebook(str(nb), str(stage / f"{stem}.ipynb"), parameters=p, kernel_name=kernel, language="python",
@@ -187,6 +202,7 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
         if isinstance(e, KeyboardInterrupt): raise
         raise StudyFailed(f"study {stem} failed: {reason}; {final} is unchanged, the failed attempt is in {failed}",
                           kept=failed, reason=reason) from e
+    (stage / STAGE_MARK).unlink(missing_ok=True)
     _carry_skipped(stage, final)
     write_run_record(stage, stem, record, seconds=time.time() - t0)
     _replace_dir(stage, final)

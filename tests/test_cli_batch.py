@@ -138,3 +138,31 @@ def test_batch_summary_is_numeric_and_cell_folders_relative(tmp_path):
     assert s.seed.tolist() == [0, 1] and s.acc.tolist() == [80.5, 81.5] and s.acc_hi.tolist() == [90.0, 90.0]
     assert s.paper.isna().all() and r["summary"].acc.dtype.kind == "f"
     assert json.loads((tmp_path / "out" / "tiny__seed=1" / "cell.json").read_text())["folder"] == "tiny__seed=1"
+
+
+def test_study_written_aside_still_resumes_its_runs(tmp_path):
+    "A study runs in a staged folder, yet finished runs are reused: a re-run starts from the last runs/, a killed attempt resumes."
+    from forensicslab.studies import run_study
+    # the study counts how often it ran, in the resumable part of its folder (runs/), and writes a table from it
+    study = _study(tmp_path / "counting.ipynb", "from pathlib import Path\nr = Path(out_dir, 'runs'); r.mkdir(exist_ok=True)\n"
+                                                "n = int((r / 'n').read_text()) if (r / 'n').exists() else 0\n"
+                                                "(r / 'n').write_text(str(n + 1)); Path(out_dir, 'table.csv').write_text(f'n\\n{n + 1}\\n')")
+    out = tmp_path / "outputs" / "counting"
+    run_study(study, {"quick": True}, out_dir=out, progress=False)
+    run_study(study, {"quick": True}, out_dir=out, progress=False)
+    assert (out / "runs" / "n").read_text() == "2"                       # the second run started from the first one's runs
+    assert not (out / ".parameters.json").exists() and not list(out.parent.glob(".*.running"))
+    # what kill -9 leaves: a staged folder marked with the same parameters; the next attempt continues it
+    stage = out.with_name(".counting.running")
+    from forensicslab.studies import _open_stage, study_defaults
+    record = {**study_defaults(study), "quick": True}
+    record.pop("out_dir")                                                 # as run_study records it
+    _open_stage(stage, out, record)
+    (stage / "runs" / "n").write_text("7")                                # the killed attempt had got further
+    run_study(study, {"quick": True}, out_dir=out, progress=False)
+    assert (out / "runs" / "n").read_text() == "8"
+    # a killed attempt with other parameters is not continued: the next one starts from the finished runs
+    _open_stage(stage, out, {**record, "quick": False})
+    (stage / "runs" / "n").write_text("100")
+    run_study(study, {"quick": True}, out_dir=out, progress=False)
+    assert (out / "runs" / "n").read_text() == "9"
