@@ -252,7 +252,7 @@ class IntLayer:
     def check(self, in_max: int) -> "IntLayer":
         "Refuse a layer whose sums could leave exact float64 (2**53) or whose rescale could leave int64."
         a = self.bound(in_max)
-        if a >= EXACT or a * int(self.m.max()) >= 2**62 or int(self.s.min()) < 1:
+        if a >= EXACT or a * int(self.m.max()) >= 2**62 or not 1 <= int(self.s.min()) <= int(self.s.max()) <= 48:
             raise GeneratorError(f"quantised layer ({self.op} {self.w.shape}) can reach {a}, beyond exact arithmetic; re-quantise the generator")
         return self
 
