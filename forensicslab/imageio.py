@@ -12,7 +12,6 @@ import hashlib
 import os
 import io
 import struct
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -144,26 +143,21 @@ def load_image(src: ImageSource, max_pixels: int = MAX_PIXELS) -> LoadedImage:
         if not fp.exists(): raise ImageNotFound(fp, _missing_reason(fp))
         if not fp.is_file(): raise ImageNotFound(fp, "not a regular file")
         if fp.stat().st_size == 0: raise ImageUnreadable(fp, "empty file (0 bytes)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        old = Image.MAX_IMAGE_PIXELS
-        try:
-            Image.MAX_IMAGE_PIXELS = None  # our own cap, checked from the header below
-            with Image.open(fp) as im:
-                return _from_pil(im, name, name if isinstance(name, Path) else None, max_pixels)
-        except ImageError: raise
-        except UnidentifiedImageError:
-            raise ImageUnreadable(name, "not a recognised image format (is it an image at all?)") from None
-        except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, ZeroDivisionError,
-                struct.error) as e:
-            msg = str(e) or type(e).__name__
-            if "truncated" in msg.lower() or isinstance(e, EOFError):
-                raise ImageTruncated(name, f"the file is truncated ({msg}); re-download or re-export it") from None
-            raise ImageTruncated(name, f"corrupt image data ({msg})") from None
-        except Image.DecompressionBombError as e:
-            raise ImageTooLarge(name, str(e)) from None
-        finally:
-            Image.MAX_IMAGE_PIXELS = old
+    try:
+        with Image.open(fp) as im:  # reads the header only; `_from_pil` checks our cap before decoding a pixel
+            return _from_pil(im, name, name if isinstance(name, Path) else None, max_pixels)
+    except ImageError: raise
+    except Image.DecompressionBombError as e:  # over Pillow's own process-wide guard, which we never change
+        raise ImageTooLarge(name, f"{e} (Pillow's guard PIL.Image.MAX_IMAGE_PIXELS; a program that needs larger "
+                                  "images raises it once at start-up)") from None
+    except UnidentifiedImageError:
+        raise ImageUnreadable(name, "not a recognised image format (is it an image at all?)") from None
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, ZeroDivisionError,
+            struct.error) as e:
+        msg = str(e) or type(e).__name__
+        if "truncated" in msg.lower() or isinstance(e, EOFError):
+            raise ImageTruncated(name, f"the file is truncated ({msg}); re-download or re-export it") from None
+        raise ImageTruncated(name, f"corrupt image data ({msg})") from None
 
 # %% ../nbs/01_imageio.ipynb #d6ad2dfb
 def _from_pil(im: Image.Image, src, path, max_pixels) -> LoadedImage:

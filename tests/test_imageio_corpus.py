@@ -214,3 +214,40 @@ def test_hash_depends_on_pixels_only(corpus):
     c = load_image(corpus / "photo.tif")
     assert a.hash == b.hash == c.hash
     assert a.hash != load_image(corpus / "photo.jpg").hash
+
+
+def test_concurrent_loads_with_different_caps_leave_pillow_alone(tmp_path, monkeypatch):
+    """Issue 25 item 4: 8 threads load images of different sizes under different caps while a watcher samples
+    Pillow's process-wide guard. Every load gets its own answer, and the guard is never changed, not even for a
+    moment (the old loader set it to None around each open, so the watcher saw None and an unlucky interleaving
+    left it off for good)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    sizes = [(64, 48), (300, 200), (640, 480), (120, 90)]
+    paths = []
+    for w, h in sizes:
+        paths.append(tmp_path / f"{w}x{h}.png")
+        Image.fromarray(RNG.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    guard, seen, stop = Image.MAX_IMAGE_PIXELS, set(), threading.Event()
+
+    def watch():
+        while not stop.is_set(): seen.add(Image.MAX_IMAGE_PIXELS)
+
+    def one(i):
+        (w, h), cap = sizes[i % 4], (20_000, 100_000, 1_000_000)[i % 3]
+        try: got = load_image(paths[i % 4], max_pixels=cap).size
+        except ImageTooLarge: got = "refused"
+        return got == ((w, h) if w * h <= cap else "refused")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(8) as ex: ok = list(ex.map(one, range(400)))
+    finally:
+        stop.set(); watcher.join()
+    assert all(ok), f"{ok.count(False)} of {len(ok)} loads got another thread's answer"
+    assert seen == {guard} and Image.MAX_IMAGE_PIXELS == guard, seen
+    # the application's own guard is respected, not bypassed: lowered to 1000 px, a 120x90 image is refused
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(ImageTooLarge, match="MAX_IMAGE_PIXELS"):
+        load_image(paths[3])
