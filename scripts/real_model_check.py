@@ -146,8 +146,7 @@ def triage_roles(model, path, cards, dets, case: str) -> dict:
 def debate_roles(model, path, case: str) -> dict:
     from forensicslab.chat.models import chat_context
     from forensicslab.core import Sample
-    from forensicslab.debate.engine import DebateConfig, DebateInput, run_debate
-    from forensicslab.debate.retrieval import ChatSummarizer, PageHit
+    from forensicslab.debate.all import ChatSummarizer, DebateConfig, DebateInput, PageHit, run_debate
     sample = Sample(id=f"{case}:debate", image=str(path), caption="Flood waters cover the main square of Dresden, August 2002.", label=1,
                     family="out_of_context")
     out = {}

@@ -2,23 +2,35 @@
 replay), convergence and round limits, malformed answers, prompt-injection resistance, retrieval wire
 protocols, dataset loader fixtures, and the offline VERITE path."""
 import base64
+import io
 import json
+import os
+import re
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import nbformat
 import numpy as np
 import pytest
+from PIL import Image
+from typer.testing import CliRunner
 
 from forensicslab.core import Sample
-from forensicslab.debate.engine import STRATEGIES, DebateConfig, DebateInput, run_debate, run_llm_setup, score_rows
-from forensicslab.debate.offline import Argument, EvidenceDebater, evidence_debate, verite_views, compare
+from forensicslab.debate.records import STRATEGIES, DebateConfig
+from forensicslab.debate.agents import DebateInput, run_debate
+from forensicslab.debate.rules import Argument, EvidenceDebater, OfflinePairDebate, evidence_debate, verite_views
+from forensicslab.debate.study import compare, run_llm_setup, score_rows, study_retriever
+from forensicslab.debate.cli import debate_app
 from forensicslab.chat.models import get_model
 from forensicslab.data.datasets import MissingData
-from forensicslab.debate.data import (article_split, load_mmfakebench, load_newsclippings, load_verite,
-                                   write_mmfakebench_fixture, write_newsclippings_fixture, write_verite_fixture)
-from forensicslab.debate.retrieval import (BingVisualSearch, GoogleVisionWeb, LocalIndex, PageHit, RetrievalError,
-                                    RetrievalResult, Retriever, local_web_server)
+from forensicslab.debate.data import (article_split, build_teaching_set, fetch_dataset, load_mmfakebench, load_newsclippings,
+                                      load_verite, write_mmfakebench_fixture, write_newsclippings_fixture, write_verite_fixture)
+from forensicslab.debate.retrieval import (BingVisualSearch, ChatQA, ChatSummarizer, GoogleVisionWeb, LocalIndex, PageHit,
+                                           RetrievalError, RetrievalResult, Retriever, fetch_page, local_web_server)
 from forensicslab.chat.testing import openai_server
 from forensicslab.runs import cache_dir
 
@@ -133,7 +145,6 @@ def test_every_strategy_end_to_end_with_concurrency_and_replay(strategy, nc_fixt
     ds, ix = nc_fixture
     cache = tmp_path / "chat.sqlite"
 
-    import threading
     lock, state = threading.Lock(), {"now": 0, "max": 0}
 
     def slow(req):  # count requests in flight at once: concurrency across samples shows as max > 1
@@ -200,7 +211,6 @@ def _user_text(req, i=1):
 
 def _fences(text):
     "(nonce, begin, end) of every fence in text; asserts each begin has exactly one matching end after it."
-    import re
     out = []
     for m in re.finditer(r"\[UNTRUSTED DATA ([0-9a-f]{10}) from ", text):
         end = f"[END UNTRUSTED DATA {m.group(1)}]"
@@ -278,8 +288,6 @@ def test_injection_through_the_retrieval_chain(tmp_path):
 # ---------- retrieval wire protocols ----------
 
 def _png():
-    import io
-    from PIL import Image
     b = io.BytesIO(); Image.fromarray(np.full((8, 8, 3), 100, np.uint8)).save(b, "PNG"); return b.getvalue()
 
 
@@ -399,7 +407,6 @@ def test_study_without_verite_keeps_earlier_rows_and_downloads_nothing(tmp_path)
 
 
 def test_chat_summarizer_fences_pages_and_is_cached(tmp_path, nc_fixture):
-    from forensicslab.debate.retrieval import ChatSummarizer
     ds, ix = nc_fixture
     with openai_server(lambda req: json.dumps({"summary": "A 2016 staff photograph of story 0."})) as url:
         r = Retriever(ix, summarizer=ChatSummarizer(get_model(f"openai-compatible:{url}#sum")), cache_dir=tmp_path)
@@ -464,8 +471,6 @@ def test_schema_sent_to_the_backend_lists_reasoning_before_the_verdict():
 
 
 def test_chat_backend_summarises_and_answers_questions(tmp_path, nc_fixture):
-    from forensicslab.debate.engine import study_retriever
-    from forensicslab.debate.retrieval import ChatQA
     ds, ix = nc_fixture
     def responder(req):
         name = _schema(req)
@@ -486,7 +491,6 @@ def test_chat_backend_summarises_and_answers_questions(tmp_path, nc_fixture):
 
 
 def test_fetch_page_streams_and_stops_at_the_cap():
-    import httpx
     sent = {"n": 0}
     def body():
         yield b"<html lang='en'><body><p>" + b"word " * 20
@@ -494,13 +498,11 @@ def test_fetch_page_streams_and_stops_at_the_cap():
             sent["n"] += 1
             yield b"x" * 65536
     transport = httpx.MockTransport(lambda req: httpx.Response(200, headers={"content-type": "text/html"}, content=body()))
-    from forensicslab.debate.retrieval import fetch_page
     title, text, lang = fetch_page("http://big.example/", httpx.Client(transport=transport), max_bytes=200_000)
     assert "word" in text and sent["n"] < 10 and len(text) <= 200_000
 
 
 def test_fetch_newsclippings_annotations_from_a_local_server(tmp_path):
-    from forensicslab.debate.data import fetch_dataset
     fx = write_newsclippings_fixture(tmp_path / "src")
     ann = fx / "news_clippings" / "data" / "merged_balanced"
     routes = {f"/data/merged_balanced/{s}.json": (lambda p: lambda *a: (200, "application/json", p.read_bytes()))(ann / f"{s}.json")
@@ -512,15 +514,11 @@ def test_fetch_newsclippings_annotations_from_a_local_server(tmp_path):
 
 
 def _cli(*args, env=None):
-    import subprocess, sys, os
     return subprocess.run([str(Path(sys.executable).parent / "forensicslab"), *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=600)
 
 
 def test_debate_pair_offline_shows_sources_and_flags(tmp_path):
-    from typer.testing import CliRunner
-    from forensicslab.debate.cli import debate_app
-    from forensicslab.debate.data import build_teaching_set
     ts = build_teaching_set(Path(__file__).resolve().parents[1] / ".cache" / "debate" / "teaching")
     img = ts.samples[0].image_path(ts.root)
     swap = next(s for s in ts.samples if s.provenance["photo"] == ts.samples[0].provenance["photo"] and s.provenance["kind"] == "swap")
@@ -542,7 +540,6 @@ def test_debate_pair_on_unreadable_images_is_one_line(tmp_path, content):
 
 
 def test_debate_pair_missing_key_is_one_line(tmp_path):
-    from PIL import Image
     Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(tmp_path / "a.png")
     r = _cli("debate", "pair", str(tmp_path / "a.png"), "cap", "--backend", "openai:gpt-4o",
              env={"OPENAI_API_KEY": "", "FORENSICSLAB_CACHE": str(tmp_path / "c.sqlite")})
@@ -552,9 +549,6 @@ def test_debate_pair_missing_key_is_one_line(tmp_path):
 
 
 def test_debate_pair_run_controls_reach_the_server(tmp_path):
-    from typer.testing import CliRunner
-    from forensicslab.debate.cli import debate_app
-    from PIL import Image
     Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(tmp_path / "a.png")
     with openai_server(scripted) as url:
         r = CliRunner().invoke(debate_app, ["pair", str(tmp_path / "a.png"), CAPTION, "--backend", f"openai-compatible:{url}#no",

@@ -13,28 +13,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+import httpx
 import numpy as np
 import pandas as pd
+import yaml
+from PIL import Image
+from skimage import data as skdata
 
-from ..core import FAMILIES, ForensicsLabError, Sample, register_family
+from ..core import FAMILIES, ForensicsLabError, Sample
 from ..data.datasets import MissingData
 from ..runs import project_root
+import forensicslab
+from .records import DEBATE_FAMILIES  # importing the records registers the debate families
+from .retrieval import LocalIndex, PageHit
 
 # %% auto #0
 __all__ = ['DOWNLOADS', 'FETCH_NAMES', 'VERITE_SUBSETS', 'FETCH', 'TEACHING_KINDS', 'LOADERS', 'OOCDataset', 'dataset_root',
-           'load_verite', 'load_verite_articles', 'write_verite_fixture', 'article_split', 'load_newsclippings',
-           'write_newsclippings_fixture', 'load_mmfakebench', 'write_mmfakebench_fixture', 'build_source_index',
-           'FetchError', 'fetch_dataset', 'teaching_captions', 'build_teaching_set', 'load_ooc']
-
-# %% ../../nbs/07b_debate.data.ipynb #da467bd4
-_DEBATE_FAMILIES = {
-    "out_of_context": "a real image paired with a caption from another event (image repurposing)",
-    "miscaptioned": "a real image whose caption misstates its people, place, time or event",
-    "textual_distortion": "the claim in the text is false or fabricated (MMFakeBench textual veracity distortion)",
-    "visual_distortion": "the image itself is generated or edited (MMFakeBench visual veracity distortion)",
-}
-for _k, _v in _DEBATE_FAMILIES.items():
-    if _k not in FAMILIES: register_family(_k, _v)
+           'load_verite', 'write_verite_fixture', 'article_split', 'load_newsclippings', 'write_newsclippings_fixture',
+           'load_mmfakebench', 'write_mmfakebench_fixture', 'build_source_index', 'FetchError', 'fetch_dataset',
+           'teaching_captions', 'build_teaching_set', 'load_ooc']
 
 # %% ../../nbs/07b_debate.data.ipynb #1409f321
 @dataclass
@@ -106,7 +103,7 @@ def dataset_root(name: str, root: str | Path | None = None) -> Path:
         if p.is_dir(): return p
         tried.append(str(p))
     raise MissingData(tried[0] if tried else name, name, f"a folder at one of: {', '.join(tried)}",
-                      DOWNLOADS.get(name, "") + ("\n  Or: forensicslab data fetch " + name if name in FETCH_NAMES else ""))
+                      DOWNLOADS.get(name, "") + ("\n  Or: forensicslab debate fetch " + name if name in FETCH_NAMES else ""))
 
 def _need(path: Path, name: str) -> Path:
     if not path.exists(): raise MissingData(path, name, f"{path.name} in {path.parent}", DOWNLOADS[name])
@@ -142,11 +139,6 @@ def load_verite(root: str | Path | None = None, subset: str = "all", embeddings:
     articles = root / "VERITE_articles.csv"
     if articles.exists(): ds.info["articles"] = articles
     return ds.subset(np.isin(df.label.values, VERITE_SUBSETS[subset]))
-
-def load_verite_articles(root: str | Path | None = None) -> pd.DataFrame:
-    "The VERITE articles table: true and false captions, image URLs, search query and fact-check URL per article."
-    root = dataset_root("verite", root)
-    return pd.read_csv(_need(root / "VERITE_articles.csv", "verite"), index_col=0)
 
 # %% ../../nbs/07b_debate.data.ipynb #45367994
 def write_verite_fixture(root: str | Path, n_articles: int = 2, dim: int = 8, seed: int = 0) -> Path:
@@ -211,7 +203,6 @@ def load_newsclippings(root: str | Path | None = None, split: str = "test", vari
 # %% ../../nbs/07b_debate.data.ipynb #7ccc9692
 def write_newsclippings_fixture(root: str | Path, n: int = 4) -> Path:
     "Write a miniature NewsCLIPpings + VisualNews layout (`n` entries, half falsified pairs) with small distinct images."
-    from PIL import Image
     root = Path(root)
     origin = root / "visual_news" / "origin"
     (origin / "bbc" / "images").mkdir(parents=True, exist_ok=True)
@@ -272,7 +263,6 @@ def write_mmfakebench_fixture(root: str | Path, split: str = "val") -> Path:
 # %% ../../nbs/07b_debate.data.ipynb #bb47e103
 def build_source_index(ds: OOCDataset, path: str | Path | None = None):
     "A `LocalIndex` of the dataset's pictured images, each with its source publication (NewsCLIPpings provenance)."
-    from forensicslab.debate.retrieval import LocalIndex, PageHit
     ix, seen = LocalIndex(), set()
     for s in ds.samples:
         img = str(s.image_path(ds.root))
@@ -334,7 +324,6 @@ def _download(client, url: str, dest: Path, max_bytes: int) -> int:
 def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[str] = None, force: bool = False,
                   max_bytes: int = 500_000_000, timeout: float = 60.0, log=print) -> Path:
     "Download dataset `name`'s public files into `root` (default: `$FORENSICSLAB_<NAME>` or `<repo>/data/<name>`); returns the root."
-    import httpx
     if name not in FETCH: raise FetchError(f"no download for {name!r}; fetchable: {', '.join(FETCH)}. {DOWNLOADS.get(name, '')}")
     spec = FETCH[name]
     root = Path(root or os.environ.get(f"FORENSICSLAB_{name.upper()}") or project_root() / "data" / name).expanduser()
@@ -362,8 +351,6 @@ def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[
 TEACHING_KINDS = ("true", "true_paraphrase", "swap", "entity", "place", "date")
 
 def _teaching_spec() -> dict:
-    import yaml
-    import forensicslab
     p = Path(forensicslab.__file__).resolve().parent / "debate" / "teaching.yaml"
     return yaml.safe_load(p.read_text(encoding="utf-8"))
 
@@ -393,13 +380,11 @@ def teaching_captions(seed: int = 0) -> list[dict]:
 
 # %% ../../nbs/07b_debate.data.ipynb #638eeb5f
 def _photo(name: str) -> np.ndarray:
-    from skimage import data as skdata
     a = np.asarray(getattr(skdata, name)())
     return np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
 
 def _republish(rgb: np.ndarray, k: int):
     "A re-published copy: cropped by 4-8% on one side and re-compressed."
-    from PIL import Image
     h, w = rgb.shape[:2]
     c = int(round((0.04 + 0.01 * (k % 5)) * min(h, w)))
     box = [(c, 0, w, h), (0, c, w, h), (0, 0, w - c, h), (0, 0, w, h - c)][k % 4]
@@ -408,8 +393,6 @@ def _republish(rgb: np.ndarray, k: int):
 def build_teaching_set(root: str | Path | None = None, seed: int = 0) -> OOCDataset:
     """The out-of-context teaching set (`TEACHING_KINDS` per photograph), with its images written under `root`
     (default `.cache/debate/teaching` in the checkout) and a local retrieval index of the originals' source pages."""
-    from PIL import Image
-    from forensicslab.debate.retrieval import LocalIndex, PageHit
     root = Path(root) if root else project_root() / ".cache" / "debate" / "teaching"
     (root / "images").mkdir(parents=True, exist_ok=True)
     caps = teaching_captions(seed)

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, Field
 from scipy.fft import dctn
+from sklearn.feature_extraction.text import TfidfVectorizer
 
 from ..core import ChatMessage, ChatModel, ForensicsLabError
 from ..chat.prompts import fence, prompt_hash, render_prompt
@@ -151,7 +152,6 @@ class ExtractiveSummarizer:
         sents = [s for p in pages for s in split_sentences(p.text)]
         if not sents: return ""
         if len(sents) == 1: return sents[0][: self.max_chars]
-        from sklearn.feature_extraction.text import TfidfVectorizer
         try: X = TfidfVectorizer(stop_words="english").fit_transform(sents)
         except ValueError: return " ".join(sents)[: self.max_chars]  # only stop words
         c = np.asarray(X.mean(axis=0)).ravel()
@@ -475,7 +475,6 @@ class ExtractiveQA:
     def answer(self, question: str, pages: Sequence[PageHit]) -> str:
         sents = [s for p in pages for s in split_sentences(p.text)]
         if not sents or not question.strip(): return "The retrieved pages do not answer this question."
-        from sklearn.feature_extraction.text import TfidfVectorizer
         try: X = TfidfVectorizer(stop_words="english").fit(sents + [question]).transform(sents + [question])
         except ValueError: return "The retrieved pages do not answer this question."
         sims = (X[:-1] @ X[-1].T).toarray().ravel()
