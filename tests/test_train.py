@@ -371,3 +371,41 @@ def test_failed_grpo_stage_leaves_the_previous_run_byte_identical(tmp_path, monk
     assert sorted(p.name for p in runs.iterdir()) == ["run"]
     m, _ = load_checkpoint(prev / "grpo", device="cpu")
     assert sum(p_.numel() for p_ in m.parameters()) > 0
+
+
+QUICK_RUN = ROOT / "outputs" / "zoom_training"   # the quick configuration's committed base, verifier and SFT checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grpo_quick_config_across_seeds_and_threads(tmp_path, monkeypatch, seed, threads):
+    """GRPO on the quick configuration from its SFT checkpoint, three steps per seed and torch thread count: every
+    batch fed to the model holds one attended image-token run per registered image, and the steps complete.
+    The length limit is 128 instead of 384 so that rollouts cut after a crop (the `make demo` crash of issue 24, seed 0,
+    step 3 at 384) occur within a few steps; the old trainer fails here with Qwen3-VL's 'shape mismatch'."""
+    import forensicslab.zoom.train as T
+    from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.zoom.verifier import load_verifier
+    if not (QUICK_RUN / "sft" / "zoom_train.json").exists():
+        pytest.skip(f"no quick-configuration SFT checkpoint at {QUICK_RUN / 'sft'} (make it with `forensicslab study zoom_training`)")
+    held = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = replace(ZoomTrainConfig.quick(seed=seed), grpo_steps=3, base=str(QUICK_RUN / "base"), max_completion_length=128)
+        train = load_artifacts("train", ensure_artifacts(tmp_path / "data", n_train=8, n_test=2, n_ood=2, seed=0))
+        verifier = load_verifier(QUICK_RUN / "verifier", device="cpu")
+        model, proc = load_checkpoint(QUICK_RUN / "sft", device="cpu", trainable=True)
+        seen, cuts, drop = _spy_batches(monkeypatch), [], T.drop_cut_crops
+
+        def counting(ids, imgs, *a):
+            out = drop(ids, imgs, *a)
+            cuts.append(sum(1 for old, new in zip(imgs, out[1]) if old and not new))
+            return out
+        monkeypatch.setattr(T, "drop_cut_crops", counting)
+        g = run_grpo(cfg, model, proc, train, HybridReward(verifier, cfg.reward_config, cfg.variant), tmp_path / "run")
+    finally:
+        torch.set_num_threads(held)
+    assert g.state.global_step == 3 and len(seen) == 3
+    for b in seen: assert b["runs"] == b["images"] and b["grids"] == sum(b["images"]), b
+    assert sum(cuts) > 0, f"no rollout was cut after a crop ({cuts}): the test no longer reaches the path it guards"
