@@ -7,11 +7,9 @@ Docs: https://forensicslab.github.io/forensicslab/chat.reliability.html.md"""
 # %% ../../nbs/05c_chat.reliability.ipynb #bcfb7f41
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
 import os
-import random
 import re
 import threading
 import time
@@ -24,12 +22,13 @@ from typing import Any, Callable, Optional
 import yaml
 
 from ..core import ChatFailure, ForensicsLabError
+from ..net import RetriesExhausted, Retryable, RetryPolicy, parse_retry_after
 from ..runs import StopRun
 
 # %% auto #0
 __all__ = ['KEY_VARIABLES', 'log', 'register_secret', 'redact', 'RedactingFilter', 'install_log_redaction', 'TransientError',
-           'BackendError', 'MissingKeyError', 'BudgetExceeded', 'parse_retry_after', 'RetryPolicy', 'call_with_retries',
-           'PriceTable', 'clean_usage', 'Budget', 'Tracer', 'read_trace']
+           'BackendError', 'MissingKeyError', 'BudgetExceeded', 'call_with_retries', 'PriceTable', 'clean_usage',
+           'Budget', 'Tracer', 'read_trace']
 
 # %% ../../nbs/05c_chat.reliability.ipynb #aa7aa5ee
 KEY_VARIABLES = ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "OPENAI_COMPATIBLE_API_KEY", "HF_TOKEN")
@@ -82,11 +81,10 @@ def install_log_redaction(extra: tuple[str, ...] = ()) -> None:
 log = logging.getLogger("forensicslab.chat.models")
 
 # %% ../../nbs/05c_chat.reliability.ipynb #ddb7041a
-class TransientError(ForensicsLabError):
-    "A failure worth retrying; `retry_after` is the server's requested wait in seconds, if any."
+class TransientError(Retryable):
+    "A failure worth retrying (a `net.Retryable`, message redacted); `retry_after` is the server's requested wait in seconds, if any."
     def __init__(self, message: str, *, status: Optional[int] = None, retry_after: Optional[float] = None):
-        super().__init__(redact(message))
-        self.status, self.retry_after = status, retry_after
+        super().__init__(redact(message), status=status, retry_after=retry_after)
 
 class BackendError(ChatFailure):
     "A call that failed for good (a permanent error, or transient ones beyond the attempt limit)."
@@ -100,67 +98,19 @@ class MissingKeyError(ForensicsLabError, RuntimeError):
 class BudgetExceeded(StopRun, ForensicsLabError):
     "The run's token or cost budget is spent: the run stops cleanly and keeps its finished rows."
 
-def parse_retry_after(headers) -> Optional[float]:
-    "Seconds to wait from `Retry-After` (seconds or HTTP date) or `retry-after-ms`, else None."
-    if not headers: return None
-    get = headers.get
-    ms = get("retry-after-ms") or get("Retry-After-Ms")
-    if ms:
-        try: return max(0.0, float(ms) / 1000)
-        except ValueError: pass
-    ra = get("retry-after") or get("Retry-After")
-    if not ra: return None
-    try: return max(0.0, float(ra))
-    except ValueError: pass
-    try:
-        when = email.utils.parsedate_to_datetime(ra)
-        return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-    except (TypeError, ValueError): return None
-
 # %% ../../nbs/05c_chat.reliability.ipynb #08c2af11
-@dataclass
-class RetryPolicy:
-    "Bounded retries: `max_attempts` in all, exponential backoff from `base_delay`, +-`jitter` fraction."
-    max_attempts: int = 5
-    base_delay: float = 0.5
-    max_delay: float = 30.0
-    jitter: float = 0.25
-    max_retry_after: float = 120.0
-
-    def __post_init__(self):
-        if self.max_attempts < 1: raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-
-    def delay(self, attempt: int, retry_after: Optional[float] = None, rng: random.Random | None = None) -> float:
-        "Seconds to wait after failed attempt number `attempt` (1-based)."
-        if retry_after is not None: return min(retry_after, self.max_retry_after)
-        d = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
-        return d * (1 + self.jitter * (2 * (rng or random).random() - 1))
-
 def call_with_retries(fn: Callable[..., Any], policy: RetryPolicy, *, describe: str = "call",
                       sleep: Callable[[float], None] = time.sleep, model_id: Optional[str] = None,
                       total_timeout: Optional[float] = None, clock: Callable[[], float] = time.monotonic,
                       min_attempt_s: float = 0.5) -> tuple[Any, int]:
-    """Run `fn()` retrying `TransientError`s per `policy`; returns `(result, attempts)` or raises `BackendError`.
-    With `total_timeout`, the attempts and the waits between them share that wall budget: `fn(remaining)`
-    gets the seconds left, and no retry starts once fewer than `min_attempt_s` would remain after the wait."""
-    deadline = None if total_timeout is None else clock() + float(total_timeout)
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            if deadline is None: return fn(), attempt
-            return fn(max(deadline - clock(), 0.0)), attempt
-        except TransientError as e:
-            wait = policy.delay(attempt, e.retry_after)
-            spent = deadline is not None and deadline - clock() - wait < min_attempt_s
-            if attempt == policy.max_attempts or spent:
-                why = f"its {total_timeout:g} s time budget" if spent and attempt < policy.max_attempts else f"{attempt} attempts"
-                raise BackendError(f"{describe} failed after {attempt} attempts (stopped at {why}): {e}",
-                                   status=e.status, attempts=attempt, model_id=model_id) from None
-            log.info("%s: attempt %d failed (%s); retrying in %.2fs", describe, attempt, redact(e), wait)
-            sleep(wait)
-        except BackendError as e:
-            e.attempts = attempt
-            raise
-
+    """Run `fn()` retrying `TransientError`s per `policy` (`fn(seconds_left)` under `total_timeout`); returns
+    `(result, attempts)` or raises `BackendError`."""
+    try: return policy.call(fn, total_timeout=total_timeout, min_attempt_s=min_attempt_s, sleep=sleep, clock=clock,
+                            describe=describe)
+    except RetriesExhausted as e:
+        why = f"its {total_timeout:g} s time budget" if e.out_of_time else f"{e.attempts} attempts"
+        raise BackendError(f"{describe} failed after {e.attempts} attempts (stopped at {why}): {e.last}",
+                           status=getattr(e.last, "status", None), attempts=e.attempts, model_id=model_id) from None
 
 # %% ../../nbs/05c_chat.reliability.ipynb #662c15da
 @dataclass

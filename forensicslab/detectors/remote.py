@@ -7,6 +7,7 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.remote.html.md"""
 # %% ../../nbs/04b_detectors.remote.ipynb #5d604d2d
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import importlib
@@ -15,10 +16,9 @@ import io
 import json
 import os
 import sys
-import threading
 import time
 import warnings
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,16 +26,24 @@ import httpx
 import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from ..core import Detection, ForensicsLabError, ToolCard, jsonable
 from .pool import DISCOVERY_HOOKS, card_from_dict, check_heatmap, get_detector, list_detectors, register
 from ..imageio import MAX_PIXELS, ImageError, ImageSource, ImageTooLarge, LoadedImage, load_image
+from ..net import RetriesExhausted, Retryable, RetryPolicy, Served, parse_retry_after
 
 # %% auto #0
 __all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'LISTEN_BACKLOG', 'IDLE_TIMEOUT_S', 'QUEUE_DEPTH', 'RETRIES',
            'REMOTE_ENV', 'RemoteError', 'DetectRequest', 'DetectResponse', 'Health', 'encode_map', 'decode_map',
-           'image_bytes', 'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request',
-           'DetectorServer', 'make_server', 'serve', 'RemoteDetector', 'register_remote', 'parse_remotes']
+           'image_bytes', 'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request', 'make_server',
+           'serve', 'RemoteDetector', 'register_remote', 'parse_remotes']
 
 # %% ../../nbs/04b_detectors.remote.ipynb #4e7e629c
 PROTOCOL = "1"
@@ -132,11 +140,11 @@ class _Refusal(Exception):
         super().__init__(message)
         self.code, self.message = code, message
 
-def declared_length(headers, limit: int) -> int:
+def declared_length(headers: Headers, limit: int) -> int:
     "The body size a request declares, checked against `limit` before anything is read (raises `_Refusal`)."
-    if headers.get("Transfer-Encoding"):
+    if headers.get("transfer-encoding"):
         raise _Refusal(411, "chunked request bodies are not accepted; send a Content-Length")
-    values = headers.get_all("Content-Length") or []
+    values = headers.getlist("content-length")
     if not values: raise _Refusal(411, "a Content-Length header is required")
     if len(set(v.strip() for v in values)) > 1: raise _Refusal(400, f"conflicting Content-Length headers {values}")
     raw = values[0].strip()
@@ -145,15 +153,15 @@ def declared_length(headers, limit: int) -> int:
     if n > limit: raise _Refusal(413, f"request body of {n} bytes exceeds the limit of {limit}")
     return n
 
-def read_body(rfile, n: int, chunk: int = 2**20) -> bytes:
-    "Exactly `n` bytes from `rfile`, read in chunks; fewer (the client stopped) is a 400 `_Refusal`."
-    buf = bytearray()
+async def read_body(chunks, n: int, timeout: float) -> bytes:
+    "Exactly the `n` declared bytes of an async iterator of chunks, each awaited at most `timeout` s (else a `_Refusal`)."
+    buf, it = bytearray(), aiter(chunks)
     while len(buf) < n:
-        part = rfile.read(min(chunk, n - len(buf)))
+        try: part = await asyncio.wait_for(anext(it, b""), timeout)
+        except asyncio.TimeoutError: raise _Refusal(408, f"request body stalled after {len(buf)} of {n} bytes") from None
         if not part: raise _Refusal(400, f"request body ended after {len(buf)} of the {n} declared bytes")
         buf += part
     return bytes(buf)
-
 
 # %% ../../nbs/04b_detectors.remote.ipynb #198e96ad
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS) -> LoadedImage:
@@ -183,32 +191,13 @@ def parse_request(body: bytes, max_pixels: int = MAX_PIXELS) -> bytes:
 
 
 # %% ../../nbs/04b_detectors.remote.ipynb #32dee77c
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "forensicslab-detector/" + PROTOCOL
-    protocol_version = "HTTP/1.1"
+def _answer(code: int, obj: dict, close: bool = False, headers: dict | None = None) -> JSONResponse:
+    "A JSON answer; `close=True` ends the connection after it (the body may not have been read)."
+    return JSONResponse(obj, code, headers={**(headers or {}), **({"Connection": "close"} if close else {})})
 
-    def setup(self):
-        self.timeout = self.server.idle_timeout  # socket timeout for every read and write on this connection
-        super().setup()
-
-    def log_message(self, fmt, *args):
-        if self.server.verbose: sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
-
-    def _send(self, code: int, obj: dict, headers: dict | None = None):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items(): self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        det = self.server.detector
-        if self.path == "/v1/health":
-            self._send(200, dict(status="ok", protocol=PROTOCOL, detector=det.card.id, version=det.card.version))
-        elif self.path == "/v1/card": self._send(200, det.card.model_dump(mode="json"))
-        else: self._send(404, {"error": f"unknown route {self.path}; routes: /v1/health, /v1/card, /v1/detect"})
+def _routes_error(request: Request, exc: HTTPException) -> JSONResponse:
+    return _answer(exc.status_code, {"error": f"{exc.detail}: {request.method} {request.url.path}; "
+                                              "routes: GET /v1/health, GET /v1/card, POST /v1/detect"})
 
 
 # %% ../../nbs/04b_detectors.remote.ipynb #94910e03
@@ -225,64 +214,45 @@ def _detect_answer(det, img: LoadedImage) -> dict:
                 map=None if hm is None else encode_map(hm), map_shape=None if hm is None else list(hm.shape),
                 runtime_s=round(dt, 4))
 
-def _do_post(self):
-    "`POST /v1/detect`: admission, bounded body, decoding and detection inside the slot, one JSON answer."
-    if self.path != "/v1/detect":
-        return self._send(404, {"error": f"unknown route {self.path}; POST /v1/detect"})
-    srv = self.server
-    try: n = declared_length(self.headers, srv.max_request_bytes)
-    except _Refusal as e:
-        self.close_connection = True
-        return self._send(e.code, {"error": e.message})
-    if not srv.admission.acquire(timeout=srv.idle_timeout):
-        self.close_connection = True
-        return self._send(503, {"error": "server busy: too many requests waiting; retry later"}, {"Retry-After": "1"})
-    try:
-        try: body = read_body(self.rfile, n)
-        except OSError:
-            self.close_connection = True
-            return None  # the client went silent (timeout) or went away mid-body: drop the connection
-        data = parse_request(body, srv.max_pixels)
-        del body
-        with srv.slots:
-            try: answer = _detect_answer(srv.detector, decode_image(data, srv.max_pixels))
-            except _Refusal as e: return self._send(e.code, {"error": e.message})
-            except Exception as e:
-                return self._send(500, {"error": f"detector {srv.detector.card.id} failed: {type(e).__name__}: {e}"})
-        self._send(200, answer)
-    except _Refusal as e:
-        self.close_connection = True
-        self._send(e.code, {"error": e.message})
-    finally:
-        srv.admission.release()
+def _decode_and_detect(det, data: bytes, max_pixels: int) -> JSONResponse:
+    "Inside the slot, in a worker thread: decode, detect, answer (a detector failure is a 500 naming it)."
+    try: return _answer(200, _detect_answer(det, decode_image(data, max_pixels)))
+    except _Refusal as e: return _answer(e.code, {"error": e.message})
+    except Exception as e: return _answer(500, {"error": f"detector {det.card.id} failed: {type(e).__name__}: {e}"})
 
-_Handler.do_POST = _do_post
+async def _post_detect(request: Request) -> JSONResponse:
+    "`POST /v1/detect`: declared size, admission, bounded body, header check, then decoding and detection inside the slot."
+    s = request.app.state
+    try: n = declared_length(request.headers, s.max_request_bytes)
+    except _Refusal as e: return _answer(e.code, {"error": e.message}, close=True)
+    try: await asyncio.wait_for(s.admission.acquire(), s.idle_timeout)
+    except asyncio.TimeoutError:
+        return _answer(503, {"error": "server busy: too many requests waiting; retry later"}, close=True, headers={"Retry-After": "1"})
+    try:
+        data = await run_in_threadpool(parse_request, await read_body(request.stream(), n, s.idle_timeout), s.max_pixels)
+        async with s.slots: return await run_in_threadpool(_decode_and_detect, s.detector, data, s.max_pixels)
+    except _Refusal as e: return _answer(e.code, {"error": e.message}, close=True)
+    except ClientDisconnect: return _answer(400, {"error": "client went away"}, close=True)   # nobody reads it
+    finally: s.admission.release()
 
 
 # %% ../../nbs/04b_detectors.remote.ipynb #875d2377
-class DetectorServer(ThreadingHTTPServer):
-    "A `ThreadingHTTPServer` for one detector, with a configurable listen backlog."
-    daemon_threads = True
-
 def make_server(name: str, host: str = "127.0.0.1", port: int = 0, max_request_bytes: int = MAX_REQUEST_BYTES,
                 concurrency: int = 1, verbose: bool = False, max_pixels: int = MAX_PIXELS,
-                backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S,
-                queue: int = QUEUE_DEPTH) -> DetectorServer:
-    "An HTTP server (not yet serving) for the registered detector `name`; `.server_address` tells the port."
+                backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH) -> Served:
+    "A server (bound, not yet serving) for the registered detector `name`: `.url`, `.start()`, `.serve_forever()`, `.close()`."
     det = get_detector(name)
-    srv = DetectorServer((host, port), _Handler, bind_and_activate=False)
-    srv.request_queue_size = max(1, backlog)
-    try:
-        srv.server_bind()
-        srv.server_activate()
-    except BaseException:
-        srv.server_close()
-        raise
-    srv.detector, srv.max_request_bytes, srv.verbose = det, max_request_bytes, verbose
-    srv.max_pixels, srv.idle_timeout = max_pixels, idle_timeout
-    srv.slots = threading.BoundedSemaphore(max(1, concurrency))
-    srv.admission = threading.BoundedSemaphore(max(1, concurrency) + max(0, queue))
-    return srv
+    card = det.card.model_dump(mode="json")
+    app = Starlette(routes=[
+        Route("/v1/health", lambda r: _answer(200, dict(status="ok", protocol=PROTOCOL, detector=det.card.id, version=det.card.version))),
+        Route("/v1/card", lambda r: _answer(200, card)),
+        Route("/v1/detect", _post_detect, methods=["POST"])], exception_handlers={HTTPException: _routes_error})
+    app.state.detector, app.state.max_request_bytes, app.state.max_pixels = det, max_request_bytes, max_pixels
+    app.state.idle_timeout = idle_timeout
+    app.state.slots = asyncio.Semaphore(max(1, concurrency))
+    app.state.admission = asyncio.Semaphore(max(1, concurrency) + max(0, queue))
+    return Served(app, host, port, backlog=backlog, idle_timeout=idle_timeout, access_log=verbose,
+                  log_level="info" if verbose else "warning")
 
 def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[str] = (),
           max_request_bytes: int = MAX_REQUEST_BYTES, concurrency: int = 1, max_pixels: int = MAX_PIXELS,
@@ -292,43 +262,53 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
     if name not in list_detectors():
         raise SystemExit(f"error: no detector named {name!r}; registered: {', '.join(list_detectors()) or 'none'} "
                          "(use --plugin to import the module that registers it)")
+    if Image.MAX_IMAGE_PIXELS and max_pixels > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels   # once, at start-up: Pillow's own guard must not refuse what --max-mpix allows
     srv = make_server(name, host, port, max_request_bytes, concurrency, verbose=True, max_pixels=max_pixels,
                       backlog=backlog, idle_timeout=idle_timeout, queue=queue)
-    h, p = srv.server_address[:2]
-    print(f"serving {name} on http://{h}:{p} (protocol v{PROTOCOL})", flush=True)
-    try: srv.serve_forever()
-    except KeyboardInterrupt: pass
-    finally: srv.server_close()
+    print(f"serving {name} on {srv.url} (protocol v{PROTOCOL})", flush=True)
+    srv.serve_forever()   # uvicorn stops cleanly on SIGINT or SIGTERM
 
 
 # %% ../../nbs/04b_detectors.remote.ipynb #5c5369fd
-_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+_RETRYABLE = (Retryable, httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 class RemoteDetector:
-    "A detector served over HTTP by `forensicslab serve-detector` (protocol v1)."
+    "A detector served over HTTP by `forensicslab serve-detector` (protocol v1), through one pooled HTTP client."
     def __init__(self, url: str, timeout: float = 60.0, connect_timeout: float = 5.0,
                  max_request_bytes: int = MAX_REQUEST_BYTES, max_response_bytes: int = MAX_RESPONSE_BYTES,
-                 retries: int = RETRIES, backoff_s: float = 0.2, name: str | None = None):
+                 retries: int = RETRIES, backoff_s: float = 0.2, name: str | None = None, retry: RetryPolicy | None = None):
         self.url = url.rstrip("/")
-        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
-        self.max_request_bytes, self.max_response_bytes = max_request_bytes, max_response_bytes
-        self.retries, self.backoff_s, self.attempts = max(0, retries), backoff_s, 0
-        health = self._call("GET", "/v1/health", Health)
-        if health.protocol != PROTOCOL:
-            raise RemoteError(f"{self.url}: server speaks protocol v{health.protocol}, this client speaks v{PROTOCOL}")
-        try: card: ToolCard = card_from_dict(self._call("GET", "/v1/card"), f"{self.url}/v1/card")
-        except ValueError as e: raise RemoteError(str(e)) from None
+        self.max_request_bytes, self.max_response_bytes, self.attempts = max_request_bytes, max_response_bytes, 0
+        self.retry = retry or RetryPolicy(max_attempts=max(0, retries) + 1, base_delay=backoff_s, retry_on=_RETRYABLE)
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=connect_timeout))
+        self._closer = weakref.finalize(self, self._client.close)
+        try:
+            health = self._call("GET", "/v1/health", Health)
+            if health.protocol != PROTOCOL:
+                raise RemoteError(f"{self.url}: server speaks protocol v{health.protocol}, this client speaks v{PROTOCOL}")
+            try: card: ToolCard = card_from_dict(self._call("GET", "/v1/card"), f"{self.url}/v1/card")
+            except ValueError as e: raise RemoteError(str(e)) from None
+        except BaseException:
+            self.close()
+            raise
         self.served_id = card.id
         self.card = card if name is None or name == card.id else card.model_copy(update=dict(id=name))
 
+    def close(self) -> None:
+        "Close the pooled HTTP client (idempotent)."
+        self._closer()
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
     def __repr__(self): return f"RemoteDetector({self.url!r}, id={self.card.id!r})"
 
 
 # %% ../../nbs/04b_detectors.remote.ipynb #947628a1
 def _call_once(self, method: str, url: str, body: bytes | None):
-    "One HTTP exchange: (status, body bytes), the answer read in chunks up to the response limit."
-    with httpx.Client(timeout=self.timeout) as c, \
-         c.stream(method, url, content=body, headers={"Content-Type": "application/json"} if body else None) as r:
+    "One HTTP exchange on the pooled client: (status, body bytes), the answer read in chunks up to the response limit."
+    self.attempts += 1
+    with self._client.stream(method, url, content=body, headers={"Content-Type": "application/json"} if body else None) as r:
         n = int(r.headers.get("Content-Length") or 0)
         if n > self.max_response_bytes:
             raise RemoteError(f"{url}: answer of {n} bytes exceeds the limit of {self.max_response_bytes}")
@@ -337,26 +317,20 @@ def _call_once(self, method: str, url: str, body: bytes | None):
             buf += chunk
             if len(buf) > self.max_response_bytes:
                 raise RemoteError(f"{url}: answer exceeds the limit of {self.max_response_bytes} bytes")
+        if r.status_code == 503:
+            raise Retryable(f"HTTP 503: {bytes(buf[:200]).decode(errors='replace')}", status=503,
+                            retry_after=parse_retry_after(r.headers))
         return r.status_code, buf
 
 def _call(self, method: str, route: str, schema=None, body: bytes | None = None):
-    "A protocol call with retries (connection reset or refused, 503) and exponential backoff; validated answer."
+    "A protocol call under the retry policy (connection reset or refused, 503); validated answer."
     url = self.url + route
-    for attempt in range(self.retries + 1):
-        self.attempts += 1
-        last = attempt == self.retries
-        try: status, buf = _call_once(self, method, url, body)
-        except httpx.TimeoutException as e: raise RemoteError(f"{url}: no answer within the timeout ({type(e).__name__})") from None
-        except _RETRYABLE as e:
-            if last: raise RemoteError(f"{url}: cannot reach the detector server ({type(e).__name__}: {e}; "
-                                       f"{attempt + 1} attempts)") from None
-            time.sleep(self.backoff_s * 2**attempt)
-            continue
-        except httpx.HTTPError as e: raise RemoteError(f"{url}: cannot reach the detector server ({type(e).__name__}: {e})") from None
-        if status == 503 and not last:
-            time.sleep(self.backoff_s * 2**attempt)
-            continue
-        break
+    try: (status, buf), _ = self.retry.call(lambda: _call_once(self, method, url, body), describe=url)
+    except RetriesExhausted as e:
+        why = e.last if isinstance(e.last, Retryable) else f"cannot reach the detector server ({type(e.last).__name__}: {e.last})"
+        raise RemoteError(f"{url}: {why} ({e.attempts} attempts)") from None
+    except httpx.TimeoutException as e: raise RemoteError(f"{url}: no answer within the timeout ({type(e).__name__})") from None
+    except httpx.HTTPError as e: raise RemoteError(f"{url}: cannot reach the detector server ({type(e).__name__}: {e})") from None
     try: obj = json.loads(buf)
     except ValueError: raise RemoteError(f"{url}: HTTP {status}, answer is not JSON: {bytes(buf[:200])!r}") from None
     if status != 200:
