@@ -7,13 +7,20 @@ Docs: https://forensicslab.github.io/forensicslab/chat.testing.html.md"""
 # %% ../../nbs/05d_chat.testing.ipynb #8331972a
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator, Optional, Union
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..net import Served
 
 # %% auto #0
 __all__ = ['Fault', 'Delayed', 'Call', 'ServerURL', 'echo_responder', 'openai_server', 'gemini_server']
@@ -105,82 +112,58 @@ class ServerURL(str):
         "How many chat requests reached the server (faults included)."
         return len(self.calls)
 
-def _make_handler(protocol, responder, url: ServerURL, lock: threading.Lock):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True   # headers and body go out at once (no 40 ms delayed-ACK stall)
-        def log_message(self, *a): pass  # keep test output quiet (and never log headers)
+class _Truncated(Response):
+    "An answer that announces twice its length (plus 10 bytes), sends half and drops the connection."
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
+        # returning with the body unfinished makes uvicorn close the connection
 
-        def _send(self, status: int, body: bytes, headers: dict | None = None, truncate: bool = False):
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            for k, v in (headers or {}).items(): self.send_header(k, str(v))
-            self.send_header("Content-Length", str(len(body) * 2 + 10 if truncate else len(body)))
-            if truncate: self.send_header("Connection", "close")
-            self.end_headers()
-            try:
-                self.wfile.write(body[: len(body) // 2] if truncate else body)
-                self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError): pass  # the client gave up (e.g. its timeout)
-            if truncate: self.close_connection = True
+def _fault_response(protocol, out: Fault, req: dict, path: str, count: int) -> Response:
+    body = out.body
+    if body is None:
+        body = protocol.wrap("x" * 200, req, path, count) if out.status < 400 else protocol.error(out.status, f"injected fault {out.status}")
+    if isinstance(body, dict): body = json.dumps(body)
+    if isinstance(body, str): body = body.encode()
+    if not out.truncate: return Response(body, out.status, headers=out.headers, media_type="application/json")
+    return _Truncated(body, out.status, media_type="application/json",
+                      headers={**out.headers, "content-length": str(len(body) * 2 + 10), "connection": "close"})
 
-        def _json(self, status: int, obj, headers=None):
-            self._send(status, json.dumps(obj).encode(), headers)
-
-        def do_GET(self):
-            if self.path.rstrip("/").endswith("/models"):
-                return self._json(200, {"object": "list", "data": [{"id": "local", "object": "model"}]})
-            self._json(404, protocol.error(404, f"no route {self.path}"))
-
-        def do_POST(self):
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
-            if not protocol.matches(self.path):
-                return self._json(404, protocol.error(404, f"no route {self.path} for the {protocol.name} protocol"))
-            try: req = json.loads(raw or b"{}")
-            except json.JSONDecodeError: return self._json(400, protocol.error(400, "request body is not JSON"))
-            with lock:
-                url.calls.append(Call(self.path, {k.lower(): v for k, v in self.headers.items()}, req))
-                count = len(url.calls)
-            try: out = responder(req)
-            except Exception as e:  # a bug in the responder is a 500 the client will see
-                return self._json(500, protocol.error(500, f"responder raised {type(e).__name__}: {e}"))
-            if isinstance(out, Delayed):
-                time.sleep(out.seconds)
-                out = out.reply
-            if isinstance(out, Fault):
-                if out.delay: time.sleep(out.delay)
-                body = out.body
-                if body is None:
-                    body = protocol.wrap("x" * 200, req, self.path, count) if out.status < 400 else \
-                           protocol.error(out.status, f"injected fault {out.status}")
-                if isinstance(body, dict): body = json.dumps(body)
-                if isinstance(body, str): body = body.encode()
-                return self._send(out.status, body, out.headers, truncate=out.truncate)
-            if isinstance(out, str): return self._json(200, protocol.wrap(out, req, self.path, count))
-            if isinstance(out, dict): return self._json(200, out)
-            self._json(500, protocol.error(500, f"responder returned {type(out).__name__}; expected str, dict, Fault or Delayed"))
-    return Handler
-
+def _app(protocol, responder, calls: list) -> Starlette:
+    "The ASGI app: `GET .../models`, the protocol's chat route, and a protocol-shaped 404 elsewhere."
+    async def endpoint(request: Request) -> Response:
+        path = request.url.path
+        if request.method == "GET":
+            if path.rstrip("/").endswith("/models"): return JSONResponse({"object": "list", "data": [{"id": "local", "object": "model"}]})
+            return JSONResponse(protocol.error(404, f"no route {path}"), 404)
+        raw = await request.body()
+        if not protocol.matches(path): return JSONResponse(protocol.error(404, f"no route {path} for the {protocol.name} protocol"), 404)
+        try: req = json.loads(raw or b"{}")
+        except json.JSONDecodeError: return JSONResponse(protocol.error(400, "request body is not JSON"), 400)
+        calls.append(Call(path, dict(request.headers), req))
+        count = len(calls)
+        try: out = await run_in_threadpool(responder, req)
+        except Exception as e:  # a bug in the responder is a 500 the client will see
+            return JSONResponse(protocol.error(500, f"responder raised {type(e).__name__}: {e}"), 500)
+        if isinstance(out, Delayed):
+            await asyncio.sleep(out.seconds)
+            out = out.reply
+        if isinstance(out, Fault):
+            await asyncio.sleep(out.delay)
+            return _fault_response(protocol, out, req, path, count)
+        if isinstance(out, str): return JSONResponse(protocol.wrap(out, req, path, count))
+        if isinstance(out, dict): return JSONResponse(out)
+        return JSONResponse(protocol.error(500, f"responder returned {type(out).__name__}; expected str, dict, Fault or Delayed"), 500)
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
 
 # %% ../../nbs/05d_chat.testing.ipynb #3c2ad101
 @contextmanager
 def _serve(protocol, responder, suffix: str) -> Iterator[ServerURL]:
-    url_holder: list = []
-    lock = threading.Lock()
-    # bind first to learn the port, then build the URL object the handler logs into
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    srv.daemon_threads, srv.block_on_close = True, False
-    url = ServerURL(f"http://127.0.0.1:{srv.server_address[1]}{suffix}")
-    url.calls = []
-    srv.RequestHandlerClass = _make_handler(protocol, responder, url, lock)
-    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    th.start()
-    try: yield url
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        th.join(timeout=5)
+    calls: list = []
+    with Served(_app(protocol, responder, calls), log_level="critical", shutdown_grace_s=0.5) as served:
+        url = ServerURL(served.url + suffix)
+        url.calls = calls
+        yield url
 
 # %% ../../nbs/05d_chat.testing.ipynb #ea97a456
 def echo_responder(request: dict) -> str:
