@@ -181,6 +181,83 @@ def test_every_strategy_end_to_end_with_concurrency_and_replay(strategy, nc_fixt
         assert per_sample == 1 and rec["converged_round"] is None
 
 
+# ---------- debates in which agents disagree at first and change their minds later ----------
+
+def _last_user(req):
+    "The text of the latest user message of a request."
+    m = [x for x in req["messages"] if x["role"] == "user"][-1]["content"]
+    return m if isinstance(m, str) else " ".join(p.get("text", "") for p in m if isinstance(p, dict))
+
+
+def minds(req):
+    """Debaters that change their minds only for what they read in their latest prompt:
+    `sure` always says misinformation and asks for the date; `late` holds out for one round of debate, then is persuaded
+    by a peer's YES; `reader` is persuaded only by the retrieval module's answer that dates the photo to 2016;
+    `wavering` starts at YES and follows a peer's NO; `no` always says NO."""
+    model, n, last = req["model"], _n_user(req), _last_user(req)
+    peer_yes, peer_no = "misinformation: YES" in last, "misinformation: NO" in last
+    yes = {"sure": True, "no": False, "late": n >= 3 and peer_yes,
+           "reader": "Q: When was the photo taken?" in last and "2016" in last,
+           "wavering": n == 1 or not peer_no}[model.rsplit("#", 1)[-1]]
+    out = {"explanation": f"turn {n}: {'the caption misdates the photograph' if yes else 'nothing contradicts the caption'}"}
+    if _schema(req) == "DisambiguationAnswer":
+        out["questions"] = ["When was the photo taken?"] if model.endswith("sure") else []
+    out["misinformation"] = yes
+    return json.dumps(out)
+
+
+def _answers(r):
+    "(round, agent, kind, answer) of every turn."
+    return [(t.round, t.agent, t.kind, t.answer) for t in r.turns]
+
+
+def test_a_late_mind_change_converges_at_round_two():
+    with openai_server(minds) as url:
+        a, b = get_model(f"openai-compatible:{url}#sure"), get_model(f"openai-compatible:{url}#late")
+        r = run_debate(DebateInput(_sample(), CTX), [a, b], DebateConfig(strategy="async_human", max_rounds=3))
+        assert url.hits == 6                                                          # 2 agents x rounds 0, 1, 2; round 3 never asked
+    assert r.rounds == [{"agent1": True, "agent2": False}, {"agent1": True, "agent2": False}, {"agent1": True, "agent2": True}]
+    assert _answers(r) == [(0, "agent1", "initial", True), (0, "agent2", "initial", False), (1, "agent1", "first", True),
+                           (1, "agent2", "first", False), (2, "agent1", "later", True), (2, "agent2", "later", True)]
+    assert (r.converged_round, r.final, r.unresolved, r.row(label=1)["n_rounds"]) == (2, True, False, 2)
+
+
+def test_the_first_agent_changes_its_mind_and_the_final_answer_follows():
+    "The first agent starts at YES and is persuaded to NO: the final answer is NO (a tie-break by the first agent would say YES)."
+    with openai_server(minds) as url:
+        a, b = get_model(f"openai-compatible:{url}#wavering"), get_model(f"openai-compatible:{url}#no")
+        r = run_debate(DebateInput(_sample(), CTX), [a, b], DebateConfig(strategy="async_ai", max_rounds=3))
+    assert r.rounds == [{"agent1": True, "agent2": False}, {"agent1": False, "agent2": False}]
+    assert _answers(r)[2:] == [(1, "agent1", "first", False), (1, "agent2", "first", False)]
+    assert (r.converged_round, r.final, r.unresolved) == (1, False, False)
+
+
+@pytest.mark.parametrize("strategy", ["async_human", "async_ai", "disambiguation"])
+def test_disagreeing_debaters_end_to_end(strategy, nc_fixture, tmp_path):
+    """Through the study runner, on every pair: a debater persuaded by its peer (`late`, in round 2) and one persuaded
+    only by the retrieval module's answers (`reader`): the disambiguation answers change its mind in round 1, while
+    without them (async_ai) it never moves and the debate ends unresolved."""
+    ds, ix = nc_fixture
+    with openai_server(minds) as url:
+        other = "late" if strategy == "async_human" else "reader"
+        models = [get_model(f"openai-compatible:{url}#sure"), get_model(f"openai-compatible:{url}#{other}")]
+        cfg = DebateConfig(strategy=strategy, max_rounds=3)
+        rows = run_llm_setup(ds, models, cfg, tmp_path / "run", Retriever(ix, cache_dir=tmp_path / "retrieval"), workers=3)
+    assert len(rows) == len(ds) and all(r["status"] == "ok" for r in rows), [r.get("failure") for r in rows]
+    for row in rows:
+        rec = row["record"]
+        agent2 = [t["answer"] for t in rec["turns"] if t["agent"] == "agent2"]
+        if strategy == "async_human":
+            assert (row["converged_round"], agent2, row["pred"], row["unresolved"]) == (2, [False, False, True], 1, False)
+        elif strategy == "disambiguation":
+            assert (row["converged_round"], agent2, row["pred"], row["unresolved"]) == (1, [False, True], 1, False)
+            assert [q["round"] for q in rec["qa"]] == [0, 1] and "2016" in rec["qa"][0]["answer"]   # asked in round 0, answered for round 1
+            assert rec["turns"][2]["round"] == 1 and rec["turns"][3]["answer"] is True
+        else:   # the same reader without answers to its question: unmoved through k = 3 rounds, decided by the first agent
+            assert (row["converged_round"], agent2, row["pred"], row["unresolved"]) == (None, [False] * 4, 1, True)
+            assert len(rec["rounds"]) == 4 and not rec["qa"]
+
+
 def test_judge_sees_no_external_information():
     with openai_server(scripted) as url:
         m = get_model(f"openai-compatible:{url}#yes")
@@ -518,15 +595,31 @@ def _cli(*args, env=None):
                           env={**os.environ, **(env or {})}, timeout=600)
 
 
-def test_debate_pair_offline_shows_sources_and_flags(tmp_path):
+# Captions written for this test, none of them a teaching-set caption: (photo, caption, misinformation?)
+OUT_OF_SAMPLE = [
+    ("astronaut", "Eileen Collins, wearing her orange flight suit, photographed for an official portrait in Houston in 1998.", False),
+    ("astronaut", "Flood water fills a street in Lisbon after the storm of 2019.", True),
+    ("coffee", "Maria Gruber poured the first coffee when the new cafe opened in Vienna in 2015.", False),
+    ("coffee", "Astronaut Eileen Collins poses in her flight suit at the space centre in Houston in 1998.", True),
+]
+
+
+def test_debate_pair_offline_is_out_of_sample_and_shows_sources_and_flags(tmp_path):
+    """The offline `debate pair` scores pairs it was not fitted on: the captions are new (none is a teaching-set pair) and
+    the calibration leaves out every teaching pair of the image's own photograph (it used to fit on all 48 teaching
+    pairs, the scored pair among them)."""
     ts = build_teaching_set(Path(__file__).resolve().parents[1] / ".cache" / "debate" / "teaching")
-    img = ts.samples[0].image_path(ts.root)
-    swap = next(s for s in ts.samples if s.provenance["photo"] == ts.samples[0].provenance["photo"] and s.provenance["kind"] == "swap")
-    r = CliRunner().invoke(debate_app, ["pair", str(img), swap.caption, "--retrieval", "teaching"])
-    assert r.exit_code == 0, r.output
-    assert "sources:" in r.output and "teaching://" in r.output and "offline: rule-based" in r.output
-    assert "final: MISINFORMATION" in r.output and "total cost $0.0000" in r.output
-    r = CliRunner().invoke(debate_app, ["pair", str(img), ts.samples[0].caption])   # no retrieval: no evidence, said so
+    fitted_captions = {s.caption for s in ts.samples}
+    for photo, caption, fake in OUT_OF_SAMPLE:
+        assert caption not in fitted_captions
+        img = next(s for s in ts.samples if s.provenance["photo"] == photo).image_path(ts.root)
+        r = CliRunner().invoke(debate_app, ["pair", str(img), caption, "--retrieval", "teaching"])
+        assert r.exit_code == 0, r.output
+        assert f"calibrated on: the teaching pairs of 7 photographs ({photo} left out: the pair's own)" in r.output, r.output
+        assert "sources:" in r.output and f"teaching://{photo}" in r.output and "offline: rule-based" in r.output
+        assert ("final: MISINFORMATION" if fake else "final: NOT misinformation") in r.output, (caption, r.output)
+        assert "total cost $0.0000" in r.output
+    r = CliRunner().invoke(debate_app, ["pair", str(img), OUT_OF_SAMPLE[0][1]])   # no retrieval: no evidence, said so
     assert r.exit_code == 0 and "final: NO VERDICT (no evidence" in r.output and "sources: none" in r.output
 
 

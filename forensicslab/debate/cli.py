@@ -17,7 +17,7 @@ from ..core import ForensicsLabError, Sample
 from .records import STRATEGIES, DebateConfig, DebateResult
 from .retrieval import LocalIndex, PageHit, make_retriever
 from .data import FETCH, build_teaching_set, fetch_dataset
-from .rules import OfflinePairDebate
+from .rules import OfflinePairDebate, teaching_photos
 from .agents import DebateInput, models_from_spec, run_debate
 from ..imageio import load_image
 from ..chat.cache import CACHE_MODES
@@ -41,8 +41,8 @@ def _retriever(spec: str, cache: Path, chat=None):
         spec = f"local:{build_teaching_set(cache / 'teaching').info['index']}"
     return make_retriever(spec, cache_dir=cache / "retrieval", chat=chat)
 
-def print_result(res: DebateResult, offline: bool) -> None:
-    "The transcript, the sources, the unresolved flag, both scoring conventions and the total cost of one debate."
+def print_result(res: DebateResult, offline: bool, fitted: str = "") -> None:
+    "The transcript, the sources, the unresolved flag, both scoring conventions and the total cost of one debate (`fitted`: what the offline debaters were calibrated on)."
     for t in res.turns:
         verdict = "" if t.answer is None else ("misinformation" if t.answer else "not misinformation")
         typer.echo(f"[round {t.round}] {t.agent} ({t.kind}) {verdict}: {t.failure or t.explanation}")
@@ -53,6 +53,7 @@ def print_result(res: DebateResult, offline: bool) -> None:
     if offline:
         typer.echo("offline: rule-based context and entities debaters calibrated on the teaching set; a baseline that shows "
                    "the protocol, not a fact-checker (use --backend SPEC for the paper's LLM debate)")
+        if fitted: typer.echo(f"calibrated on: {fitted}")
         if res.failure: typer.echo(f"note: {res.failure}")
     if res.final is None:
         typer.echo(f"\nfinal: NO VERDICT ({res.failure or 'no answer'}); total cost ${res.cost_usd:.4f}")
@@ -96,14 +97,17 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
             ctx = retr.retrieve(image) if retr else None
             sample_ = Sample(id=image.stem, image=str(image.resolve()), caption=caption, label=0)
             if models is None:
-                res = OfflinePairDebate(folder, max_rounds=rounds).debate(image.stem, caption, ctx)
+                held_out = teaching_photos(ctx)  # the pair's own photograph stays out of the fit: scored out of sample
+                op = OfflinePairDebate(folder, max_rounds=rounds, exclude_photos=sorted(held_out))
+                res = op.debate(image.stem, caption, ctx)
+                fitted = f"the teaching pairs of {len(op.photos)} photographs" + (f" ({', '.join(sorted(held_out))} left out: the pair's own)" if held_out else "")
             else:
                 res = run_debate(DebateInput(sample_, ctx), models, cfg)
     except (ForensicsLabError, ValueError, ImportError) as e: _fail(e)
     if as_json:
         typer.echo(res.model_dump_json(indent=2))
         return
-    print_result(res, offline=models is None)
+    print_result(res, offline=models is None, fitted=fitted if models is None else "")
     if res.status == "failed":
         typer.echo(f"FAILED: {res.failure}", err=True)
         raise typer.Exit(1)

@@ -27,7 +27,8 @@ from .judge import check_convergence, settle
 # %% auto #0
 __all__ = ['ENTITY_FEATURES', 'OFFLINE_METHODS', 'PROTOCOLS', 'Argument', 'EvidenceDebater', 'evidence_debate',
            'caption_entities', 'entity_features', 'clip_consistency', 'TextEncoder', 'OfflineError', 'ViewCalibration',
-           'fit_threshold', 'OfflineViews', 'predict', 'verite_views', 'teaching_views', 'OfflinePairDebate']
+           'fit_threshold', 'OfflineViews', 'predict', 'verite_views', 'teaching_views', 'OfflinePairDebate',
+           'teaching_photos']
 
 # %% ../../nbs/07d_debate.rules.ipynb #745245de
 @dataclass
@@ -350,3 +351,9 @@ class OfflinePairDebate:
             res.final, res.converged_round, res.unresolved = None, None, True
             res.failure = "no evidence: retrieval found no page for this image, so there is no verdict"
         return res
+
+# %% ../../nbs/07d_debate.rules.ipynb #499466cd
+def teaching_photos(context) -> set[str]:
+    "The teaching photographs a `RetrievalResult` (or None) found: the `<photo>` of its `teaching://<photo>` pages."
+    if context is None: return set()
+    return {p.url.removeprefix("teaching://") for p in context.pages if p.url.startswith("teaching://")}
