@@ -16,7 +16,7 @@ def _system(path: str) -> str:
     if path.startswith("studies/"):
         return {"detectors": "triage"}.get(stem.split("_")[0], stem.split("_")[0])   # the pool's studies sit with triage
     mod = stem.split("_", 1)[1]
-    return mod.split(".")[0] if "." in mod else ("cli" if mod == "cli" else "spine")
+    return mod.split(".")[0] if "." in mod else ("cli" if mod in ("cli", "main") else "spine")   # main: python -m forensicslab
 
 
 def course_links() -> list[tuple[str, str]]:
