@@ -53,6 +53,7 @@ site: $(COURSE)
 	$(BIN)/python scripts/build_site.py
 
 demo: install
+	$(BIN)/forensicslab bench build --publish outputs/bench
 	$(BIN)/forensicslab reproduce
 	@echo "Tables, figures and executed notebooks are in $(CURDIR)/outputs/"
 	@echo "To type forensicslab commands in this shell: source $(VENV)/bin/activate"

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from .bench import (COLLECTIONS, IMAGE_FAMILIES, _TRAIN_FAKE, _TRAIN_REAL, BenchSizes, bench_info, default_root,
+from .bench import (publish_card, COLLECTIONS, IMAGE_FAMILIES, _TRAIN_FAKE, _TRAIN_REAL, BenchSizes, bench_info, default_root,
                                      ensure_bench, load_bench)
 
 
@@ -34,6 +34,8 @@ def build_cmd(out: Optional[Path] = typer.Option(None, "--out", help="Output fol
               image: int = typer.Option(256, help="Image side in pixels (multiple of 8)."),
               tiny: bool = typer.Option(False, help="A few images per group (a smoke build)."),
               force: bool = typer.Option(False, help="Rebuild even when a benchmark is there."),
+              publish: Optional[Path] = typer.Option(None, help="Also copy the card, bench.json and contact sheets here "
+                                                             "(the reference copy is outputs/bench)."),
               root: Optional[Path] = typer.Option(None, "--root", hidden=True, help="Deprecated spelling of --out.")):
     "Build the benchmark (cached: does nothing when the same build is there), then print time and counts."
     root = out or root
@@ -49,6 +51,7 @@ def build_cmd(out: Optional[Path] = typer.Option(None, "--out", help="Output fol
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     _print_info(r, time.time() - t0)
+    if publish: typer.echo(f"card, bench.json and contact sheets copied to {publish_card(r, publish)}")
 
 def _print_info(r: Path, elapsed: Optional[float] = None):
     info = bench_info(r)
