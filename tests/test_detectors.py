@@ -234,9 +234,9 @@ def test_cache_hit(doubles, tmp_path):
     assert type(D.get_detector("t_map")).calls == calls, "cache hit must not run the detector again"
     assert b["t_map"].score == a["t_map"].score and np.array_equal(b["t_map"].heatmap, a["t_map"].heatmap)
     assert b["t_raise"].status == "error"
-    files = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
     ver = D.cache_version(D.get_detector("t_map"))
-    assert ver.startswith("1-") and files == [f"t_map@v{ver}@s2048.{x}" for x in ("json", "npz", "png")], files
+    entries = list(D.DetectionCache(tmp_path / "c").store)
+    assert ver.startswith("1-") and entries == [f"{D.image_key(D.load_image(img))}/t_map@v{ver}@s2048"], entries  # no error cached
     # different compression history, same pixels -> different key
     Image.fromarray(img).save(tmp_path / "x.png")
     c = D.run_pool(tmp_path / "x.png", ["t_map"], cache=tmp_path / "c")
@@ -245,6 +245,21 @@ def test_cache_hit(doubles, tmp_path):
     D.get_detector("t_map").cache_salt = "retrained"; D._FINGERPRINTS.clear()
     D.run_pool(img, ["t_map"], cache=tmp_path / "c")
     assert type(D.get_detector("t_map")).calls == calls + 2
+
+
+def test_cache_entries_are_exact_shared_and_corruption_is_a_miss(tmp_path):
+    "Issue 25: the diskcache-backed cache returns the exact heatmap, is shared by threads, and a corrupt entry is a miss."
+    from concurrent.futures import ThreadPoolExecutor
+    from forensicslab.core import Detection
+    c = D.DetectionCache(tmp_path / "c")
+    hm = np.random.default_rng(0).random((37, 53)).astype(np.float32)
+    d = Detection(detector="x", version="1", status="ok", score=0.75, fired=True, raw={"p": 0.75}, heatmap=hm)
+    with ThreadPoolExecutor(8) as ex: list(ex.map(lambda i: c.put(f"k{i % 4}", d, 2048), range(64)))
+    got = D.DetectionCache(tmp_path / "c").get("k3", "x", "1", 2048)       # another instance: what another process sees
+    assert got.score == 0.75 and got.raw == {"p": 0.75} and got.heatmap.dtype == np.float32 and np.array_equal(got.heatmap, hm)
+    assert c.get("k3", "x", "2", 2048) is None and c.get("k3", "x", "1", None) is None and len(c.store) == 4
+    c.store.set(c.entry("k0", "x", "1", 2048), b"not an npz")
+    assert c.get("k0", "x", "1", 2048) is None
 
 
 def test_tiny_grey_and_huge_images(doubles, tmp_path):

@@ -292,7 +292,9 @@ class _Flaky(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
     def _send(self, code, obj):
         b = json.dumps(obj).encode()
-        self.send_response(code); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+        self.send_response(code); self.send_header("Content-Length", str(len(b)))
+        if code == 503 and getattr(self.server, "retry_after", None): self.send_header("Retry-After", self.server.retry_after)
+        self.end_headers(); self.wfile.write(b)
     def handle(self):
         srv = self.server
         with srv.lock:
@@ -331,6 +333,63 @@ def test_client_retries_resets_and_busy(resets, busy):
             RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}", backoff_s=0.01)
     finally:
         srv.shutdown(); srv.server_close()
+
+
+def test_client_honours_retry_after_and_names_the_503():
+    "Issue 25: one retry policy (net.RetryPolicy): a 503's Retry-After is the wait, and a lasting 503 is named with the attempts."
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    srv.lock, srv.seen, srv.resets, srv.busy, srv.retry_after = threading.Lock(), 0, 0, 1, "0.6"
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rd = RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}", backoff_s=0.01)
+        t0 = time.perf_counter()
+        assert rd.detect(np.zeros((8, 8, 3), np.uint8)).score == 0.7
+        assert 0.6 <= time.perf_counter() - t0 < 3, "the server's Retry-After (0.6 s) is the wait, not the 0.01 s backoff"
+        srv.busy, srv.retry_after = 10, None
+        with pytest.raises(RemoteError, match=r"HTTP 503.*busy.*\(2 attempts\)"):
+            RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}", backoff_s=0.01, retries=1).detect(np.zeros((8, 8, 3), np.uint8))
+    finally:
+        srv.shutdown(); srv.server_close()
+
+
+def test_stalled_body_gets_408_within_the_idle_timeout(probe_server):
+    "A client that declares 1000 bytes, sends 15 and goes silent is answered 408 and disconnected after the 1 s idle timeout."
+    _, url = probe_server
+    t0 = time.perf_counter()
+    out = _raw(url, _post_head("1000"), b'{"image": "AAAA', wait=10)
+    assert out.split(b"\r\n")[0].split()[1] == b"408", out[:200]
+    assert b"connection: close" in out.lower() and time.perf_counter() - t0 < 6
+
+
+def test_admission_and_slot_limits_hold_in_a_second_process(tmp_path):
+    """--concurrency 1 --queue 0: while one detection holds the only slot, a second request waits the idle timeout
+    (1 s) for admission and is refused with 503 and Retry-After; the first still gets its answer."""
+    (tmp_path / "trufor_sim.py").write_text(TRUFOR_SIM)
+    p, url = _start([sys.executable, "-m", "forensicslab.detectors.cli", "trufor", "--plugin", str(tmp_path / "trufor_sim.py"),
+                     "--port", "0", "--concurrency", "1", "--queue", "0", "--idle-timeout", "1"])
+    try:
+        buf = __import__("io").BytesIO(); Image.fromarray(np.full((17, 17, 3), 128, np.uint8)).save(buf, format="PNG")
+        slow = {"image": base64.b64encode(buf.getvalue()).decode()}        # 17 px wide: the detector sleeps 5 s
+        first = {}
+        th = threading.Thread(target=lambda: first.update(r=httpx.post(url + "/v1/detect", json=slow, timeout=30)))
+        th.start(); time.sleep(0.5)
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/detect", json=slow, timeout=30)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1" and "busy" in r.json()["error"]
+        assert 0.9 <= time.perf_counter() - t0 < 4
+        th.join(30)
+        assert first["r"].status_code == 200 and first["r"].json()["detector"] == "trufor"
+    finally:
+        p.terminate(); p.wait(10)
+
+
+def test_one_pooled_connection_per_endpoint(trufor_server, tmp_path):
+    "Issue 25: a RemoteDetector reuses one keep-alive connection for all its calls, and close() releases it."
+    img = photo_jpeg(tmp_path / "k.jpg")
+    with RemoteDetector(trufor_server) as rd:
+        for _ in range(4): assert rd.detect(img).status == "ok"
+        assert rd.attempts == 6 and len(rd._client._transport._pool.connections) == 1
+    assert rd._client.is_closed
 
 
 def test_load_memory_bounded_and_nothing_lost(tmp_path):

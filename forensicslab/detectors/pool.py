@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+import diskcache
 import numpy as np
 import yaml
 from PIL import Image, ImageDraw, ImageFont
@@ -286,39 +288,38 @@ def _detector_max_side(det, max_side) -> Optional[int]:
 
 # %% ../../nbs/04_detectors.pool.ipynb #51db0758
 class DetectionCache:
-    "On-disk cache of detections: `<root>/<key[:2]>/<key>/<id>@v<version>@s<max_side>.json` (+ `.npz`/`.png` heatmap)."
-    def __init__(self, root: str | Path):
+    """Detections on disk through `diskcache` (an SQLite index, large values in files; thread- and process-safe), one
+    entry `<key>/<id>@v<version>@s<max_side>` per detection: an `.npz` blob of its JSON and its exact float32 heatmap."""
+    def __init__(self, root: str | Path, size_limit_gb: Optional[float] = None):
         self.root = Path(root)
+        self.store = diskcache.Cache(str(self.root), size_limit=int((size_limit_gb or 0) * 2**30),
+                                     eviction_policy="least-recently-stored" if size_limit_gb else "none")
 
-    def _base(self, key: str, det_id: str, version: str, max_side) -> str:
-        name = re.sub(r"[^\w.-]", "_", det_id) + "@v" + re.sub(r"[^\w.-]", "_", str(version)) + \
-               ("@full" if max_side is None else f"@s{max_side}")
-        return str(self.root / key[:2] / key / name)
+    @staticmethod
+    def entry(key: str, det_id: str, version: str, max_side=None) -> str:
+        "The entry name of one detection."
+        return f"{key}/{det_id}@v{version}@" + ("full" if max_side is None else f"s{max_side}")
 
     def get(self, key, det_id, version, max_side=None) -> Optional[Detection]:
         "The cached detection, or `None` (a corrupt entry counts as a miss)."
-        base = self._base(key, det_id, version, max_side)
-        js = Path(base + ".json")
-        if not js.is_file(): return None
+        blob = self.store.get(self.entry(key, det_id, version, max_side))
+        if blob is None: return None
         try:
-            d = Detection.model_validate_json(js.read_text())
-            npz = Path(base + ".npz")
-            if npz.is_file():
-                with np.load(npz) as z: d.heatmap = z["heatmap"].astype(np.float32)
+            with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+                d = Detection.model_validate_json(z["detection"].tobytes())
+                if "heatmap" in z: d.heatmap = z["heatmap"]
             return d
         except Exception: return None
 
-    def put(self, key, det: Detection, max_side=None, version: str | None = None) -> Path:
-        "Store an `ok` detection (under `version`, default the detection's); returns the JSON path."
-        base = self._base(key, det.detector, version or det.version, max_side)
-        Path(base).parent.mkdir(parents=True, exist_ok=True)
-        if det.heatmap is not None:
-            np.savez_compressed(base + ".npz", heatmap=det.heatmap.astype(np.float32))
-            Image.fromarray(jet(det.heatmap)).save(base + ".png")
-        tmp = Path(base + ".json.tmp")
-        tmp.write_text(det.model_dump_json(indent=1))
-        tmp.replace(base + ".json")
-        return Path(base + ".json")
+    def put(self, key, det: Detection, max_side=None, version: str | None = None) -> str:
+        "Store an `ok` detection (under `version`, default the detection's); returns its entry name."
+        arrays = {"detection": np.frombuffer(det.model_dump_json().encode(), np.uint8)}
+        if det.heatmap is not None: arrays["heatmap"] = np.asarray(det.heatmap, np.float32)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        name = self.entry(key, det.detector, version or det.version, max_side)
+        self.store.set(name, buf.getvalue())
+        return name
 
 _FINGERPRINTS: dict[int, tuple[Any, str]] = {}  # id(detector) -> (detector, version); holding it keeps the id unique
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -51,14 +50,14 @@ class Evidence:
             if n not in self._cards: self._cards[n] = self.D.get_card(n)
         return {n: self._cards[n] for n in names}
 
-    def facts_path(self, key: str, detections: dict[str, Detection]) -> Path:
-        "Where the facts of an image are cached: keyed by the image, the exact detections they were measured on and `FACTS_VERSION`."
+    def facts_key(self, key: str, detections: dict[str, Detection]) -> str:
+        "The cache entry of an image's facts: keyed by the image, the exact detections they were measured on and `FACTS_VERSION`."
         h = hashlib.sha1(f"facts-v{FACTS_VERSION}".encode())
         for k in sorted(detections):
             d = detections[k]
             h.update(f"{k}|{d.status}|{d.score}".encode())
             if d.heatmap is not None: h.update(np.ascontiguousarray(d.heatmap, np.float32).tobytes())
-        return self.cache.root / key[:2] / key / f"triage_facts-{h.hexdigest()[:12]}.json"
+        return f"{key}/triage_facts-{h.hexdigest()[:12]}"
 
     def __call__(self, image_path: str | Path) -> tuple[LoadedImage, dict[str, Detection], dict[str, ToolCard], CaseFacts]:
         "Image, detections, cards and facts of one image (computed once, then read from the caches)."
@@ -71,17 +70,12 @@ class Evidence:
         dets = self.D.run_pool(img, self.detectors, timeout=self.timeout, cache=self.cache)
         cards = self.cards(dets)
         key = self.D.image_key(img)
-        fp = self.facts_path(key, dets)
-        facts = None
-        if fp.is_file():
-            try: facts = CaseFacts.model_validate_json(fp.read_text())
-            except Exception: facts = None
+        fk = self.facts_key(key, dets)    # stored beside the detections, in the same diskcache
+        try: facts = CaseFacts.model_validate_json(self.cache.store.get(fk) or "")
+        except ValueError: facts = None
         if facts is None:
             facts = measure_facts(img, dets, cards)
-            fp.parent.mkdir(parents=True, exist_ok=True)
-            tmp = fp.with_name(f".{fp.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # concurrent writers never share a temp file
-            tmp.write_text(facts.model_dump_json())
-            tmp.replace(fp)
+            self.cache.store.set(fk, facts.model_dump_json())
         out = (img, dets, cards, facts)
         with self._lock:
             self._mem[p] = out
