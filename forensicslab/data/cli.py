@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
+from ..core import ForensicsLabError
 from .bench import (publish_card, COLLECTIONS, IMAGE_FAMILIES, _TRAIN_FAKE, _TRAIN_REAL, BenchSizes, bench_info, default_root,
                                      ensure_bench, load_bench)
 
 
 # %% auto #0
-__all__ = ['bench_app', 'data_app', 'build_cmd', 'info_cmd', 'data_group', 'fetch_cmd']
+__all__ = ['bench_app', 'FETCHERS', 'data_app', 'build_cmd', 'info_cmd', 'register_fetcher', 'data_group', 'fetch_cmd']
 
 # %% ../../nbs/03c_data.cli.ipynb #17d422a0
 bench_app = typer.Typer(help="The offline forgery benchmark: build it, inspect it.", no_args_is_help=True)
@@ -73,23 +74,29 @@ def info_cmd(root: Optional[Path] = typer.Option(None, help="Benchmark folder (d
     _print_info(r)
 
 # %% ../../nbs/03c_data.cli.ipynb #ba14b15a
-data_app = typer.Typer(help="Datasets: download the public files of the out-of-context benchmarks.", no_args_is_help=True)
+FETCHERS: dict[str, Callable[..., Path]] = {}
+
+def register_fetcher(name: str, fetch: Callable[..., Path]) -> None:
+    "Make `forensicslab data fetch NAME` call `fetch(out, base_url=, force=, log=)` (a study package registers its datasets)."
+    FETCHERS[name] = fetch
+
+data_app = typer.Typer(help="Datasets: download the public files of the benchmarks the study packages register.", no_args_is_help=True)
 
 @data_app.callback()
 def data_group():
-    "Datasets: download the public files of the out-of-context benchmarks."
+    "Datasets: download the public files of the benchmarks the study packages register."
 
 @data_app.command("fetch")
-def fetch_cmd(name: str = typer.Argument(..., help="verite or newsclippings."),
+def fetch_cmd(name: str = typer.Argument(..., help="A dataset a study package registered (an unknown name lists them)."),
               out: Optional[Path] = typer.Option(None, "--out", help="Destination folder (default: $FORENSICSLAB_<NAME> or data/<name>)."),
               base_url: Optional[str] = typer.Option(None, help="Download from this base URL instead of the authors' repository."),
               force: bool = typer.Option(False, help="Download again even when the files are there."),
               root: Optional[Path] = typer.Option(None, "--root", hidden=True, help="Deprecated spelling of --out.")):
     "Download dataset NAME's public files (annotations, embeddings) into data/NAME."
-    root = out or root
-    from forensicslab.core import ForensicsLabError
-    from forensicslab.debate.data import fetch_dataset
-    try: r = fetch_dataset(name, root, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
+    try:
+        if name not in FETCHERS:
+            raise ForensicsLabError(f"no download for {name!r}; fetchable: {', '.join(FETCHERS) or 'none registered'}")
+        r = FETCHERS[name](out or root, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
     except ForensicsLabError as e:
         typer.echo(f"error: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(2)

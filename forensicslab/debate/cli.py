@@ -8,6 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/debate.cli.html.md"""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -22,10 +23,11 @@ from .agents import DebateInput, models_from_spec, run_debate
 from ..imageio import load_image
 from ..chat.cache import CACHE_MODES
 from ..chat.cli import cache_root
+from ..data.cli import register_fetcher
 from ..runs import cache_dir as runs_cache_dir
 
 # %% auto #0
-__all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd', 'debate_fetch_cmd']
+__all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd']
 
 # %% ../../nbs/07g_debate.cli.ipynb #0a0f27cd
 debate_app = typer.Typer(help="MAD-Sherlock debate: debate one image-caption pair, or build a local retrieval index.",
@@ -135,12 +137,4 @@ def debate_index_cmd(sources: Path = typer.Argument(..., help="JSONL: one {image
     typer.echo(f"indexed {len(ix)} images ({sum(map(len, by_image.values()))} pages) -> {out}")
 
 # %% ../../nbs/07g_debate.cli.ipynb #11ef4b30
-@debate_app.command("fetch")
-def debate_fetch_cmd(name: str = typer.Argument(..., help=f"One of: {', '.join(FETCH)}."),
-                     out: Optional[Path] = typer.Option(None, "--out", help="Destination folder (default: $FORENSICSLAB_<NAME> or data/<name>)."),
-                     base_url: Optional[str] = typer.Option(None, help="Download from this base URL instead of the authors' repository."),
-                     force: bool = typer.Option(False, help="Download again even when the files are there.")):
-    "Download dataset NAME's public files (annotations, embeddings) into data/NAME."
-    try: r = fetch_dataset(name, out, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
-    except ForensicsLabError as e: _fail(e)
-    typer.echo(f"{name}: {r}")
+for _name in FETCH: register_fetcher(_name, partial(fetch_dataset, _name))

@@ -103,7 +103,7 @@ def dataset_root(name: str, root: str | Path | None = None) -> Path:
         if p.is_dir(): return p
         tried.append(str(p))
     raise MissingData(tried[0] if tried else name, name, f"a folder at one of: {', '.join(tried)}",
-                      DOWNLOADS.get(name, "") + ("\n  Or: forensicslab debate fetch " + name if name in FETCH_NAMES else ""))
+                      DOWNLOADS.get(name, "") + ("\n  Or: forensicslab data fetch " + name if name in FETCH_NAMES else ""))
 
 def _need(path: Path, name: str) -> Path:
     if not path.exists(): raise MissingData(path, name, f"{path.name} in {path.parent}", DOWNLOADS[name])
