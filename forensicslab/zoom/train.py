@@ -495,7 +495,6 @@ class ZoomGRPOTrainer(GRPOTrainer):
             ids, tool_images = drop_cut_crops(ids, tool_images, [*self.eos_token_ids, pad], self._image_pad_token_id, pad)
         return mask, comps, ids, logprobs, calls, fails, tool_images
 
-
 # %% ../../nbs/08g_zoom.train.ipynb #c5af0748
 def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int = 5):
     "A `datasets.Dataset` with `prompt`, `image` (PIL) and `sample` (JSON) columns for GRPO."
