@@ -676,3 +676,18 @@ def test_hf_regex_constrained_zoom_turns_are_well_formed(tmp_path):
         assert a.kind != "invalid" or "must satisfy x2 > x1" in a.error, (r.text, a.error)
     free = get_model(f"hf:{folder}", device="cpu", structured="prompt")   # no grammar: the same weights write no turn
     assert parse_action(free.chat("turn 0", regex=turn_pattern(), temperature=1.0, seed=0, max_tokens=60).text).kind == "invalid"
+
+
+def test_one_pooled_client_per_endpoint():
+    """Issue 25: every backend on one endpoint shares one SDK client (one connection pool), whatever the per-call
+    timeout (the Gemini backend used to build a client per timeout, i.e. nearly one per call under a time budget)."""
+    from forensicslab.chat.backends import close_clients
+    with openai_server(scripted(GOOD)) as url, gemini_server(scripted(GOOD)) as gurl:
+        a, b = oai(url, timeout=7.0), oai(url, timeout=3.0)
+        g1, g2 = gem(gurl, timeout=9.0), gem(gurl, timeout=2.5)
+        assert a.backend.client is b.backend.client and g1.backend.client is g2.backend.client
+        for m in (a, b, g1, g2): assert m.chat("hi", schema=Verdict).parsed.verdict == "manipulated"
+        assert gem(gurl, timeout=1.2).backend.client is g1.backend.client
+        close_clients()
+        assert oai(url).backend.client is not a.backend.client      # a closed client is never handed out again
+        assert oai(url).chat("again", schema=Verdict).parsed.verdict == "manipulated"

@@ -7,6 +7,7 @@ Docs: https://forensicslab.github.io/forensicslab/chat.backends.html.md"""
 # %% ../../nbs/05a_chat.backends.ipynb #06266cd8
 from __future__ import annotations
 
+import atexit
 import base64
 import functools
 import hashlib
@@ -16,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from PIL import Image
@@ -32,9 +33,10 @@ from .reliability import (BackendError, MissingKeyError, TransientError, parse_r
 # %% auto #0
 __all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'extra_for', 'ImagePart', 'image_part', 'Prepared',
            'as_messages', 'prepare_messages', 'Completion', 'Capabilities', 'schema_json', 'schema_instruction',
-           'with_schema_instruction', 'grammar_schema', 'free_text_cap', 'Backend', 'OpenAIBackend', 'GeminiBackend',
-           'resolve_device', 'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint',
-           'grammar_available', 'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
+           'with_schema_instruction', 'grammar_schema', 'free_text_cap', 'Backend', 'shared_client', 'close_clients',
+           'OpenAIBackend', 'GeminiBackend', 'resolve_device', 'load_processor', 'UnsafeWeightsError',
+           'check_safe_weights', 'gguf_checkpoint', 'grammar_available', 'grammar_parser', 'json_prefix_fn',
+           'regex_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #0a1e7a02
 OPTIONAL_EXTRAS = {"openai": "api", "google": "api", "transformers": "train", "peft": "train", "trl": "train",
@@ -296,6 +298,28 @@ def _key_from_env(names: tuple[str, ...], explicit: Optional[str], what: str) ->
                           f"(or pass api_key=... to get_model)")
 
 
+# %% ../../nbs/05a_chat.backends.ipynb #cde6fa23
+_SDK_CLIENTS: dict[tuple, Any] = {}
+_SDK_LOCK = threading.Lock()
+
+def shared_client(kind: str, endpoint: Optional[str], key: str, make: Callable[[], Any]) -> Any:
+    "The one SDK client for `(kind, endpoint, key)`, made by `make()` on first use and shared by every backend."
+    k = (kind, endpoint or "", hashlib.sha256(key.encode()).hexdigest())
+    with _SDK_LOCK:
+        if k not in _SDK_CLIENTS: _SDK_CLIENTS[k] = make()
+        return _SDK_CLIENTS[k]
+
+def close_clients() -> None:
+    "Close every shared SDK client (their connection pools); the next backend call makes a new one."
+    with _SDK_LOCK:
+        clients = list(_SDK_CLIENTS.values())
+        _SDK_CLIENTS.clear()
+    for c in clients:
+        try: c.close()
+        except Exception: pass   # a client whose pool is already gone
+
+atexit.register(close_clients)
+
 # %% ../../nbs/05a_chat.backends.ipynb #27716c67
 _REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
 
@@ -334,7 +358,8 @@ class OpenAIBackend(Backend):
         else:
             key = api_key or os.environ.get("OPENAI_COMPATIBLE_API_KEY") or "not-needed"
             register_secret(key if key != "not-needed" else None)
-        self.client, self.timeout = openai.OpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout), timeout
+        self.client = shared_client(provider, base_url, key, lambda: openai.OpenAI(api_key=key, base_url=base_url, max_retries=0))
+        self.timeout = timeout
         self.PARAMS = Backend.PARAMS + ("reasoning_effort", "extra_body")
 
     @property
@@ -390,8 +415,7 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
 def complete(self: OpenAIBackend, messages, schema, params, timeout) -> Completion:
     "One attempt through the official client; usage is None where the server reported none."
     kw = self.request(messages, schema, params)
-    client = self.client if timeout == self.timeout else self.client.with_options(timeout=timeout)
-    try: r = client.chat.completions.create(**kw)
+    try: r = self.client.chat.completions.create(**kw, timeout=timeout)
     except Exception as e:
         err = _openai_error(e, self.model_id)
         if err is e: raise
@@ -430,10 +454,8 @@ class GeminiBackend(Backend):
         self.structured = _check_structured(structured)
         self.default_concurrency, self._types = concurrency, types
         key = _key_from_env(("GEMINI_API_KEY", "GOOGLE_API_KEY"), api_key, f"gemini:{model}")
-        self._clients: dict[float, Any] = {}
-        self._make = lambda t: genai.Client(api_key=key, http_options=types.HttpOptions(
-            base_url=base_url, timeout=int(t * 1000)))
-        self._lock = threading.Lock()
+        self.client = shared_client("gemini", base_url, key, lambda: genai.Client(
+            api_key=key, http_options=types.HttpOptions(base_url=base_url)))
         self.PARAMS = Backend.PARAMS + ("thinking_budget",)
 
     @property
@@ -444,15 +466,6 @@ class GeminiBackend(Backend):
     def effective_structured(self) -> str:
         "`auto` and `constrained` are the API's own JSON-schema mode."
         return "json_schema" if self.structured in ("auto", "constrained") else self.structured
-
-    def _client(self, timeout: float):
-        t = max(round(float(timeout), 1), 0.1)    # one client per timeout, to a tenth of a second
-        with self._lock:
-            if t not in self._clients:
-                if len(self._clients) > 64: self._clients.clear()
-                self._clients[t] = self._make(t)
-            return self._clients[t]
-
 
 # %% ../../nbs/05a_chat.backends.ipynb #00e130p1
 @patch
@@ -485,7 +498,8 @@ def complete(self: GeminiBackend, messages, schema, params, timeout) -> Completi
     from google.genai import errors
     if schema is not None and self.effective_structured() == "json_object": messages = with_schema_instruction(messages, schema)
     contents, config = self.request(messages, schema, params)
-    try: r = self._client(timeout).models.generate_content(model=self.model, contents=contents, config=config)
+    config.http_options = self._types.HttpOptions(timeout=max(int(timeout * 1000), 100))   # this request's timeout
+    try: r = self.client.models.generate_content(model=self.model, contents=contents, config=config)
     except errors.APIError as e:
         resp = getattr(e, "response", None)
         ra = parse_retry_after(getattr(resp, "headers", None))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Optional, Union
 
+import json_repair
 import yaml
 from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
@@ -82,67 +83,16 @@ def parse_spec(spec: Union[str, dict, ModelSpec]) -> ModelSpec:
 
 # %% ../../nbs/05_chat.models.ipynb #9acc40ea
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)(?:```|$)", re.S)
-_WORDS = {"True": "true", "False": "false", "None": "null", "true": "true", "false": "false", "null": "null"}
-
-def _close(out: list[str], stack: list[str]) -> str:
-    s = "".join(out).rstrip()
-    while s and s[-1] in ",:":
-        if s[-1] == ":":  # a key without a value: drop the key too
-            s = s[:-1].rstrip()
-            if s.endswith('"'):
-                i = s.rfind('"', 0, len(s) - 1)
-                s = s[:i].rstrip() if i >= 0 else s
-        else:
-            s = s[:-1].rstrip()
-    return s + "".join(reversed(stack))
+_DANGLING = re.compile(r',?\s*"[^"\\]*"\s*:\s*$')   # a truncated reply's last key, whose value never came
 
 def repair_json(text: str) -> str:
-    "Best-effort syntactic repair of a model's JSON reply (see above); returns the repaired text."
+    "Best-effort syntactic repair of a model's JSON reply with `json-repair` (see above); returns the repaired text."
     s = text.strip()
     m = _FENCE.search(s)
     if m: s = m.group(1).strip()
     starts = [i for i in (s.find("{"), s.find("[")) if i >= 0]
     if not starts: return s
-    s = s[min(starts):]
-    out, stack, quote, esc, i = [], [], None, False, 0
-    while i < len(s):
-        c = s[i]
-        if quote:
-            if esc:
-                if c == "'": out[-1] = "'"   # \' is not JSON: keep the bare quote
-                else: out.append(c)
-                esc = False
-            elif c == "\\":
-                out.append(c)
-                esc = True
-            elif c == quote:
-                out.append('"')
-                quote = None
-            elif c == '"': out.append('\\"')
-            elif c == "\n": out.append("\\n")
-            else: out.append(c)
-        elif c in "\"'":
-            quote = c
-            out.append('"')
-        elif c in "{[":
-            stack.append("}" if c == "{" else "]")
-            out.append(c)
-        elif c in "}]":
-            while out and out[-1].isspace(): out.pop()
-            if out and out[-1] == ",": out.pop()
-            if stack and stack[-1] == c: stack.pop()
-            out.append(c)
-            if not stack: break           # the first complete value ends here; prose after it is ignored
-        elif c.isalpha() or c == "_":
-            j = i
-            while j < len(s) and (s[j].isalnum() or s[j] == "_"): j += 1
-            out.append(_WORDS.get(s[i:j], s[i:j]))
-            i = j
-            continue
-        else: out.append(c)
-        i += 1
-    if quote: out.append('"')
-    return _close(out, stack) if stack else "".join(out)
+    return json_repair.repair_json(_DANGLING.sub("", s[min(starts):].rstrip()), skip_json_loads=True, ensure_ascii=False)
 
 # %% ../../nbs/05_chat.models.ipynb #5c092b50
 class SchemaError(ForensicsLabError, ValueError):
