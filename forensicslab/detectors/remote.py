@@ -196,6 +196,7 @@ def _answer(code: int, obj: dict, close: bool = False, headers: dict | None = No
     return JSONResponse(obj, code, headers={**(headers or {}), **({"Connection": "close"} if close else {})})
 
 def _routes_error(request: Request, exc: HTTPException) -> JSONResponse:
+    "An unknown route (404) or method (405) as the protocol's JSON error, naming the routes."
     return _answer(exc.status_code, {"error": f"{exc.detail}: {request.method} {request.url.path}; "
                                               "routes: GET /v1/health, GET /v1/card, POST /v1/detect"})
 
