@@ -22,7 +22,7 @@ from skimage import data as skdata
 
 from ..core import FAMILIES, ForensicsLabError, Sample
 from ..data.datasets import MissingData
-from ..runs import project_root
+from ..runs import cache_dir, project_root
 import forensicslab
 from .records import DEBATE_FAMILIES  # importing the records registers the debate families
 from .retrieval import LocalIndex, PageHit
@@ -392,8 +392,8 @@ def _republish(rgb: np.ndarray, k: int):
 
 def build_teaching_set(root: str | Path | None = None, seed: int = 0) -> OOCDataset:
     """The out-of-context teaching set (`TEACHING_KINDS` per photograph), with its images written under `root`
-    (default `.cache/debate/teaching` in the checkout) and a local retrieval index of the originals' source pages."""
-    root = Path(root) if root else project_root() / ".cache" / "debate" / "teaching"
+    (default: `debate/teaching` in the user cache folder, `forensicslab.runs.cache_dir`) and a local retrieval index of the originals' source pages."""
+    root = Path(root) if root else cache_dir("debate", "teaching")
     (root / "images").mkdir(parents=True, exist_ok=True)
     caps = teaching_captions(seed)
     ix = LocalIndex()

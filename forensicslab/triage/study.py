@@ -36,9 +36,9 @@ from .rules import FACTS_VERSION, RuleAuditor, RuleJudge, RuleParams, RuleSingle
 # %% auto #0
 __all__ = ['DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'RULE_GRID', 'TriageConfig', 'paper_configs', 'offline_configs',
            'presets', 'preset', 'build_config', 'case_row', 'detector_versions', 'failure_history', 'open_run',
-           'run_config', 'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row',
-           'paper_table4', 'table4', 'figure2', 'run_grid', 'run_totals', 'calibrate_rules', 'study_configs',
-           'open_bench', 'quick_out_dir', 'rows_written']
+           'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4',
+           'table4', 'figure2', 'run_grid', 'run_totals', 'calibrate_rules', 'study_configs', 'open_bench',
+           'quick_out_dir', 'rows_written']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 class TriageConfig(BaseModel):
@@ -232,11 +232,6 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
         return row
     return run, one
 
-def run_config(cfg: TriageConfig, samples: list[Sample], evidence: Evidence, out_dir: str | Path, collection: str,
-               workers: int = 1, progress: bool = True, max_attempts: int = 3, **build_kw) -> list[dict]:
-    "Run one configuration over `samples` as a resumable `Run`; returns its rows in sample order."
-    run, one = open_run(cfg, evidence, out_dir, collection, max_attempts, **build_kw)
-    return run.execute([Case(s.id, s) for s in samples], one, workers=workers, desc=f"{collection}/{cfg.name}", progress=progress)
 
 # %% ../../nbs/06e_triage.study.ipynb #6e95a644
 METRICS = ("recall", "specificity", "accuracy", "arbitration")
