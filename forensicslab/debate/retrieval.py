@@ -18,7 +18,6 @@ import threading
 import time
 from contextlib import contextmanager
 from html.parser import HTMLParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
@@ -28,9 +27,14 @@ from PIL import Image
 from pydantic import BaseModel, Field
 from scipy.fft import dctn
 from sklearn.feature_extraction.text import TfidfVectorizer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from ..core import ChatMessage, ChatModel, ForensicsLabError
 from ..chat.prompts import fence, prompt_hash, render_prompt
+from ..net import Served
 from ..imageio import load_image, LoadedImage
 
 # %% auto #0
@@ -324,31 +328,19 @@ class BingVisualSearch:
 # %% ../../nbs/07a_debate.retrieval.ipynb #cf6bcd3b
 @contextmanager
 def local_web_server(routes: dict[str, Callable]):
-    "Serve `routes` on a free local port; yields `(base_url, requests_log)`."
+    "Serve `routes` on a free local port (Starlette on uvicorn, `forensicslab.net.Served`); yields `(base_url, requests_log)`."
     log: list[dict] = []
-    class H(BaseHTTPRequestHandler):
-        def _go(self, method):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            path = self.path.split("?")[0]
-            log.append({"method": method, "path": self.path, "headers": dict(self.headers), "body": body})
-            fn = routes.get(path)
-            status, ctype, out = (404, "text/plain", b"not found") if fn is None else fn(method, self.path, dict(self.headers), body)
-            out = out if isinstance(out, bytes) else (json.dumps(out) if not isinstance(out, str) else out).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-        def do_GET(self): self._go("GET")
-        def do_POST(self): self._go("POST")
-        def log_message(self, *a): pass
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try: yield f"http://127.0.0.1:{srv.server_address[1]}", log
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    async def endpoint(request: Request) -> Response:
+        body, path = await request.body(), request.url.path
+        full = path + (f"?{request.url.query}" if request.url.query else "")
+        log.append({"method": request.method, "path": full, "headers": request.headers, "body": body})   # headers: any case
+        fn = routes.get(path)
+        status, ctype, out = (404, "text/plain", b"not found") if fn is None else fn(request.method, full, request.headers, body)
+        out = out if isinstance(out, bytes) else (json.dumps(out) if not isinstance(out, str) else out).encode()
+        return Response(out, status_code=status, media_type=ctype)
+    with Served(Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])) as srv:
+        yield srv.url, log
+
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #bdc2428f
 def _image_bytes(image) -> bytes:
