@@ -14,7 +14,7 @@ Dry run on CPU (float32; checks the script itself, its numbers say nothing about
 
     python scripts/gpu_check_zoom.py --device cpu
 
-It trains on the toy square task of `forensicslab.zoom.train.smoke_task` (written to a temp folder), uses a
+It trains on the toy square task of `forensicslab.zoom.data.smoke_task` (written to a temp folder), uses a
 constant stand-in verifier, and prints one JSON object: device, dtype, parameter counts, per-stage mean
 and median step time (first step excluded when there are more than two), peak CUDA memory, final SFT
 loss, GRPO tool-call frequency, and total wall time (also on one last line prefixed `GPU_CHECK_REPORT`).
@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     if a.device == "cpu": torch.set_num_threads(1)
     dtype = a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32")
 
-    from forensicslab.zoom.train import ZoomTrainConfig, HybridReward, load_policy, run_grpo, run_sft, smoke_task
+    from forensicslab.zoom.data import smoke_task
+    from forensicslab.zoom.train import ZoomTrainConfig, HybridReward, load_policy, run_grpo, run_sft
     from forensicslab.zoom.rewards import RewardConfig
 
     tiny = dict(vocab_size=3072, max_pixels=a.max_pixels)

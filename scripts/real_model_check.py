@@ -167,8 +167,8 @@ def zoom_roles(model, path, case: str) -> dict:
     from forensicslab.chat.models import chat_context
     from forensicslab.core import Box, EvidenceItem
     from forensicslab.imageio import load_image
-    from forensicslab.zoom.agent import LLMZoomPolicy, run_zoom
-    from forensicslab.zoom.evaluate import LLMEvidenceJudge as LLMJudge   # renamed in zoom (issue 12: one definition per public name)
+    from forensicslab.zoom.agents import LLMZoomPolicy, run_zoom
+    from forensicslab.zoom.agents import LLMEvidenceJudge as LLMJudge   # renamed in zoom (issue 12: one definition per public name)
     out = {}
     with chat_context(case=f"{case}:zoom.policy", role="zoom.policy"):
         r = run_zoom(LLMZoomPolicy(model, think_chars=200), load_image(path), "o3", 1, sample_id=case)
@@ -187,7 +187,7 @@ def zoom_roles(model, path, case: str) -> dict:
 def calls_from_trace(trace: Path) -> list[dict]:
     "One record per `chat` call (answer and its re-ask merged), from the JSONL trace."
     from forensicslab.chat.reliability import read_trace
-    from forensicslab.zoom.agent import parse_action
+    from forensicslab.zoom.agents import parse_action
     calls, open_ = [], {}
     for rec in read_trace(trace):
         k = (rec.get("case"), rec.get("role"), rec.get("backend"))

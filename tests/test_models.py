@@ -666,7 +666,7 @@ def test_hf_regex_constrained_zoom_turns_are_well_formed(tmp_path):
     """Issue 13: a zoom turn is tagged free text, so the policy sends `turn_pattern` as the `regex` parameter;
     under hf: constrained decoding even random weights write a turn that parses (think, then one crop call or
     one answer in canonical JSON). Only what a pattern cannot say (x2 > x1) may still be wrong."""
-    from forensicslab.zoom.agent import parse_action, turn_pattern
+    from forensicslab.zoom.agents import parse_action, turn_pattern
     folder = _tiny_text_llm(tmp_path / "tiny-llm")
     m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
     for seed in range(3):

@@ -16,8 +16,9 @@ torch.set_num_threads(1)
 
 from forensicslab.core import Box, EvidenceItem  # noqa: E402
 from forensicslab.zoom.train import (HybridReward, ZoomTrainConfig, ZoomEnv, load_checkpoint, load_policy,  # noqa: E402
-                                read_curves, run_grpo, run_sft, save_checkpoint, smoke_task)
+                                read_curves, run_grpo, run_sft, save_checkpoint)
 from forensicslab.zoom.rewards import RewardConfig  # noqa: E402
+from forensicslab.zoom.data import smoke_task  # noqa: E402
 from forensicslab.zoom.verifier import (VerifierItem, VerifierTrainConfig, Verifier, new_verifier, soft_bce,  # noqa: E402
                                    train_verifier)
 from forensicslab.zoom.tinyvlm import TinyVLMSpec, build_tiny_vlm, save_vlm  # noqa: E402
@@ -206,7 +207,7 @@ def test_grounding_verifier_reads_the_box_and_the_location(tmp_path):
 
 def test_snapped_trajectory_boxes_sit_on_the_grid(tmp_path):
     import re
-    from forensicslab.zoom.agent import parse_action
+    from forensicslab.zoom.agents import parse_action
     from forensicslab.zoom.train import snap_trajectory
     trajs, _ = smoke_task(tmp_path / "data", n=2, size=96)
     for t in trajs:
@@ -385,7 +386,7 @@ def test_grpo_quick_config_across_seeds_and_threads(tmp_path, monkeypatch, seed,
     The length limit is 128 instead of 384 so that rollouts cut after a crop (the `make demo` crash of issue 24, seed 0,
     step 3 at 384) occur within a few steps; the old trainer fails here with Qwen3-VL's 'shape mismatch'."""
     import forensicslab.zoom.train as T
-    from forensicslab.zoom.artifacts import ensure_artifacts, load_artifacts
+    from forensicslab.zoom.data import ensure_artifacts, load_artifacts
     from forensicslab.zoom.verifier import load_verifier
     if not (QUICK_RUN / "sft" / "zoom_train.json").exists():
         pytest.skip(f"no quick-configuration SFT checkpoint at {QUICK_RUN / 'sft'} (make it with `forensicslab study zoom_training`)")

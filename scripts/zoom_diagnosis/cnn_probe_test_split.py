@@ -1,7 +1,7 @@
 """CNN image-level probe: can a conv net trained from scratch tell the artifact benchmark's fakes from reals (test split) in CPU minutes?
 
 Usage: python cnn_probe_test_split.py K EPOCHS [NET]
-  K       extra train-split draws of 200 images (forensicslab.zoom.artifacts.extra_train; never the test split's seeds)
+  K       extra train-split draws of 200 images (forensicslab.zoom.data.extra_train; never the test split's seeds)
   NET     plain  (default): 5 blocks of two 3x3 convs at 224 px, batch 16, lr 2e-3, one thread (the session-4 logs)
           resnet: a 3x3 stem and 5 residual blocks, 4 of stride 2 (454k parameters) at 128 px, batch 32, one-cycle lr 3e-3, two threads
 Each epoch prints the image AUC (highest cell) on 600 of the training images it fits ("fit") and on the test split,
@@ -12,8 +12,9 @@ import sys, time
 import numpy as np, torch
 from torch import nn
 from PIL import Image
-from forensicslab.zoom.artifacts import load_artifacts, extra_train
-from forensicslab.zoom.vision import _auc, token_targets
+from forensicslab.zoom.data import load_artifacts, extra_train
+from forensicslab.metrics import roc_auc as _auc
+from forensicslab.zoom.vision import token_targets
 
 k, EP = int(sys.argv[1]), int(sys.argv[2])
 NET = sys.argv[3] if len(sys.argv) > 3 else "plain"

@@ -1,10 +1,9 @@
 import sys, time, json, numpy as np, pandas as pd, torch
 torch.set_num_threads(1)
 from sklearn.metrics import roc_auc_score
-from forensicslab.zoom.artifacts import ensure_artifacts, extra_train, load_artifacts
-from forensicslab.zoom.train import ZoomTrainConfig
+from forensicslab.zoom.data import extra_train, load_artifacts
 from forensicslab.zoom.construct import construct, grounding_negatives, random_items
-from forensicslab.zoom.verifier import VerifierTrainConfig, Verifier, items_from_records, new_verifier, train_verifier, location_agreement
+from forensicslab.zoom.verifier import VerifierTrainConfig, Verifier, items_from_records, new_verifier, train_verifier
 args = dict(a.split("=", 1) for a in sys.argv[1:])
 if args.get("noloc"):
     import forensicslab.zoom.verifier as _V

@@ -1,6 +1,6 @@
 import time, sys, numpy as np, torch
 torch.set_num_threads(1)
-from forensicslab.zoom.artifacts import load_artifacts
+from forensicslab.zoom.data import load_artifacts
 from forensicslab.zoom.tinyvlm import TinyVLMSpec, build_tiny_vlm
 from forensicslab.imageio import load_image
 H_=int(sys.argv[1]) if len(sys.argv)>1 else 64; L_=int(sys.argv[2]) if len(sys.argv)>2 else 2; MP=int(sys.argv[3]) if len(sys.argv)>3 else 256; EP=int(sys.argv[4]) if len(sys.argv)>4 else 30

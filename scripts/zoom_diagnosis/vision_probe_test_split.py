@@ -1,9 +1,10 @@
-import sys, time, json, math, numpy as np, torch
+import sys, time, math, numpy as np, torch
 from torch import nn
 torch.set_num_threads(1)
-from forensicslab.zoom.artifacts import load_artifacts, extra_train
+from forensicslab.zoom.data import load_artifacts, extra_train
 from forensicslab.zoom.tinyvlm import TinyVLMSpec, build_tiny_vlm
-from forensicslab.zoom.vision import _encode, _auc, vision_examples
+from forensicslab.metrics import roc_auc as _auc
+from forensicslab.zoom.vision import _encode, vision_examples
 args = dict(a.split("=") for a in sys.argv[1:])
 vh=int(args.get("vh",64)); vl=int(args.get("vl",2)); ep=int(args.get("ep",6)); k=int(args.get("k",2)); lr=float(args.get("lr",3e-3)); crops=int(args.get("crops",1)); mp=int(args.get("mp",256)); bs=int(args.get("bs",8)); hp=int(args.get("hp",0)); il=float(args.get("il",0))
 t0=time.time()
