@@ -60,6 +60,7 @@ demo: install
 
 test: install
 	@bash scripts/ensure-chromium.sh || true
+	$(BIN)/ruff check forensicslab tests scripts
 	$(BIN)/python -m pytest -q
 	$(BIN)/nbdev-test --n-workers 2 --timing
 

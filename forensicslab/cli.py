@@ -18,8 +18,8 @@ import typer
 from . import __version__
 from .core import ForensicsLabError
 from .runs import project_root, skipped_parts
-from .studies import (STUDY_ORDER, StudyError, StudyFailed, UnknownStudy, list_studies, parse_param_args, run_batch,
-                                  run_study, study_parameters, check_parameters)
+from .studies import (StudyError, StudyFailed, list_studies, parse_param_args, run_batch,
+                                  run_study, study_parameters)
 from .chat.cli import models_app
 from .data.cli import bench_app, data_app
 from .debate.cli import debate_app

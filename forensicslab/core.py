@@ -7,7 +7,6 @@ Docs: https://forensicslab.github.io/forensicslab/core.html.md"""
 # %% ../nbs/00_core.ipynb #07ecff9a
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd

@@ -20,7 +20,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import part_files, project_root, read_run_record, skipped_parts, study_output_dir, write_run_record
+from .runs import part_files, project_root, skipped_parts, study_output_dir, write_run_record
 
 # %% auto #0
 __all__ = ['STUDY_ORDER', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies',

@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from PIL import Image
 
 

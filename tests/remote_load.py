@@ -4,7 +4,6 @@ Used by tests/test_remote.py and runnable by hand against any checkout:
 `python tests/remote_load.py` prints the server's peak memory growth, the answers and the wall time.
 Loopback only; the request count and the wall time are bounded.
 """
-import base64
 import io
 import json
 import subprocess

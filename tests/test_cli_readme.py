@@ -7,7 +7,6 @@ it names (a make target, a CLI command and its options, a file) in the fast `tes
 command that stops working fails its own case. `test_readme_in_a_fresh_clone` (slow) runs the blocks as a new user
 types them: a fresh clone, the set-up lines, `source .venv/bin/activate`, then every as-written command in one shell.
 """
-import json
 import os
 import re
 import shlex

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from forensicslab.core import Sample
 from forensicslab.debate.records import STRATEGIES, DebateConfig
 from forensicslab.debate.agents import DebateInput, run_debate
-from forensicslab.debate.rules import Argument, EvidenceDebater, OfflinePairDebate, evidence_debate, verite_views
+from forensicslab.debate.rules import Argument, EvidenceDebater, evidence_debate, verite_views
 from forensicslab.debate.study import compare, run_llm_setup, score_rows, study_retriever
 from forensicslab.debate.cli import debate_app
 from forensicslab.chat.models import get_model

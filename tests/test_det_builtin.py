@@ -1,6 +1,5 @@
 "Built-in classical detectors (adq, cfa, noise, copymove, spectral, face_blend): signal on forgeries of their family, bad inputs, speed, real data."
 import io
-import time
 
 import cv2
 import numpy as np

@@ -6,7 +6,7 @@ from PIL import Image
 
 from forensicslab.core import Sample
 from forensicslab.detectors.learned import WEIGHTS_DIR, FillSegNet, NPRNet, load_net, train_inpaint_net, train_npr
-from forensicslab.detectors.pool import get_detector, run_pool
+from forensicslab.detectors.pool import run_pool
 
 
 def test_weights_ship_and_are_small():

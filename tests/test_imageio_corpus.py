@@ -6,7 +6,6 @@ Each case is built here from nothing; each must give the right image or a typed,
 import io
 import struct
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -459,7 +459,7 @@ def test_hf_backend_generates_with_image_and_caches(tiny_vlm_dir, tmp_path):
     assert r2.cached and r2.text == r1.text and m.stats["network"] == 1
     s1 = m.chat("Tell me.", temperature=1.0, max_tokens=6, seed=1)
     s2 = m.chat("Tell me.", temperature=1.0, max_tokens=6, seed=1)
-    assert not s2.cached and m.stats["network"] == 3     # sample 1 is a new call even with the same seed
+    assert not s1.cached and not s2.cached and m.stats["network"] == 3     # sample 1 is a new call even with the same seed
 
 
 def test_hf_backend_schema_failure_is_typed(tiny_vlm_dir):

@@ -20,7 +20,7 @@ from PIL import Image
 
 from forensicslab.detectors import pool as D
 from forensicslab.detectors import remote as R
-from forensicslab.detectors.remote import PROTOCOL, RemoteDetector, RemoteError, decode_map, make_server
+from forensicslab.detectors.remote import PROTOCOL, RemoteDetector, RemoteError
 
 TRUFOR_SIM = '''
 import time

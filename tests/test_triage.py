@@ -19,8 +19,7 @@ from skimage import data as skdata
 from forensicslab.core import Detection
 from forensicslab.imageio import load_image
 from forensicslab.chat.prompts import load_prompt as _load_prompt
-from forensicslab.triage.all import (AuditVerdict, Evidence, RuleAuditor, RuleJudge, RuleParams, TriagePipeline, Verdict,
-                                     algorithmic_fusion, build_config, ds_fusion, make_card, measure_facts, offline_configs,
+from forensicslab.triage.all import (Evidence, RuleAuditor, RuleJudge, RuleParams, TriagePipeline, algorithmic_fusion, build_config, ds_fusion, make_card, measure_facts, offline_configs,
                                      paper_configs, run_auditors, triage_metrics)
 
 

@@ -25,10 +25,10 @@ from pydantic import BaseModel
 
 from fastcore.basics import patch
 
+from ..net import parse_retry_after
 from ..core import ChatMessage, ForensicsLabError
 from ..imageio import LoadedImage, fit_within, load_image, pixel_hash
-from .reliability import (BackendError, MissingKeyError, TransientError, parse_retry_after, redact,
-                                       register_secret)
+from .reliability import BackendError, MissingKeyError, TransientError, register_secret
 
 # %% auto #0
 __all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'extra_for', 'ImagePart', 'image_part', 'Prepared',

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 from .backends import (Backend, Capabilities, Completion, GeminiBackend, HFBackend, OpenAIBackend, extra_for,
                                         Prepared, prepare_messages, schema_json, with_schema_instruction)
 from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
-from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Reply
-from .reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, PriceTable,
+from ..core import ChatFailure, ForensicsLabError, Reply
+from .reliability import (BackendError, Budget, BudgetExceeded, PriceTable,
                                            RetryPolicy, Tracer, call_with_retries, clean_usage, install_log_redaction,
                                            redact)
 
@@ -106,7 +106,7 @@ def _describe(e: Exception) -> str:
 def parse_reply(text: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
     "Validate `text` as `schema`, repairing obvious JSON damage if needed; returns `(object, repaired)`."
     try: return schema.model_validate_json(text), False
-    except ValidationError as first:
+    except ValidationError:
         fixed = repair_json(text)
         try: return schema.model_validate_json(fixed), True
         except ValidationError as e:

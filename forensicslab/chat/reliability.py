@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from ..core import ChatFailure, ForensicsLabError
-from ..net import RetriesExhausted, Retryable, RetryPolicy, parse_retry_after
+from ..net import RetriesExhausted, Retryable, RetryPolicy
 from ..runs import StopRun
 
 # %% auto #0

@@ -12,7 +12,7 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Union
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool

@@ -16,7 +16,6 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 from torch import nn
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.numpy import save_file
 

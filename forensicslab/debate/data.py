@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import httpx
 import numpy as np
@@ -20,11 +20,10 @@ import yaml
 from PIL import Image
 from skimage import data as skdata
 
-from ..core import FAMILIES, ForensicsLabError, Sample
+from ..core import ForensicsLabError, Sample
 from ..data.datasets import MissingData
 from ..runs import cache_dir, project_root
 import forensicslab
-from .records import DEBATE_FAMILIES  # importing the records registers the debate families
 from .retrieval import LocalIndex, PageHit
 
 # %% auto #0

@@ -17,8 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import forensicslab
-from ..core import Detection, ForensicsLabError, Sample
-from ..imageio import LoadedImage, load_image
+from ..core import ForensicsLabError, Sample
+from ..imageio import load_image
 
 # %% auto #0
 __all__ = ['WEIGHTS_DIR', 'npr', 'NPRNet', 'FillSegNet', 'to_tensor', 'save_weights', 'WeightsMissing', 'load_net', 'centre_crop',

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import cv2
 
+from ..core import Detection
 from ..imageio import LoadedImage, fit_within
 
 # %% auto #0
@@ -72,9 +73,8 @@ def compact_region(e: np.ndarray, win: int | None = None, frac: float = 0.1) -> 
     return dict(peak=peak, background=bg, contrast=peak - bg, box=box, win=win)
 
 # %% ../../nbs/04a_detectors.signals.ipynb #ea805cef
-def not_applicable(card, reason: str, shape: tuple[int, int] | None = None, **raw) -> "Detection":
+def not_applicable(card, reason: str, shape: tuple[int, int] | None = None, **raw) -> Detection:
     "An `ok` detection with the neutral score (= the card's threshold, not fired), native value None, `raw.applicable = False` and the reason."
-    from forensicslab.core import Detection
     hm = None if shape is None else np.zeros(shape, np.float32)
     return Detection.from_score(card.id, card.threshold, raw={card.native_metric: None, "applicable": False, "reason": reason, **raw},
                                 threshold=card.threshold, version=card.version, heatmap=hm)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import html
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +21,7 @@ from ..data.datasets import IMAGE_EXTS
 from ..detectors import pool as D
 from ..imageio import ImageError, load_image
 from ..runs import Case, Run, config_hash
-from .report import OFFLINE_NOTE, write_case_report
+from .report import write_case_report
 from .study import build_config, preset
 
 # %% auto #0

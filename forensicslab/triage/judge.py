@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from itertools import product
-from typing import Literal, Optional
+from typing import Literal
 
 import numpy as np
 
@@ -175,5 +175,5 @@ def ds_fusion(detections: dict[str, Detection], cards: dict[str, ToolCard],
     return Verdict(reasoning=f"Dempster-Shafer combination of {len(dets)} tools: {text}; the most probable family "
                              f"(pignistic {bp[fam]:.3f}) is {fam}.",
                    is_manipulated=True, locality=_locality(cards[tools[0]]), arbitrated_tools=tools,
-                   decision_path=[text, f"Pignistic probabilities: " + ", ".join(f"{w} {p:.3f}" for w, p in sorted(bp.items())),
+                   decision_path=[text, "Pignistic probabilities: " + ", ".join(f"{w} {p:.3f}" for w, p in sorted(bp.items())),
                                   f"Family {fam}: decisive {tools[0]}"]), info

@@ -8,12 +8,9 @@ Docs: https://forensicslab.github.io/forensicslab/triage.study.html.md"""
 from __future__ import annotations
 
 import json
-import os
 import re
-import threading
 import time
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
@@ -22,15 +19,13 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from ..chat.prompts import prompt_hash
-from ..core import Detection, Sample, ToolCard
-from ..data.datasets import load_dataset, stratified_draw
-from ..imageio import LoadedImage, load_image
+from ..core import Sample, ToolCard
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers
 from ..runs import Case, Run, config_hash
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
-from .data import Evidence, stage0, study_samples
+from .data import Evidence, stage0
 from .judge import TriagePipeline, algorithmic_fusion, ds_fusion
-from .records import CaseFacts, CaseResult
+from .records import CaseResult
 from .rules import FACTS_VERSION, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent
 
 # %% auto #0

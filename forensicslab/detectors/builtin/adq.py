@@ -8,7 +8,6 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.builtin.adq.html.md"
 from __future__ import annotations
 
 import io
-import time
 from typing import Optional
 
 import cv2

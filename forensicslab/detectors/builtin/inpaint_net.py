@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core import Detection
-from ..learned import centre_crop, even_crop, load_net, to_tensor
+from ..learned import even_crop, load_net, to_tensor
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 

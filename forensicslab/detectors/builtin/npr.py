@@ -7,7 +7,6 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.builtin.npr.html.md"
 # %% ../../../nbs/04j_detectors.builtin.npr.ipynb #ec24d55b
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ...core import Detection
