@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 
-import numpy as np
 from PIL import Image, ImageDraw
 from pydantic import BaseModel
 

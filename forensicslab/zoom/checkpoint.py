@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from ..runs import project_root
 

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Optional, Protocol, runtime_checkable
 
-import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Callable, Optional, Sequence
 
 from ..core import Box, EvidenceItem, Sample
-from .records import ZoomAnswer, ZoomResult, pixel_box
+from .records import ZoomAnswer, pixel_box
 from .agents import parse_action
 
 # %% auto #0

@@ -214,7 +214,6 @@ def region_cue(rgb: np.ndarray, box, cue: str, image_ratio: float) -> tuple[floa
     x1, y1, x2, y2 = box_ints(box)
     reg = rgb[y1:y2, x1:x2]
     if cue == "dup":
-        pad = 0
         n, b = duplicate_regions(reg)
         return n, ([b[0] + x1, b[1] + y1, b[2] + x1, b[3] + y1] if b else [x1, y1, x2, y2])
     return cue_scores(reg, image_ratio)[cue], [x1, y1, x2, y2]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable
 
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedTokenizerFast

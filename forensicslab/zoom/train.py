@@ -10,15 +10,13 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import math
 import os
-import shutil
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -27,17 +25,16 @@ import yaml
 from datasets import Dataset
 from matplotlib.figure import Figure
 from peft import LoraConfig, PeftModel
-from PIL import Image
 from transformers import TrainerCallback
 from transformers.utils import get_json_schema
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
-from ..core import Box, EvidenceItem, ForensicsLabError, Sample
+from ..core import Sample
 from ..imageio import load_image
 from ..runs import portable_path, resolve_portable
 from .records import BoxError, ZoomAnswer, ZoomConfigError, ZoomStep, zoom
 from .agents import (TOOL_NAME, Episode, observation_text, parse_action, prompt_messages, render_turn,
-                                      steps_from_plan, to_chat)
+                                      to_chat)
 from .rewards import RewardConfig, episode_answer, zoom_reward
 from .checkpoint import WriteAside
 from .tinyvlm import TinyVLMSpec, build_tiny_vlm, load_vlm, resolve_device_dtype, save_vlm
