@@ -123,7 +123,7 @@ def test_cli_build_tiny(tmp_path):
 
 
 @pytest.mark.slow
-def test_full_build_time_and_counts(tmp_path):
+def test_full_build_counts(tmp_path):
     "The default build from nothing, counts as in the paper (240 = 135 + 105, 200 = 5 x 20 + 100) plus 70 processed authentic OOD images."
     root = ensure_bench(tmp_path / "full", seed=0)
     idc, ood = load_bench("id", root), load_bench("ood", root)
