@@ -45,3 +45,20 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real test data not present at {SHARED_DATA} (only in the developers' workspace)")
     return SHARED_DATA
+
+
+def _outputs_state() -> dict[str, tuple[int, int]]:
+    "Size and modification time of every file of the reference outputs (and of the folders' names), to detect writes."
+    root = REPO / "outputs"
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()} \
+        if root.is_dir() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reference_outputs_untouched():
+    "No test may write, replace or delete anything under the checkout's outputs/ (the committed reference runs)."
+    before = _outputs_state()
+    yield
+    after = _outputs_state()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"tests changed the reference outputs: {changed[:10]}{' ...' if len(changed) > 10 else ''}"

@@ -112,17 +112,22 @@ def test_every_image_command_refuses_bad_files_in_one_line(capsys, bad_files, co
     assert err.startswith("error: ") and err.count("\n") == 1 and name in err and "Traceback" not in out + err, err
 
 
-def test_quick_study_never_writes_into_outputs(monkeypatch):
-    "Issue 19 item 3: `study NAME --quick` with no --out ran into outputs/<study> and overwrote the reference run."
+def test_quick_study_never_writes_into_outputs(monkeypatch, tmp_path):
+    """Issue 19 item 3: `study NAME --quick` with no --out ran into outputs/<study> and overwrote the reference run.
+    A full run goes to <project>/outputs/<study>, staged beside it; the project here is a temporary folder, because a
+    test must never replace the checkout's reference outputs (an earlier form of this test did, once runs were staged)."""
     import papermill
-    from forensicslab.studies import run_study
+    import forensicslab.studies as S
     seen = {}
     monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, parameters, **kw: seen.update(dst=dst, p=parameters))
-    run_study("triage_table4", {"quick": True}, progress=False)
+    nb = REPO / "nbs" / "studies" / "triage_table4.ipynb"
+    S.run_study(nb, {"quick": True}, progress=False)
     assert not seen["p"]["out_dir"].startswith(str(REPO / "outputs")) and "forensicslab-quick" in seen["p"]["out_dir"]
     assert not seen["dst"].startswith(str(REPO / "outputs"))
-    run_study("triage_table4", {"quick": False}, progress=False)
-    assert seen["p"]["out_dir"] == str((REPO / "outputs" / "triage_table4").resolve())
+    monkeypatch.setattr(S, "project_root", lambda start=None: tmp_path)
+    S.run_study(nb, {"quick": False}, progress=False)
+    assert seen["p"]["out_dir"] == str((tmp_path / "outputs" / ".triage_table4.running").resolve())
+    assert (tmp_path / "outputs" / "triage_table4" / "run.json").is_file() and not (tmp_path / "outputs" / ".triage_table4.running").exists()
 
 
 @pytest.fixture(scope="module")
