@@ -299,11 +299,8 @@ def user_cache_dir() -> Path:
     except ImportError:
         return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensicslab"
 
-def cache_dir(*parts: str, project: str | None = None) -> Path:
-    """Cache folder `parts`: `$FORENSICSLAB_CACHE_DIR/...`, else the user cache folder; never a checkout.
-
-    `project` (the checkout sub-folder older versions cached into) no longer changes anything; it is accepted so
-    that callers written for the old signature keep working."""
+def cache_dir(*parts: str) -> Path:
+    "Cache folder `parts`: `$FORENSICSLAB_CACHE_DIR/...`, else the user cache folder; never a checkout."
     env = os.environ.get("FORENSICSLAB_CACHE_DIR")
     base = Path(env).expanduser() if env else user_cache_dir()
     return base.joinpath(*parts)

@@ -338,7 +338,7 @@ def cache_version(det) -> str:
 def default_cache_dir() -> Path:
     "`<repo>/data/cache/detections` inside a checkout, else the user cache folder (`forensicslab.runs.cache_dir`)."
     from forensicslab.runs import cache_dir
-    return cache_dir("detections", project="data/cache")
+    return cache_dir("detections")
 
 # %% ../../nbs/04_detectors.pool.ipynb #81ad3a43
 def _run_one(det, view: LoadedImage, det_id: str) -> Detection:
