@@ -18,7 +18,8 @@ from scipy import stats
 import forensicslab
 
 # %% auto #0
-__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'roc_auc', 'mcnemar', 'fmt_ci', 'write_table', 'paper_numbers']
+__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'share_ci', 'roc_auc', 'mcnemar', 'fmt_ci', 'write_table',
+           'paper_numbers']
 
 # %% ../nbs/02a_metrics.ipynb #c85c5546
 def _ratio(a, b) -> float: return float(a) / b if b else float("nan")
@@ -50,6 +51,16 @@ def metric_table(y_true, y_pred, n_boot: int = 1000, seed: int = 0,
     "Each binary metric with its bootstrap 95% interval."
     t, p = np.asarray(y_true, int), np.asarray(y_pred, int)
     return {k: bootstrap_ci(lambda i, k=k: binary_metrics(t[i], p[i])[k], len(t), n_boot, seed=seed) for k in metrics}
+
+# %% ../nbs/02a_metrics.ipynb #4aaf71ec
+def share_ci(num: Sequence[float], den: Sequence[float], n_boot: int = 1000, alpha: float = 0.05,
+             seed: int = 0) -> tuple[float, float, float]:
+    """`sum(num) / sum(den)` with a percentile bootstrap interval over the units (clusters) that hold them:
+    `num[i]`, `den[i]` are unit `i`'s counts (e.g. one image's dropped and fired detectors), so units are
+    resampled whole and events of one image never count as independent. NaN when `sum(den)` is 0."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    if a.shape != b.shape: raise ValueError(f"share_ci needs one numerator per denominator, got {a.shape} and {b.shape}")
+    return bootstrap_ci(lambda i: _ratio(a[i].sum(), b[i].sum()), len(a), n_boot, alpha, seed)
 
 # %% ../nbs/02a_metrics.ipynb #823310b6
 def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> float:

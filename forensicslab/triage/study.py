@@ -20,20 +20,20 @@ from pydantic import BaseModel, ConfigDict
 
 from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
-from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers
+from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, share_ci
 from ..runs import Case, Run, config_hash
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
 from .data import Evidence, stage0
 from .judge import TriagePipeline, algorithmic_fusion, ds_fusion
-from .records import CaseResult
+from .records import CaseResult, TriageError
 from .rules import FACTS_VERSION, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent
 
 # %% auto #0
-__all__ = ['DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'RULE_GRID', 'TriageConfig', 'paper_configs', 'offline_configs',
-           'presets', 'preset', 'build_config', 'case_row', 'detector_versions', 'failure_history', 'open_run',
-           'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4',
-           'table4', 'figure2', 'run_grid', 'run_totals', 'calibrate_rules', 'study_configs', 'open_bench',
-           'quick_out_dir', 'rows_written']
+__all__ = ['DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'TriageConfig', 'paper_configs',
+           'offline_configs', 'presets', 'preset', 'build_config', 'case_row', 'detector_versions', 'failure_history',
+           'open_run', 'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row',
+           'paper_table4', 'table4', 'fire_events', 'triage_table', 'change_decomposition', 'event_finding', 'figure2',
+           'run_grid', 'run_totals', 'calibrate_rules', 'study_configs', 'open_bench', 'quick_out_dir', 'rows_written']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 class TriageConfig(BaseModel):
@@ -163,15 +163,19 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
     return TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers)
 
 # %% ../../nbs/06e_triage.study.ipynb #8d9a6719
-def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard]) -> dict:
-    "The results row of one case (truth, prediction, arbitration, failure, usage, full record)."
+def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard], detections: dict | None = None) -> dict:
+    """The results row of one case (truth, prediction, arbitration, failure, usage, full record); with `detections`,
+    also `fired`: each detector that fired, with its declared scope (what the event-level triage table reads)."""
     v = res.verdict
     pred = None if v is None else int(v.is_manipulated)
     dec = None if v is None else v.decisive
     return dict(sample=sample.id, config=res.config, label=sample.label, family=sample.family,
                 group=sample.provenance.get("group"), pred=pred, decisive=dec,
                 in_scope=bool(sample.label == 1 and pred == 1 and dec is not None and sample.family in cards[dec].scope),
-                failure=res.failure, kept=[k for k, a in res.audits.items() if a.keep],
+                failure=res.failure,
+                fired=None if detections is None else {k: list(cards[k].scope) for k, d in sorted(detections.items())
+                                                       if d.status == "ok" and d.fired},
+                kept=[k for k, a in res.audits.items() if a.keep],
                 dropped=[k for k, a in res.audits.items() if not a.keep],
                 usage=res.usage.model_dump(), case_seconds=round(res.seconds, 4),
                 record=json.loads(res.model_dump_json(exclude={"facts"})))
@@ -195,7 +199,7 @@ def failure_history(run: Run) -> dict[str, list[str]]:
     for line in run.rows_path.read_text().splitlines():
         try: r = json.loads(line)
         except json.JSONDecodeError: continue
-        why = r.get("failure") or (r.get("error") if r.get("status") == "failed" else None)
+        why = r.get("failure") or r.get("auditor_failure") or (r.get("error") if r.get("status") == "failed" else None)
         if why: out.setdefault(r["key"], []).append(why)
     return out
 
@@ -203,7 +207,10 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
              **build_kw) -> tuple[Run, Callable[[Sample], dict]]:
     """The resumable `Run` of one configuration on one collection, and its case function `Sample -> row`.
     A case whose agent failed is stored with status `failed` (so a resume retries it) until it has failed
-    `max_attempts` times; then it is kept as a counted failure. Each row carries its failure history."""
+    `max_attempts` times; then it is kept as a counted failure. A case judged while some auditor failed (its
+    detection dropped for want of an answer) is retried the same way, and if the auditors are still missing after
+    `max_attempts` it is kept with `missing_auditors` named, which `run_totals` counts. Each row carries its
+    failure history."""
     runner = build_config(cfg, **build_kw)
     rp = build_kw.get("rule_params") or RuleParams()
     manifest = dict(study="triage", collection=collection, configuration=cfg.model_dump(), prompts=prompt_hash("triage"),
@@ -215,15 +222,20 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
     history = failure_history(run)
     def one(s: Sample) -> dict:
         img, dets, cards, facts = evidence(s.image)
-        if cfg.offline: row = case_row(s, runner(img, dets, cards, facts), cards)
+        if cfg.offline: row = case_row(s, runner(img, dets, cards, facts), cards, dets)
         else:
             from forensicslab.chat.models import chat_context
-            with chat_context(case=s.id): row = case_row(s, runner(img, dets, cards, facts), cards)   # traces name the case
+            with chat_context(case=s.id): row = case_row(s, runner(img, dets, cards, facts), cards, dets)   # traces name the case
+        missing = row["record"].get("details", {}).get("auditor_failures") or {}
+        if missing:
+            row["missing_auditors"] = sorted(missing)
+            row["auditor_failure"] = "auditors failed: " + "; ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
+        why = row["failure"] or row.get("auditor_failure")
         past = history.get(s.id, [])
-        if row["failure"] or past:
-            row["failure_history"] = past + ([row["failure"]] if row["failure"] else [])
+        if why or past:
+            row["failure_history"] = past + ([why] if why else [])
             row["attempts"] = len(past) + 1
-            if row["failure"] and row["attempts"] < max_attempts: row["status"] = "failed"   # retried on resume
+            if why and row["attempts"] < max_attempts: row["status"] = "failed"   # retried on resume
         return row
     return run, one
 
@@ -299,13 +311,13 @@ def _paper() -> dict: return paper_numbers("triage", "table4")
 
 PAPER_MODELS = {"gemma-4-26b": r"gemma-?4-26b(-a4b)?(-it)?", "gpt-4o": r"gpt-4o(-\d{4}-\d\d-\d\d)?",
                 "gpt-5": r"gpt-5(-\d{4}-\d\d-\d\d)?"}
-"How each of the paper's models may be spelled in a model spec (the name after `#`, `:` or `/`)."
+"How each of the paper's models may be spelled in a model spec (the name after `#`, `:` or `/`; an org prefix such as `google/` is ignored)."
 
 def paper_row(cfg: TriageConfig) -> Optional[str]:
     "The paper's Table 4 row for `cfg`, or `None` when `cfg` is not that row or its backends are not the paper's models."
     want = _paper()["backbones"].get(cfg.paper_row) if cfg.paper_row else None
     if want is None or set(want) != set(cfg.backends): return None
-    ok = all(re.fullmatch(PAPER_MODELS[m], _short(cfg.backends[role]).lower()) for role, m in want.items())
+    ok = all(re.fullmatch(PAPER_MODELS[m], _short(cfg.backends[role]).rsplit("/", 1)[-1].lower()) for role, m in want.items())
     return cfg.paper_row if ok else None
 
 def paper_table4() -> pd.DataFrame:
@@ -335,6 +347,93 @@ def table4(results: dict[tuple[str, str], list[dict]], configs: dict[str, Triage
             if m["failed"]: d[f"{coll.upper()} failed"] = m["failed"]
         disp.append(d)
     return pd.DataFrame(disp), pd.DataFrame(raw)
+
+# %% ../../nbs/06e_triage.study.ipynb #bb170763
+EVENT_CLASSES = ("in scope, manipulated", "out of scope, manipulated", "unknown family, manipulated", "authentic")
+"The classes of a fire event, in table order."
+
+def fire_events(rows: list[dict]) -> pd.DataFrame:
+    "One row per (image, fired detector) of a configuration's run rows: its class and whether the auditors dropped it."
+    out = []
+    for r in rows:
+        if r.get("fired") is None:
+            raise TriageError(f"row {r.get('sample')!r} has no 'fired' field (written before event rows existed): re-run the study")
+        dropped = set(r.get("dropped") or [])
+        for k, scope in sorted(r["fired"].items()):
+            cls = ("authentic" if r["label"] == 0 else "unknown family, manipulated" if not r.get("family")
+                   else "in scope, manipulated" if r["family"] in scope else "out of scope, manipulated")
+            out.append(dict(sample=r["sample"], label=r["label"], family=r.get("family"), detector=k, event=cls,
+                            dropped=k in dropped, pred=r.get("pred")))
+    return pd.DataFrame(out, columns=["sample", "label", "family", "detector", "event", "dropped", "pred"])
+
+# %% ../../nbs/06e_triage.study.ipynb #330925d8
+def triage_table(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per detector and pooled (`all`), per event class: events, images, dropped events, and the share dropped with
+    a bootstrap 95% interval over images (`share_ci`)."""
+    ev = fire_events(rows)
+    out = []
+    for det in ["all", *sorted(set(ev.detector))]:
+        sub = ev if det == "all" else ev[ev.detector == det]
+        for cls in EVENT_CLASSES:
+            e = sub[sub.event == cls]
+            if not len(e): continue
+            g = e.groupby("sample").dropped.agg(["sum", "count"])
+            v, lo, hi = share_ci(g["sum"].to_numpy(), g["count"].to_numpy(), n_boot, seed=seed)
+            out.append(dict(detector=det, event=cls, events=len(e), images=len(g), dropped=int(e.dropped.sum()),
+                            share_dropped=v, share_lo=lo, share_hi=hi))
+    return pd.DataFrame(out, columns=["detector", "event", "events", "images", "dropped", "share_dropped", "share_lo", "share_hi"])
+
+# %% ../../nbs/06e_triage.study.ipynb #b3f2931f
+FATES = ("no fire", "every fire dropped", "some fires dropped", "every fire kept")
+
+def _fate(r: dict) -> str:
+    fired, dropped = set(r.get("fired") or {}), set(r.get("dropped") or [])
+    if not fired: return FATES[0]
+    return FATES[1] if fired <= dropped else FATES[3] if not fired & dropped else FATES[2]
+
+def _said_manipulated(r: dict) -> int:   # as Table 4 scores it: a failed case counts as wrong
+    return (1 - r["label"]) if r.get("pred") is None else int(r["pred"])
+
+def change_decomposition(rows: list[dict], base: list[dict]) -> pd.DataFrame:
+    """Table 4's change of `rows` against `base` (same images) in specificity (authentic images) and recall
+    (manipulated ones), in points, split by the fate of each image's fire events under `rows`' auditors."""
+    b = {r["sample"]: r for r in base}
+    missing = [r["sample"] for r in rows if r["sample"] not in b]
+    if missing: raise TriageError(f"{len(missing)} image(s) of the configuration are not in the baseline, e.g. {missing[0]!r}")
+    out = []
+    for label, metric in ((0, "specificity"), (1, "recall")):
+        rs = [r for r in rows if r["label"] == label]
+        for fate in FATES:
+            f = [r for r in rs if _fate(r) == fate]
+            if not f: continue
+            bp, cp = sum(_said_manipulated(b[r["sample"]]) for r in f), sum(_said_manipulated(r) for r in f)
+            gained = sum(_said_manipulated(r) == label and _said_manipulated(b[r["sample"]]) != label for r in f)
+            lost = sum(_said_manipulated(r) != label and _said_manipulated(b[r["sample"]]) == label for r in f)
+            sign = -1 if label == 0 else 1
+            out.append(dict(metric=metric, fate=fate, images=len(f), base_flagged=bp, flagged=cp, gained=gained, lost=lost,
+                            change_pts=100 * sign * (cp - bp) / len(rs)))
+    return pd.DataFrame(out, columns=["metric", "fate", "images", "base_flagged", "flagged", "gained", "lost", "change_pts"])
+
+# %% ../../nbs/06e_triage.study.ipynb #3392b29d
+def event_finding(coll: str, name: str, rows: list[dict], base_name: str, base: list[dict], n_boot: int = 1000,
+                  seed: int = 0) -> str:
+    "One generated sentence: what `name`'s auditors removed and lost on `coll`, and where its change against `base_name` came from."
+    tt = triage_table(rows, n_boot, seed)
+    pooled = tt[tt.detector == "all"].set_index("event")
+    def share(cls):
+        if cls not in pooled.index: return f"no {cls} fire"
+        r = pooled.loc[cls]
+        return f"{int(r.dropped)} of {int(r.events)} {cls} fires ({fmt_ci((r.share_dropped, r.share_lo, r.share_hi))} %)"
+    dc = change_decomposition(rows, base)
+    parts = []
+    for metric in ("specificity", "recall"):
+        d = dc[dc.metric == metric]
+        if not len(d): continue
+        by = "; ".join(f"{r.fate} {r.change_pts:+.1f}" for r in d.itertuples() if r.change_pts)
+        parts.append(f"{metric} {d.change_pts.sum():+.1f} pts" + (f" ({by})" if by else " (no image changed)"))
+    return (f"{coll.upper()}, {name}: the auditors dropped {share('authentic')} (false alarms removed) and "
+            f"{share('in scope, manipulated')} (true evidence lost), {share('out of scope, manipulated')}; against "
+            f"{base_name}: {', '.join(parts)}.")
 
 # %% ../../nbs/06e_triage.study.ipynb #7eb3fbde
 def figure2(raw: pd.DataFrame, title: str = "", paper: bool = False):
@@ -403,8 +502,9 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
             results[(c.name, coll)] = [by_key[s.id] for s in ss if s.id in by_key and _usable(by_key[s.id])]
             retry = [by_key[s.id] for s in ss if s.id in by_key and by_key[s.id].get("status") == "failed" and _usable(by_key[s.id])]
             if retry:
-                warnings.warn(f"{coll}/{c.name}: {len(retry)} case(s) failed (counted as wrong here); a re-run retries them "
-                              f"up to {max_attempts} attempts in all; first: {retry[0]['key']}: {retry[0].get('failure')}")
+                warnings.warn(f"{coll}/{c.name}: {len(retry)} case(s) failed or were judged with missing auditors (counted as "
+                              f"they stand here); a re-run retries them up to {max_attempts} attempts in all; first: "
+                              f"{retry[0]['key']}: {retry[0].get('failure') or retry[0].get('auditor_failure')}")
     timing["agents_s"] = sum(v for k, v in timing.items() if k not in ("stage0_s", "agents_s"))
     return results, timing
 
@@ -413,7 +513,8 @@ def _failure_kind(why: str | None) -> str | None:
     return None if not why else why.split(":", 1)[0].strip() or "unknown"
 
 def run_totals(results: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
-    "Per (configuration, collection) and in all: cases, failures by kind, calls, tokens, cost and case wall time."
+    """Per (configuration, collection) and in all: cases, failures by kind, retried cases, cases judged with some auditor
+    missing (its call failed on the last attempt), calls, tokens, cost and case wall time."""
     out = []
     for (name, coll), rows in results.items():
         u = [r.get("usage") or {} for r in rows]
@@ -424,6 +525,7 @@ def run_totals(results: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
         out.append(dict(config=name, collection=coll, cases=len(rows), failed=sum(kinds.values()),
                         failures_by_kind="; ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "-",
                         retried=sum(1 for r in rows if r.get("attempts", 1) > 1),
+                        missing_auditors=sum(1 for r in rows if r.get("missing_auditors")),
                         calls=sum(x.get("calls", 0) for x in u), failed_calls=sum(x.get("failed_calls", 0) for x in u),
                         cached_calls=sum(x.get("cached_calls", 0) for x in u),
                         input_tokens=sum(x.get("input_tokens", 0) for x in u), output_tokens=sum(x.get("output_tokens", 0) for x in u),
