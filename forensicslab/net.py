@@ -8,8 +8,10 @@ Docs: https://forensicslab.github.io/forensicslab/net.html.md"""
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
+import re
 import socket
 import threading
 import time
@@ -18,12 +20,14 @@ from datetime import datetime, timezone
 from functools import cache
 from typing import Any, Callable, Optional
 
+import httpx
 import tenacity
 
 from .core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['log', 'Retryable', 'RetriesExhausted', 'parse_retry_after', 'RetryPolicy', 'Served']
+__all__ = ['log', 'Retryable', 'RetriesExhausted', 'parse_retry_after', 'RetryPolicy', 'is_rate_limit', 'Served',
+           'DeadlineExceeded', 'BodyTooLarge', 'CappedReply', 'request_capped']
 
 # %% ../nbs/01a_net.ipynb #6f6a86de
 log = logging.getLogger("forensicslab.net")
@@ -54,12 +58,15 @@ def parse_retry_after(headers) -> Optional[float]:
 # %% ../nbs/01a_net.ipynb #8a20b7f3
 @dataclass
 class RetryPolicy:
-    "Bounded retries of `retry_on` errors: `max_attempts` in all, exponential backoff from `base_delay`, +-`jitter` fraction."
+    """Bounded retries of `retry_on` errors: `max_attempts` in all, exponential backoff from `base_delay`, +-`jitter`
+    fraction. A rate limit (HTTP 429) is not a failed attempt but a request to wait: up to `max_waits` of them are
+    honoured on top of `max_attempts`, each for the server's `retry_after` (capped at `max_retry_after`)."""
     max_attempts: int = 5
     base_delay: float = 0.5
     max_delay: float = 30.0
     jitter: float = 0.25
     max_retry_after: float = 120.0
+    max_waits: int = 20
     retry_on: tuple = (Retryable,)
 
     def __post_init__(self):
@@ -71,27 +78,37 @@ class RetryPolicy:
         d = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
         return d * (1 + self.jitter * (2 * (rng or random).random() - 1))
 
+def is_rate_limit(e: BaseException) -> bool:
+    "Whether `e` is a server's request to slow down (HTTP 429), which waits rather than counts as a failed attempt."
+    return getattr(e, "status", None) == 429
+
 # %% ../nbs/01a_net.ipynb #a74dc988
 def _call(self: RetryPolicy, fn: Callable[..., Any], *, total_timeout: Optional[float] = None, min_attempt_s: float = 0.5,
           sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
           describe: str = "call") -> tuple[Any, int]:
     """`(fn(), attempts)` with retries per the policy (`fn(seconds_left)` under `total_timeout`); raises
-    `RetriesExhausted` when they run out. Another error propagates at once (its `attempts`, if it has one, set)."""
+    `RetriesExhausted` when they run out. Another error propagates at once (its `attempts`, if it has one, set).
+    Rate limits (`is_rate_limit`) do not use up `max_attempts`; they are bounded by `max_waits` and the time budget."""
     deadline = None if total_timeout is None else clock() + float(total_timeout)
-    n = [0]
+    n, waits = [0], [0]
     def attempt():
         n[0] += 1
-        return fn() if deadline is None else fn(max(deadline - clock(), 0.0))
+        try: return fn() if deadline is None else fn(max(deadline - clock(), 0.0))
+        except BaseException as e:
+            if is_rate_limit(e): waits[0] += 1
+            raise
     def out_of_time(rs): return deadline is not None and deadline - clock() - rs.upcoming_sleep < min_attempt_s
+    def spent(rs): return n[0] - waits[0] >= self.max_attempts or waits[0] > self.max_waits
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(tuple(self.retry_on)), sleep=sleep,
-        stop=tenacity.stop_any(tenacity.stop_after_attempt(self.max_attempts), out_of_time),
-        wait=lambda rs: self.delay(rs.attempt_number, getattr(rs.outcome.exception(), "retry_after", None)),
+        stop=tenacity.stop_any(spent, out_of_time),
+        wait=lambda rs: self.delay(rs.attempt_number - waits[0] if not is_rate_limit(rs.outcome.exception()) else 1,
+                                   getattr(rs.outcome.exception(), "retry_after", None)),
         before_sleep=lambda rs: log.info("%s: attempt %d failed (%s); retrying in %.2fs", describe, rs.attempt_number,
                                          rs.outcome.exception(), rs.upcoming_sleep))
     try: return retrying(attempt), n[0]
     except tenacity.RetryError as e:
-        raise RetriesExhausted(e.last_attempt.exception(), n[0], out_of_time=n[0] < self.max_attempts) from None
+        raise RetriesExhausted(e.last_attempt.exception(), n[0], out_of_time=not spent(None)) from None
     except Exception as e:
         if hasattr(e, "attempts"): e.attempts = n[0]
         raise
@@ -157,3 +174,63 @@ class Served:
 
     def __enter__(self): return self.start()
     def __exit__(self, *exc): self.close()
+
+# %% ../nbs/01a_net.ipynb #c4b1e002
+class DeadlineExceeded(Retryable):
+    "No complete reply (connection, headers and the whole body) within the request's total deadline."
+
+class BodyTooLarge(ForensicsLabError):
+    "A reply body over its size cap: reading stopped at the cap and nothing of it is kept."
+    def __init__(self, message: str, *, limit: int):
+        super().__init__(message)
+        self.limit = limit
+
+@dataclass
+class CappedReply:
+    "A reply read whole within its deadline and cap: `status`, `headers`, raw `body` bytes, `elapsed_s`."
+    status: int
+    headers: Any
+    body: bytes
+    elapsed_s: float = 0.0
+
+    def text(self) -> str:
+        "The body as UTF-8 (raises `UnicodeDecodeError` on invalid bytes: callers decide whether that is worth a retry)."
+        return self.body.decode("utf-8")
+
+    def json(self) -> Any:
+        "The body parsed as JSON (strict UTF-8)."
+        return json.loads(self.text())
+
+def request_capped(client: httpx.Client, method: str, url: str, *, deadline_s: float, max_bytes: int,
+                   clock: Callable[[], float] = time.monotonic, **kw) -> CappedReply:
+    """One request whose reply is read whole within `deadline_s` seconds in total and at most `max_bytes` bytes
+    (decoded). Raises `DeadlineExceeded` (a `Retryable`) when time runs out, `BodyTooLarge` past the cap and
+    `Retryable` for a failed connection; `kw` goes to `client.stream` (`json`, `headers`, ...)."""
+    t0 = clock()
+    end = t0 + float(deadline_s)
+    late = lambda: DeadlineExceeded(f"{method} {url}: no complete reply within the {deadline_s:g} s deadline")
+    if deadline_s <= 0: raise late()
+    timer = None
+    try:
+        with client.stream(method, url, timeout=httpx.Timeout(max(end - clock(), 0.001)), **kw) as r:
+            timer = threading.Timer(max(end - clock(), 0.0), r.close)   # the total deadline, whatever the server trickles
+            timer.daemon = True
+            timer.start()
+            declared = r.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise BodyTooLarge(f"{method} {url}: reply of {int(declared)} bytes declared, over the {max_bytes}-byte cap; "
+                                   f"not read", limit=max_bytes)
+            buf = bytearray()
+            for chunk in r.iter_bytes():
+                buf += chunk
+                if len(buf) > max_bytes:
+                    raise BodyTooLarge(f"{method} {url}: reply over the {max_bytes}-byte cap; reading stopped", limit=max_bytes)
+                if clock() > end: raise late()
+            if clock() > end: raise late()
+            return CappedReply(r.status_code, r.headers, bytes(buf), clock() - t0)
+    except (BodyTooLarge, DeadlineExceeded): raise
+    except (httpx.HTTPError, OSError, RuntimeError) as e:   # a stream the timer closed raises one of these, as does a dropped connection
+        if clock() >= end - 0.01 or isinstance(e, httpx.TimeoutException): raise late() from None
+        raise Retryable(f"{method} {url}: connection failed ({type(e).__name__})") from None
+    finally:
+        if timer is not None: timer.cancel()
