@@ -499,3 +499,29 @@ def test_analyze_batch_over_folders(tmp_path):
     index = (out / "index.html").read_text()
     assert index.count("report</a>") == 2 and all((out / x["report"]).is_file() for x in lines)
     assert len((out / "results.csv").read_text().splitlines()) == 3
+
+
+def test_auditor_outage_then_recovery_leaves_no_case_on_missing_auditors(tmp_path):
+    "Auditor calls fail (judge fine), then recover: first run marks the cases for retry and counts missing auditors; the resume re-asks them."
+    from forensicslab.chat.testing import Fault, openai_server
+    from forensicslab.triage.study import run_grid, run_totals
+    samples, ev, role = _two_samples(tmp_path), Evidence(tmp_path / "detcache"), _Role(drop=())
+    state = {"down": True}
+    def responder(req):
+        t = req["messages"][-1]["content"]
+        t = t if isinstance(t, str) else "\n".join(p.get("text", "") for p in t if p.get("type") == "text")
+        return Fault(500) if state["down"] and "Detector id: noise" in t else role(req)
+    with openai_server(responder) as url:
+        cfg = paper_configs(backbone=f"openai-compatible:{url}#g")[3]
+        with pytest.warns(UserWarning, match="missing auditors"):
+            first, _ = run_grid([cfg], {"id": samples}, ev, tmp_path / "out", progress=False, timeout=5)
+        rows = first[("complete", "id")]
+        assert all(r["status"] == "failed" and r["missing_auditors"] == ["noise"] and r["pred"] is not None for r in rows)
+        assert run_totals(first).iloc[0].missing_auditors == 2
+        state["down"] = False
+        hits = url.hits
+        again, _ = run_grid([cfg], {"id": samples}, ev, tmp_path / "out", progress=False, timeout=5)
+        assert url.hits > hits                                              # the resume made calls
+    rows = again[("complete", "id")]
+    assert all(r["status"] == "ok" and not r.get("missing_auditors") and r["attempts"] == 2 for r in rows)
+    assert all("noise" in r["failure_history"][0] for r in rows) and run_totals(again).iloc[0].missing_auditors == 0
