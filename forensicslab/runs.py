@@ -28,10 +28,11 @@ from tqdm.auto import tqdm
 from .core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'RunBusy', 'RunConfigMismatch',
-           'FolderLock', 'RunFolder', 'Run', 'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir',
-           'cache_dir', 'portable_path', 'resolve_portable', 'machine_info', 'read_run_record', 'note_run',
-           'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record']
+__all__ = ['SET_ASIDE', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'RunBusy',
+           'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root', 'study_output_dir',
+           'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable', 'machine_info',
+           'read_run_record', 'note_run', 'part_files', 'part_written', 'part_skipped', 'skipped_parts',
+           'write_run_record']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -77,16 +78,22 @@ class RunBusy(ForensicsLabError, RuntimeError):
 class RunConfigMismatch(ForensicsLabError, ValueError):
     "The run folder holds rows of another configuration (a `ValueError` too, for old `except` clauses)."
 
+class RunError(ForensicsLabError, ValueError):
+    "A run that cannot go on as asked: duplicate case keys, an unknown executor, a run file that cannot be read or written (the message names the file)."
+
 try: import fcntl
 except ImportError: fcntl = None  # Windows: no advisory locks; one writer per folder is then up to the user
 
 class FolderLock:
-    "Exclusive advisory lock on `<folder>/.lock` (`fcntl.flock`); waits up to `timeout` s, then raises `RunBusy`."
-    def __init__(self, folder: str | Path, timeout: float = 0.0):
-        self.path, self.timeout, self.fd = Path(folder) / ".lock", timeout, None
+    """Exclusive advisory lock on `<folder>/<name>` (`fcntl.flock`, `name` defaults to `.lock`); waits up to `timeout` s,
+    then raises `RunBusy` naming `what` (default: the folder) and the holder."""
+    def __init__(self, folder: str | Path, timeout: float = 0.0, name: str = ".lock", what: str | None = None):
+        self.path, self.timeout, self.fd = Path(folder) / name, timeout, None
+        self.what = what or str(Path(folder))
 
     def __enter__(self) -> "FolderLock":
         if fcntl is None: return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -97,7 +104,7 @@ class FolderLock:
                 if time.monotonic() >= deadline:
                     holder = self.holder()
                     os.close(fd)
-                    raise RunBusy(f"{self.path.parent} is being written by another run ({holder}); wait for it to "
+                    raise RunBusy(f"{self.what} is being written by another run ({holder}); wait for it to "
                                   "finish, pass lock_timeout=SECONDS to wait, or use another folder") from None
                 time.sleep(0.05)
         me = dict(pid=os.getpid(), host=socket.gethostname(), since=datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -119,6 +126,9 @@ class FolderLock:
             self.fd = None
 
 # %% ../nbs/02_runs.ipynb #dd258326
+SET_ASIDE = "rows.set-aside.jsonl"
+"Where lines of `rows.jsonl` that are not rows (not JSON, not an object with a string `key`) are moved, untouched."
+
 class RunFolder:
     "The storage of a run: `manifest.json` (what produced the rows) and `rows.jsonl` (one row per finished case)."
     def __init__(self, folder: str | Path, config: dict | None = None, seed: int = 0,
@@ -133,11 +143,22 @@ class RunFolder:
             with FolderLock(self.folder, timeout=max(lock_timeout, 10.0)):  # creation takes milliseconds
                 self._check_manifest()
 
+    def _read_manifest(self) -> Optional[dict]:
+        "The manifest as a dict; None when it is unreadable and no row depends on it; else `RunError` naming the file."
+        try:
+            m = json.loads(self.manifest_path.read_bytes().decode("utf-8"))
+            if isinstance(m, dict): return m
+        except (UnicodeDecodeError, json.JSONDecodeError): pass
+        if self.rows_path.exists() and self.rows_path.stat().st_size:
+            raise RunError(f"{self.manifest_path}: not a readable run manifest (corrupt?), so the rows beside it cannot be "
+                           f"checked against this configuration; restore the file or delete the folder {self.folder}")
+        return None
+
     def _check_manifest(self):
-        "Refuse another configuration's folder; write the manifest when the folder is new."
+        "Refuse another configuration's folder; write the manifest when the folder is new (or its manifest unreadable with no rows)."
         h = config_hash({"config": self.config, "seed": self.seed, "backends": self.backends})
-        if self.manifest_path.exists():
-            old = json.loads(self.manifest_path.read_text())
+        old = self._read_manifest() if self.manifest_path.exists() else None
+        if old is not None:
             if old.get("config_hash") != h:
                 raise RunConfigMismatch(f"{self.folder}: this run folder holds rows of another configuration "
                                         f"(hash {old.get('config_hash')} != {h}); use a new folder or delete this one")
@@ -150,7 +171,7 @@ class RunFolder:
     @property
     def manifest(self) -> dict:
         "The run's manifest: configuration, seed, backends, git commit, package versions."
-        return json.loads(self.manifest_path.read_text())
+        return self._read_manifest() or {}
 
     def _repair_tail(self):
         "Drop a torn last line left by a crash in the middle of a write."
@@ -159,15 +180,32 @@ class RunFolder:
         if data and not data.endswith(b"\n"):
             with open(self.rows_path, "r+b") as f: f.truncate(data.rfind(b"\n") + 1)
 
+    def _read_lines(self) -> tuple[dict[str, dict], list[bytes]]:
+        "Rows by key (the last one per key wins) and the lines that are not rows."
+        if not self.rows_path.exists(): return {}, []
+        rows, bad = {}, []
+        for raw in self.rows_path.read_bytes().splitlines():
+            if not raw.strip(): continue
+            try: r = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError): r = None
+            if isinstance(r, dict) and isinstance(r.get("key"), str): rows[r["key"]] = r
+            else: bad.append(raw)
+        return rows, bad
+
+    def _set_aside(self, log: Callable[[str], None] | None = None) -> int:
+        "Move the lines of `rows.jsonl` that are not rows to `rows.set-aside.jsonl` (a writer calls it under the lock); returns how many."
+        rows, bad = self._read_lines()
+        if not bad: return 0
+        keep = [raw for raw in self.rows_path.read_bytes().splitlines() if raw.strip() and raw not in set(bad)]
+        with open(self.folder / SET_ASIDE, "ab") as f: f.write(b"".join(b + b"\n" for b in bad))
+        _atomic_write(self.rows_path, b"".join(b + b"\n" for b in keep))
+        (log or (lambda m: print(m, file=sys.stderr)))(
+            f"{self.rows_path}: {len(bad)} line(s) that are not rows set aside in {self.folder / SET_ASIDE}")
+        return len(bad)
+
     def rows(self) -> list[dict]:
-        "All finished rows, the last row per key winning (a retried failure supersedes the failure)."
-        if not self.rows_path.exists(): return []
-        out = {}
-        for line in self.rows_path.read_text().splitlines():
-            try: r = json.loads(line)
-            except json.JSONDecodeError: continue
-            out[r["key"]] = r
-        return list(out.values())
+        "All finished rows, the last row per key winning (a retried failure supersedes the failure); lines that are not rows are skipped."
+        return list(self._read_lines()[0].values())
 
     def done_keys(self) -> set[str]:
         "Keys that need no more work: finished ones (and failed ones when `retry_failed` is off)."
@@ -175,17 +213,29 @@ class RunFolder:
 
     def _append(self, row: dict):
         line = (json.dumps(row, default=str) + "\n").encode()
-        fd = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally: os.close(fd)
+            fd = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally: os.close(fd)
+        except OSError as e:
+            raise RunError(f"{self.rows_path}: cannot append a row ({e.strerror or e}); free disk space or check the "
+                           "folder's permissions, then run again (finished rows are kept)") from None
+
 
 # %% ../nbs/02_runs.ipynb #ba594413
-def _atomic_write(path: Path, text: str):
+def _atomic_write(path: Path, text: str | bytes):
+    "Write `path` whole or not at all (a temp file renamed over it); a failure names the file."
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        if isinstance(text, bytes): tmp.write_bytes(text)
+        else: tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"{path}: cannot write ({e.strerror or e}); free disk space or check the folder's permissions") from None
+
 
 # %% ../nbs/02_runs.ipynb #08cf0b4e
 class Run(RunFolder):
@@ -195,9 +245,12 @@ class Run(RunFolder):
         "Run the unfinished cases (`fn(payload) -> dict`), append a row for each, and return all rows in case order."
         cases = list(cases)
         keys = [c.key for c in cases]
-        if len(set(keys)) != len(keys): raise ValueError("case keys must be unique within a run")
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise RunError(f"case keys must be unique within a run; {dup!r} is given twice")
         with FolderLock(self.folder, self.lock_timeout):
             self._repair_tail()
+            self._set_aside()   # a line that is not a row is moved aside, never fatal
             done = self.done_keys()  # read under the lock: a writer that waited skips what the other one finished
             todo = [c for c in cases if c.key not in done]
             bar = tqdm(total=len(cases), initial=len(cases) - len(todo), desc=desc or self.folder.name,
@@ -241,7 +294,7 @@ def _dispatch(todo: list[Case], fn, workers: int, executor: str):
             yield c, r, e, dt
         return
     Pool = {"thread": cf.ThreadPoolExecutor, "process": cf.ProcessPoolExecutor}.get(executor)
-    if Pool is None: raise ValueError(f"unknown executor {executor!r}; use 'thread', 'process' or 'ray'")
+    if Pool is None: raise RunError(f"unknown executor {executor!r}; use 'thread', 'process' or 'ray'")
     pool = Pool(max_workers=workers)
     try:
         futs = {pool.submit(_timed, fn, c.payload): c for c in todo}
@@ -276,9 +329,13 @@ def project_root(start: str | Path | None = None) -> Path:
     return p
 
 def study_output_dir(study: str, out_dir: str | Path | None = None, quick: bool = True) -> Path:
-    "Where a study writes: `out_dir` if given, else `outputs/<study>` for full runs, a temp folder for quick ones."
+    """Where a study writes: `out_dir` if given, else `outputs/<study>` for full runs, and for quick ones a new folder
+    `forensicslab-quick/<study>-XXXX` under the temp folder, one per run, so concurrent quick runs never share one."""
     if out_dir: d = Path(out_dir)
-    elif quick: d = Path(tempfile.gettempdir()) / "forensicslab-quick" / study
+    elif quick:
+        base = Path(tempfile.gettempdir()) / "forensicslab-quick"
+        base.mkdir(parents=True, exist_ok=True)
+        d = Path(tempfile.mkdtemp(prefix=f"{study}-", dir=base))
     else: d = project_root() / "outputs" / study
     d.mkdir(parents=True, exist_ok=True)
     return d

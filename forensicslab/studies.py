@@ -8,24 +8,28 @@ Docs: https://forensicslab.github.io/forensicslab/studies.html.md"""
 from __future__ import annotations
 
 import ast
+import hashlib
 import itertools
 import json
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import part_files, project_root, skipped_parts, study_output_dir, write_run_record
+from .runs import (FolderLock, config_hash, note_run, part_files, project_root, skipped_parts, study_output_dir,
+                               write_run_record)
 
 # %% auto #0
-__all__ = ['STUDY_ORDER', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies',
-           'study_path', 'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters',
-           'run_study', 'load_grid', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
+__all__ = ['STUDY_ORDER', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed',
+           'list_studies', 'study_path', 'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args',
+           'check_parameters', 'run_study', 'load_grid', 'cell_name', 'grid_cells', 'cell_cost', 'numeric_columns',
+           'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -149,7 +153,6 @@ def _replace_dir(src: Path, dest: Path) -> None:
 
 def _carry_skipped(stage: Path, final: Path) -> None:
     "Copy the earlier files of every part the new run skipped from `final` into `stage`, and note them."
-    from forensicslab.runs import note_run
     if not final.is_dir(): return
     for part, why in skipped_parts(stage).items():
         kept = [f for f in part_files(final, part) if not (stage / f.name).exists()]
@@ -172,19 +175,36 @@ def _open_stage(stage: Path, final: Path, record: dict) -> None:
         if (final / sub).is_dir(): shutil.copytree(final / sub, stage / sub)
     mark.write_text(key, encoding="utf-8")
 
+def _study_lock(final: Path) -> FolderLock:
+    "The lock of one study output folder, kept in the temp folder (not beside the outputs, which git tracks)."
+    key = hashlib.sha256(str(final).encode()).hexdigest()[:16]
+    return FolderLock(Path(tempfile.gettempdir()) / "forensicslab-locks", name=f"study-{key}.lock", what=str(final))
+
 def run_study(name: str | Path, params: dict | None = None, out_root: str | Path | None = None,
               kernel: str = "python3", progress: bool = True, out_dir: str | Path | None = None) -> Path:
-    "Execute one study notebook with papermill (full configuration by default), written aside; returns the executed notebook."
-    import papermill as pm
+    """Execute one study notebook with papermill (full configuration by default), written aside; returns the executed
+    notebook. `params["out_dir"]` (`-p out_dir X`) names the output folder itself, like `out_dir`; one study output
+    folder has one writer at a time (a second run into it is refused with `RunBusy`)."""
     nb = study_path(name)
     params = dict(params or {})
     check_parameters(nb, params)
     stem = Path(nb).stem
+    given = params.pop("out_dir", None)
+    if given not in (None, ""):   # the notebook's out_dir is always the staging folder; the user's is the final one
+        if out_root is not None or (out_dir is not None and Path(out_dir).resolve() != Path(given).expanduser().resolve()):
+            raise StudyError(f"two output folders given ({given} and {out_dir or out_root}): "
+                             "name it once, with -p out_dir or with --out")
+        out_dir = Path(given).expanduser()
     quick = bool(params.get("quick", False))
     if out_dir is None and out_root is None and quick:
-        out_dir = study_output_dir(stem, quick=True)   # a quick run never writes over the reference outputs
+        out_dir = study_output_dir(stem, quick=True)   # a new scratch folder: never the reference outputs, never shared
     if out_dir is None: out_dir = (Path(out_root) if out_root else project_root() / "outputs") / stem
     final = Path(out_dir).resolve()
+    with _study_lock(final):
+        return _run_staged(nb, stem, params, final, kernel, progress)
+
+def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool) -> Path:
+    import papermill as pm
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
     p = {"quick": False, **params, "out_dir": str(stage)}
     record = {**study_defaults(nb), **p}
@@ -210,38 +230,65 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     return final / f"{stem}.ipynb"
 
 # %% ../nbs/02b_studies.ipynb #379fd43a
+GRID_KEYS = ("study", "studies", "params", "grid", "out", "summary", "kernel")
+"The top-level keys of a grid file; any other key (`parms:`, `gird:`) is refused, never ignored."
+
+def _same(v) -> str: return json.dumps(v, sort_keys=True, default=str)
+
 def load_grid(path: str | Path) -> dict:
-    "Read and check a batch grid file (YAML): `study` or `studies`, `params`, `grid`, optional `out`, `summary`."
+    "Read and check a batch grid file (YAML): `study` or `studies`, `params`, `grid`, optional `out`, `summary`, `kernel`."
     p = Path(path)
     if not p.is_file(): raise StudyError(f"{p}: no such grid file")
     try: g = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e: raise StudyError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(g, dict): raise StudyError(f"{p}: a grid file is a mapping with 'study' and 'grid'")
+    unknown = [str(k) for k in g if k not in GRID_KEYS]
+    if unknown: raise StudyError(f"{p}: unknown key {unknown[0]!r} in the grid file (a misspelling?); "
+                                 f"its keys are {', '.join(GRID_KEYS)}")
     studies = g.get("studies") or ([g["study"]] if g.get("study") else [])
+    if not isinstance(studies, list): studies = [studies]
     if not studies: raise StudyError(f"{p}: name the study to run ('study: triage_table4' or 'studies: [...]')")
-    axes = g.get("grid") or {}
+    axes, params = g.get("grid") or {}, g.get("params") or {}
     if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
         raise StudyError(f"{p}: 'grid' maps each parameter to a non-empty list of values")
+    if not isinstance(params, dict): raise StudyError(f"{p}: 'params' maps parameter names to values")
+    for k in [*params, *axes]:
+        if not isinstance(k, str) or not k.isidentifier(): raise StudyError(f"{p}: parameter name {k!r} is not a Python identifier")
+    both = [k for k in axes if k in params]
+    if both: raise StudyError(f"{p}: {both[0]!r} is both in 'params' and in 'grid'; keep it in one of them")
+    for k, vs in axes.items():
+        seen = [_same(v) for v in vs]
+        dup = next((v for i, v in enumerate(vs) if seen.index(seen[i]) != i), None)
+        if len(set(seen)) != len(seen): raise StudyError(f"{p}: grid {k!r} lists the value {dup!r} twice")
     base = p.parent
     studies = [str((base / s).resolve()) if str(s).endswith(".ipynb") else str(s) for s in studies]
+    if len({Path(s).stem for s in studies}) != len(studies): raise StudyError(f"{p}: a study is named twice in 'studies'")
     out = Path(g["out"]) if g.get("out") else Path("outputs") / "batch" / p.stem
     if not out.is_absolute(): out = project_root(base) / out
-    return dict(studies=studies, params=dict(g.get("params") or {}), grid=axes, out=out, summary=g.get("summary"),
+    return dict(studies=studies, params=dict(params), grid=axes, out=out, summary=g.get("summary"),
                 kernel=g.get("kernel", "python3"))
 
 def _slug(v: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", json.dumps(v) if not isinstance(v, str) else v).strip("-")[:40] or "empty"
 
+def cell_name(study: str | Path, params: dict, grid_keys: Iterable[str] = ()) -> str:
+    """The folder name of a grid cell: a readable prefix (study and grid values, cut short) and a hash of the study and
+    of every parameter, so two cells differ in name whenever any parameter differs, however long the values."""
+    stem = Path(study).stem
+    readable = "__".join([stem] + [f"{k}={_slug(params[k])}" for k in grid_keys])[:100]
+    return f"{readable}--{config_hash({'study': stem, 'params': params})[:10]}"
+
 def grid_cells(grid: dict) -> list[tuple[str, str, dict]]:
-    "Every `(study, cell name, parameters)` of a loaded grid, in a stable order."
+    "Every `(study, cell name, parameters)` of a loaded grid, in a stable order; cell names are unique."
     keys = list(grid["grid"])
     out = []
     for study in grid["studies"]:
         for values in itertools.product(*(grid["grid"][k] for k in keys)):
-            cell = dict(zip(keys, values))
-            name = "__".join([Path(study).stem] + [f"{k}={_slug(v)}" for k, v in cell.items()])
-            out.append((study, name, {**grid["params"], **cell}))
+            params = {**grid["params"], **dict(zip(keys, values))}
+            out.append((study, cell_name(study, params, keys), params))
+    if len({n for _, n, _ in out}) != len(out): raise StudyError("two grid cells map to one folder name")
     return out
+
 
 # %% ../nbs/02b_studies.ipynb #bbbf86cd
 def cell_cost(folder: str | Path) -> float:
@@ -280,9 +327,12 @@ def _grid_value(v):
     return v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v)
 
 def _stack_summary(done: list[dict], table: str, out: Path):
+    "Stack `table` of every finished cell, once per cell folder (a folder listed twice is an error, never a second row set)."
     import pandas as pd
-    frames = []
+    frames, seen = [], set()
     for c in done:
+        if c["folder"] in seen: raise StudyError(f"cell folder {c['folder']} is listed twice; the summary would count it twice")
+        seen.add(c["folder"])
         f = out / c["folder"] / table   # folders are recorded relative to the grid output (an absolute one stays as is)
         if c["status"] != "ok" or not f.is_file(): continue
         df = numeric_columns(pd.read_csv(f))
@@ -295,6 +345,16 @@ def _stack_summary(done: list[dict], table: str, out: Path):
     return df
 
 # %% ../nbs/02b_studies.ipynb #b5ac36ac
+def _finished_cell(marker: Path, params: dict, log: Callable[[str], None]) -> Optional[dict]:
+    "The record of a cell that finished with exactly `params`, or None (absent, failed, other parameters, unreadable)."
+    if not marker.is_file(): return None
+    try: rec = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        log(f"{marker}: not a readable cell record; the cell runs again")
+        return None
+    if not isinstance(rec, dict) or rec.get("status") != "ok": return None
+    return rec if _same(rec.get("params")) == _same(params) else None
+
 def run_batch(grid_file: str | Path, progress: bool = True, log: Callable[[str], None] = print,
               runner: Callable[..., Path] | None = None) -> dict:
     "Run every unfinished cell of a grid file; returns `{cells, summary, cost_usd, out}` and writes `cells.csv`."
@@ -302,33 +362,36 @@ def run_batch(grid_file: str | Path, progress: bool = True, log: Callable[[str],
     g = load_grid(grid_file)
     runner = runner or run_study
     out = Path(g["out"])
-    out.mkdir(parents=True, exist_ok=True)
     cells, records = grid_cells(g), []
     for study, _, params in cells: check_parameters(study, params)
-    bar = tqdm(cells, desc="batch", unit="cell", disable=not progress, dynamic_ncols=True)
-    for study, name, params in bar:
-        folder = out / name
-        marker = folder / "cell.json"
-        if marker.is_file() and json.loads(marker.read_text()).get("status") == "ok":
-            records.append(json.loads(marker.read_text()))
-            continue
-        bar.set_postfix_str(name[-50:])
-        t0, status, error, spent = time.time(), "ok", None, folder
-        try: runner(study, params, out_dir=folder, kernel=g["kernel"], progress=False)
-        except Exception as e:
-            status, error = "failed", " ".join(f"{type(e).__name__}: {e}".split())[:500]
-            spent = getattr(e, "kept", None) or folder   # a failed attempt's runs (and their cost) are kept aside
-            log(f"cell {name} failed: {error}")
-        rec = dict(cell=name, study=Path(study).stem, grid={k: params[k] for k in g["grid"]}, params=params,
-                   status=status, error=error, seconds=round(time.time() - t0, 1), cost_usd=cell_cost(spent),
-                   folder=name)
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(rec, indent=1, default=str))
-        records.append(rec)
-    bar.close()
-    table = pd.DataFrame([{"cell": r["cell"], "status": r["status"], "seconds": r["seconds"],
-                           "cost_usd": r["cost_usd"]} for r in records])
-    table.to_csv(out / "cells.csv", index=False)
-    summary = _stack_summary(records, g["summary"], out) if g.get("summary") else None
+    out.mkdir(parents=True, exist_ok=True)
+    with FolderLock(out):   # one batch per output folder: a second one is refused in one line, not run over it
+        bar = tqdm(cells, desc="batch", unit="cell", disable=not progress, dynamic_ncols=True)
+        for study, name, params in bar:
+            folder = out / name
+            marker = folder / "cell.json"
+            done = _finished_cell(marker, params, log)
+            if done is not None:
+                records.append({**done, "cell": name, "folder": name})
+                continue
+            bar.set_postfix_str(name[-50:])
+            t0, status, error, spent = time.time(), "ok", None, folder
+            try: runner(study, params, out_dir=folder, kernel=g["kernel"], progress=False)
+            except Exception as e:
+                status, error = "failed", " ".join(f"{type(e).__name__}: {e}".split())[:500]
+                spent = getattr(e, "kept", None) or folder   # a failed attempt's runs (and their cost) are kept aside
+                log(f"cell {name} failed: {error}")
+            rec = dict(cell=name, study=Path(study).stem, grid={k: params[k] for k in g["grid"]}, params=params,
+                       status=status, error=error, seconds=round(time.time() - t0, 1), cost_usd=cell_cost(spent),
+                       folder=name)
+            folder.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps(rec, indent=1, default=str))
+            records.append(rec)
+        bar.close()
+        table = pd.DataFrame([{"cell": r["cell"], "status": r["status"], "seconds": r["seconds"],
+                               "cost_usd": r["cost_usd"]} for r in records])
+        table.to_csv(out / "cells.csv", index=False)
+        summary = _stack_summary(records, g["summary"], out) if g.get("summary") else None
     return dict(cells=records, table=table, summary=summary, out=out,
                 cost_usd=float(sum(r["cost_usd"] for r in records)))
+

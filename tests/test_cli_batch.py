@@ -39,21 +39,23 @@ def test_batch_two_cells_resume_after_kill(tmp_path):
     if not exe.exists(): pytest.skip("console script not installed (pip install -e . creates it)")
     cmd = [str(exe), "batch", str(grid), "--no-progress"]
     p = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    first = tmp_path / "out" / "tiny__seed=0" / "cell.json"
+    def marker(seed):   # cell folders: a readable prefix and a hash of every parameter
+        got = list((tmp_path / "out").glob(f"tiny__seed={seed}--*/cell.json"))
+        return got[0] if got else None
     deadline = time.time() + 180
-    while time.time() < deadline and not first.exists():
+    while time.time() < deadline and marker(0) is None:
         time.sleep(0.1)
-    assert first.exists(), p.stdout.read().decode() if p.poll() is not None else "first cell never finished"
+    assert marker(0), p.stdout.read().decode() if p.poll() is not None else "first cell never finished"
     time.sleep(1.0)                                      # the second cell's kernel is running now
     os.killpg(p.pid, signal.SIGKILL)                     # kill the batch and its kernel, mid second cell
     p.wait()
-    assert not (tmp_path / "out" / "tiny__seed=1" / "cell.json").exists()
+    assert marker(1) is None
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = log.read_text().split()
     assert runs.count("0") == 1, f"the finished cell ran again: {runs}"
     assert runs[-1] == "1"
-    cells = json.loads((tmp_path / "out" / "tiny__seed=1" / "cell.json").read_text())
+    cells = json.loads(marker(1).read_text())
     assert cells["status"] == "ok" and cells["cost_usd"] == 0.0
     summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
     assert summary == ["seed,metric,value", "0,acc,0.5", "1,acc,0.6"], summary
@@ -67,6 +69,67 @@ def test_batch_refuses_unknown_parameter(tmp_path):
     from forensicslab.studies import StudyError, run_batch
     with pytest.raises(StudyError, match="has no parameter 'sed'"):
         run_batch(grid, progress=False)
+
+
+def _backbone_study(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('quick = True\nout_dir = ""\nbackbone = ""\nseed = 0')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "python3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_batch_long_backbones_sharing_a_prefix_are_two_cells(tmp_path):
+    """Issue 32 item 3: two backbone names sharing their first 40 characters landed in one folder, the second never
+    ran, the summary held the first row twice and the batch said "2 of 2 cells done". Now: two folders, two runs,
+    one summary row each; a re-run runs nothing, and a changed shared parameter runs both again."""
+    from forensicslab.studies import run_batch
+    study = _backbone_study(tmp_path / "tiny.ipynb")
+    long = "openai-compatible:http://127.0.0.1:8000/v1#qwen2.5-vl-instruct-"
+    ran = []
+    def runner(study, params, out_dir, kernel, progress):
+        ran.append(params["backbone"])
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        Path(out_dir, "t.csv").write_text(f"model,acc\n{params['backbone'][-3:]},{len(params['backbone'])}\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"study: {study}\nout: {tmp_path / 'out'}\nparams: {{seed: 0}}\n"
+                    f"grid:\n  backbone: ['{long}7b', '{long}72b']\nsummary: t.csv\n")
+    r = run_batch(grid, progress=False, runner=runner)
+    assert ran == [long + "7b", long + "72b"]
+    folders = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert len(folders) == 2 and folders[0].split("--")[0] == folders[1].split("--")[0]   # same readable prefix
+    assert sorted(r["summary"]["model"]) == ["-7b", "72b"]
+    assert len(r["summary"]) == 2 and r["summary"]["acc"].nunique() == 2
+    run_batch(grid, progress=False, runner=runner)
+    assert len(ran) == 2                                                                  # both finished: nothing re-runs
+    grid.write_text(grid.read_text().replace("seed: 0", "seed: 1"))
+    run_batch(grid, progress=False, runner=runner)
+    assert len(ran) == 4                                                                  # a changed parameter is a new cell
+
+
+@pytest.mark.parametrize("text,key", [("parms: {seed: 1}\ngrid: {seed: [0]}\n", "parms"),
+                                      ("gird:\n  seed: [0, 1]\n", "gird")])
+def test_batch_refuses_misspelt_grid_keys_in_one_line(tmp_path, capsys, text, key):
+    "Issue 32 item 10: `parms:` and `gird:` were ignored and a cell ran with defaults, exit 0."
+    from forensicslab import cli
+    study = _backbone_study(tmp_path / "tiny.ipynb")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"study: {study}\nout: {tmp_path / 'out'}\n" + text)
+    with pytest.raises(SystemExit) as e: cli.main(["batch", str(grid), "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and f"unknown key '{key}'" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_batch_summary_never_counts_a_cell_twice(tmp_path):
+    from forensicslab.studies import StudyError, _stack_summary
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "t.csv").write_text("acc\n0.5\n")
+    rec = {"folder": "c", "status": "ok", "grid": {"seed": 0}}
+    assert len(_stack_summary([rec], "t.csv", tmp_path)) == 1
+    with pytest.raises(StudyError, match="listed twice"): _stack_summary([rec, dict(rec)], "t.csv", tmp_path)
 
 
 def test_example_grid_for_table4_names_three_backbones():
@@ -137,7 +200,8 @@ def test_batch_summary_is_numeric_and_cell_folders_relative(tmp_path):
     assert list(s.columns) == ["seed", "config", "acc", "acc_lo", "acc_hi", "paper"]
     assert s.seed.tolist() == [0, 1] and s.acc.tolist() == [80.5, 81.5] and s.acc_hi.tolist() == [90.0, 90.0]
     assert s.paper.isna().all() and r["summary"].acc.dtype.kind == "f"
-    assert json.loads((tmp_path / "out" / "tiny__seed=1" / "cell.json").read_text())["folder"] == "tiny__seed=1"
+    folder = r["cells"][1]["folder"]
+    assert folder.startswith("tiny__seed=1--") and json.loads((tmp_path / "out" / folder / "cell.json").read_text())["folder"] == folder
 
 
 def test_study_written_aside_still_resumes_its_runs(tmp_path):
