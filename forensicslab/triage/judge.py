@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextvars
+import hashlib
+import json
 import math
 import threading
 import time
@@ -16,15 +18,18 @@ from itertools import product
 from typing import Literal
 
 import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from ..core import ChatFailure, Detection, ToolCard
 from ..imageio import LoadedImage, load_image
-from .records import AuditVerdict, CaseFacts, CaseResult, TriageError, Usage, Verdict, failed_audit
+from .records import AuditVerdict, CaseFacts, CaseResult, TriageConfigError, TriageError, Usage, Verdict, failed_audit
 from .rules import measure_facts
 
 # %% auto #0
 __all__ = ['AUTHENTIC', 'run_auditors', 'TriagePipeline', 'scope_groups', 'algorithmic_fusion', 'tool_bba', 'dempster', 'belief',
-           'pignistic', 'ds_fusion']
+           'pignistic', 'ds_fusion', 'judge_features', 'LearnedJudge']
 
 # %% ../../nbs/06c_triage.judge.ipynb #8ff48476
 def run_auditors(auditor, image: LoadedImage, detections: dict[str, Detection], cards: dict[str, ToolCard],
@@ -49,7 +54,7 @@ class TriagePipeline:
     "Stage 1 (auditor per detector, concurrent) then Stage 2 (judge), or one single agent."
     def __init__(self, name: str, auditor=None, judge=None, single=None, workers: int = 8):
         if (single is None) == (judge is None):
-            raise ValueError("give either a judge (with an auditor or none) or a single agent, not both or neither")
+            raise TriageConfigError("give either a judge (with an auditor or none) or a single agent, not both or neither")
         self.name, self.auditor, self.judge, self.single, self.workers = name, auditor, judge, single, workers
 
     @property
@@ -119,7 +124,7 @@ AUTHENTIC = "authentic"
 def tool_bba(score: float, scope: frozenset, frame: frozenset, threshold: float = 0.5,
              reliability: float = 1.0) -> dict[frozenset, float]:
     "A tool's discounted BBA over `frame`: belief in its scope, in its complement, and doubt (the whole frame)."
-    if not 0 <= reliability <= 1: raise ValueError(f"reliability must be in [0, 1], got {reliability}")
+    if not 0 <= reliability <= 1: raise TriageConfigError(f"reliability must be in [0, 1], got {reliability}")
     present = max(0.0, (score - threshold) / (1 - threshold))
     absent = max(0.0, (threshold - score) / threshold)
     m = {scope: reliability * present, frame - scope: reliability * absent}
@@ -177,3 +182,63 @@ def ds_fusion(detections: dict[str, Detection], cards: dict[str, ToolCard],
                    is_manipulated=True, locality=_locality(cards[tools[0]]), arbitrated_tools=tools,
                    decision_path=[text, "Pignistic probabilities: " + ", ".join(f"{w} {p:.3f}" for w, p in sorted(bp.items())),
                                   f"Family {fam}: decisive {tools[0]}"]), info
+
+# %% ../../nbs/06c_triage.judge.ipynb #3c30e210
+def judge_features(detections: dict[str, Detection], audits: dict[str, AuditVerdict] | None, facts: CaseFacts | None,
+                   detectors: list[str]) -> np.ndarray:
+    "The learned judge's feature vector of one case: six numbers per detector of `detectors` (in order), then two image facts."
+    out = []
+    for k in detectors:
+        d = detections.get(k)
+        ok = d is not None and d.status == "ok" and d.score is not None
+        raw = d.raw if ok and isinstance(d.raw, dict) else {}
+        mf = facts.maps.get(k) if facts is not None else None
+        out += [d.score if ok else 0.5, float(ok and d.fired), float(ok and raw.get("applicable") is not False),
+                float(ok and (audits is None or k not in audits or audits[k].keep)),
+                mf.hot_fraction if mf else 0.0, mf.top2_share if mf else 0.0]
+    out += [float(bool(facts and facts.faces and facts.faces.n_faces)), float(bool(facts and facts.is_jpeg))]
+    return np.asarray(out, float)
+
+class LearnedJudge:
+    "Stage 2 fitted on labelled cases: a multinomial logistic regression to {authentic, family, ...} (see the notebook)."
+    kind = "learned"
+    def __init__(self, detectors: list[str], model):
+        self.detectors, self.model = list(detectors), model
+        self.classes = [str(c) for c in model.classes_]
+        if AUTHENTIC not in self.classes: raise TriageConfigError("a learned judge needs authentic cases among its training cases")
+
+    @classmethod
+    def fit(cls, cases: list[tuple[dict[str, Detection], CaseFacts | None, str]], detectors: list[str], C: float = 1.0,
+            audits: list[dict[str, AuditVerdict] | None] | None = None) -> "LearnedJudge":
+        "Fit on `(detections, facts, class)` triples (class: `'authentic'` or a family), with each case's audits if any."
+        if len({c for _, _, c in cases}) < 2: raise TriageConfigError("a learned judge needs at least two classes of training cases")
+        audits = audits or [None] * len(cases)
+        X = np.stack([judge_features(d, a, f, detectors) for (d, f, _), a in zip(cases, audits)])
+        y = np.array([c for _, _, c in cases])
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=C, class_weight="balanced", max_iter=5000))
+        return cls(detectors, model.fit(X, y))
+
+    def fingerprint(self) -> str:
+        "A short hash of the fitted coefficients and the detector order (keys the runs that use this judge)."
+        lr = self.model[-1]
+        h = hashlib.sha1(json.dumps([self.detectors, self.classes, np.round(lr.coef_, 8).tolist(),
+                                     np.round(lr.intercept_, 8).tolist()]).encode())
+        return h.hexdigest()[:12]
+
+    def judge(self, image, detections, cards, audits, facts=None, usage=None) -> Verdict:
+        "The verdict from the model's class probabilities (the decisive tool as in the notebook)."
+        p = dict(zip(self.classes, self.model.predict_proba(judge_features(detections, audits, facts, self.detectors)[None])[0]))
+        probs = ", ".join(f"{c} {v:.2f}" for c, v in sorted(p.items(), key=lambda kv: -kv[1]))
+        path = [f"Class probabilities: {probs}."]
+        dets = _ok(detections)
+        if p[AUTHENTIC] >= 0.5 or not dets:
+            return Verdict(reasoning=f"The learned judge gives authentic {p[AUTHENTIC]:.2f}.", is_manipulated=False,
+                           locality="n/a", arbitrated_tools=[], decision_path=path + ["Authentic."])
+        fam = max((c for c in self.classes if c != AUTHENTIC), key=lambda c: (p[c], c))
+        holders = sorted([k for k in dets if fam in cards[k].scope], key=lambda k: (-dets[k].fired, -dets[k].score, k))
+        if not holders: holders = sorted(dets, key=lambda k: (-dets[k].fired, -dets[k].score, k))
+        tools = [holders[0]] + [k for k in holders[1:] if dets[k].fired and fam in cards[k].scope]
+        return Verdict(reasoning=f"The learned judge gives authentic {p[AUTHENTIC]:.2f}; the most probable family is {fam} "
+                                 f"({p[fam]:.2f}), so {tools[0]} is decisive.",
+                       is_manipulated=True, locality=_locality(cards[tools[0]]), arbitrated_tools=tools,
+                       decision_path=path + [f"Family {fam}: decisive {tools[0]}"])

@@ -17,8 +17,8 @@ from pydantic.json_schema import SkipJsonSchema
 from ..core import ChatFailure, Detection, ForensicsLabError, ToolCard
 
 # %% auto #0
-__all__ = ['AuditVerdict', 'Verdict', 'failed_audit', 'Usage', 'TriageError', 'check_tools', 'verdict_schema', 'FaceFacts',
-           'MapFacts', 'CaseFacts', 'CaseResult', 'make_card']
+__all__ = ['AuditVerdict', 'Verdict', 'failed_audit', 'Usage', 'TriageError', 'TriageConfigError', 'check_tools',
+           'verdict_schema', 'FaceFacts', 'MapFacts', 'ContentFacts', 'CaseFacts', 'CaseResult', 'make_card']
 
 # %% ../../nbs/06_triage.records.ipynb #e5bc5678
 class AuditVerdict(BaseModel):
@@ -116,6 +116,9 @@ class Usage(BaseModel):
 class TriageError(ForensicsLabError, RuntimeError):
     "An agent answer that passed the schema but cannot be used (e.g. it names a detector it was not shown, even after a re-ask)."
 
+class TriageConfigError(ForensicsLabError, ValueError):
+    "A configuration or study parameter the triage study cannot run with (unknown preset, a role it does not have, mismatched parameters)."
+
 # %% ../../nbs/06_triage.records.ipynb #44094237
 def _norm_id(name: str) -> str: return re.sub(r"[^a-z0-9]", "", str(name).lower())
 
@@ -157,13 +160,23 @@ class MapFacts(BaseModel):
     mean: float
     bbox: Optional[list[int]] = None
 
+class ContentFacts(BaseModel):
+    """What a perfect visual reader would know about an image's content, read from a benchmark sample's provenance
+    (never from its label): a face in the frame, its JPEG generations, whether it is wholly generated, whether it was
+    resampled or otherwise processed after capture. Only the content-oracle auditor reads it."""
+    face_present: bool
+    jpeg_generations: int
+    wholly_generated: bool
+    processed: bool
+
 class CaseFacts(BaseModel):
-    "What the rule-based agents measure on one case: faces (when a face-scoped card exists) and map shapes."
+    "What the rule-based agents measure on one case: faces (when a face-scoped card exists) and map shapes; `content` only for the oracle."
     width: int
     height: int
     is_jpeg: bool
     faces: Optional[FaceFacts] = None
     maps: dict[str, MapFacts] = Field(default_factory=dict)
+    content: Optional[ContentFacts] = None
 
 # %% ../../nbs/06_triage.records.ipynb #df07ea5d
 class CaseResult(BaseModel):

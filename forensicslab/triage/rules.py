@@ -16,11 +16,13 @@ from scipy import ndimage
 from ..core import Detection, ToolCard
 from ..detectors.builtin.face_blend import locate_faces
 from ..imageio import LoadedImage, fit_within, load_image
-from .records import AuditVerdict, CaseFacts, FaceFacts, MapFacts, Usage, Verdict, failed_audit
+from ..data.photos import FACE_BOXES
+from .records import (AuditVerdict, CaseFacts, ContentFacts, FaceFacts, MapFacts, TriageError, Usage, Verdict,
+                                        failed_audit)
 
 # %% auto #0
 __all__ = ['FACTS_VERSION', 'detect_faces', 'map_facts', 'describe_region', 'measure_facts', 'RuleParams', 'RuleAuditor',
-           'credibility', 'RuleJudge', 'RuleSingleAgent']
+           'credibility', 'RuleJudge', 'content_facts', 'ContentOracleAuditor', 'RuleSingleAgent']
 
 # %% ../../nbs/06a_triage.rules.ipynb #bdeace57
 def detect_faces(image: LoadedImage | Any, max_side: int = 512, min_side_fraction: float = 0.1,
@@ -254,6 +256,52 @@ class RuleJudge:
                                  f"{tools[0]} is the most credible positive ({cred[tools[0]][1]}).",
                        is_manipulated=True, locality=_locality(cards, tools[0]), region=_region(facts, tools[0], cards, kept),
                        arbitrated_tools=tools, decision_path=path)
+
+# %% ../../nbs/06a_triage.rules.ipynb #f946e368
+def _face_in_crop(src: dict, min_overlap: float = 0.5) -> bool:
+    "Whether the crop `src` (`photo`, `x`, `y`, `side`) of a shipped photograph holds at least half of its known face box."
+    box = FACE_BOXES.get(src.get("photo", ""))
+    if box is None or "x" not in src: return False
+    fx, fy, fw, fh = box
+    x, y, s = src["x"], src["y"], src["side"]
+    ix = max(0, min(fx + fw, x + s) - max(fx, x)); iy = max(0, min(fy + fh, y + s) - max(fy, y))
+    return ix * iy >= min_overlap * fw * fh
+
+def content_facts(provenance: dict | None) -> Optional[ContentFacts]:
+    "A benchmark sample's content as a perfect visual reader would know it, from its provenance (`None` without a recipe)."
+    pv = provenance or {}
+    recipe, params = pv.get("recipe"), pv.get("params") or {}
+    if not recipe: return None
+    srcs = pv.get("sources") or []
+    face = recipe.startswith("face_") or bool(srcs and _face_in_crop(srcs[0]))
+    gens = len(params.get("qualities") or []) or (int("q1" in params) + int(pv.get("format") == "JPEG"))
+    processed = bool(params.get("processing")) or bool((params.get("post") or {}).get("resize"))
+    return ContentFacts(face_present=face, jpeg_generations=gens, wholly_generated=recipe.startswith("vae"), processed=processed)
+
+# %% ../../nbs/06a_triage.rules.ipynb #38be31d6
+class ContentOracleAuditor:
+    "Stage 1 from the content oracle: keep a detector exactly when its precondition holds on the image's known content."
+    kind = "rules"
+    def __init__(self, params: RuleParams | None = None, needs_unprocessed: tuple[str, ...] = ("cfa",)):
+        self.params, self.needs_unprocessed = params or RuleParams(), needs_unprocessed
+
+    def audit(self, image: LoadedImage, det: Detection, card: ToolCard, facts: CaseFacts,
+              usage: Usage | None = None) -> AuditVerdict:
+        "Keep or drop one detection from `facts.content` (a `TriageError` when the case has no provenance to read)."
+        if det.status != "ok": return failed_audit(det)
+        c = facts.content if facts is not None else None
+        if c is None: raise TriageError("the content-oracle auditor needs provenance (a benchmark sample's recipe); this case has none")
+        scope = set(card.scope)
+        if scope & set(self.params.face_scope): ok, why = c.face_present, f"a face is {'' if c.face_present else 'not '}in the frame"
+        elif scope <= {"synthesis"}: ok, why = c.wholly_generated, f"the image is {'' if c.wholly_generated else 'not '}wholly generated"
+        elif c.wholly_generated: ok, why = False, "the image is wholly generated: there is no local edit to find"
+        elif det.detector in self.params.needs_jpeg:
+            ok, why = c.jpeg_generations >= 2, f"the image went through {c.jpeg_generations} JPEG generation(s) (two needed)"
+        elif det.detector in self.needs_unprocessed:
+            ok, why = not c.processed, f"the image was {'' if c.processed else 'not '}resampled or processed after capture"
+        else: ok, why = True, "a local edit can exist on this content"
+        return AuditVerdict(reasoning=f"Content oracle: {why}: {card.name} is {'in' if ok else 'out of'} scope here.",
+                            tool_id=det.detector, audit_verdict="valid" if ok else "invalid")
 
 # %% ../../nbs/06a_triage.rules.ipynb #50c3d0d9
 class RuleSingleAgent:

@@ -24,18 +24,24 @@ from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbe
 from ..runs import Case, Run, config_hash
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
 from .data import Evidence, stage0
-from .judge import TriagePipeline, algorithmic_fusion, ds_fusion
-from .records import CaseResult, TriageError
-from .rules import FACTS_VERSION, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent
+from .judge import AUTHENTIC, LearnedJudge, TriagePipeline, algorithmic_fusion, ds_fusion
+from .records import CaseResult, TriageConfigError, TriageError
+from .rules import (FACTS_VERSION, ContentOracleAuditor, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent,
+                                      content_facts)
 
 # %% auto #0
-__all__ = ['DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'TriageConfig', 'paper_configs',
-           'offline_configs', 'presets', 'preset', 'build_config', 'case_row', 'detector_versions', 'failure_history',
-           'open_run', 'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row',
-           'paper_table4', 'table4', 'fire_events', 'triage_table', 'change_decomposition', 'event_finding', 'figure2',
-           'run_grid', 'run_totals', 'calibrate_rules', 'study_configs', 'open_bench', 'quick_out_dir', 'rows_written']
+__all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'LEVER_GRID',
+           'TriageConfig', 'paper_configs', 'offline_configs', 'presets', 'preset', 'build_config', 'case_row',
+           'detector_versions', 'failure_history', 'open_run', 'triage_metrics', 'family_breakdown',
+           'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4', 'fire_events', 'triage_table',
+           'change_decomposition', 'event_finding', 'figure2', 'run_grid', 'run_totals', 'calibrate_rules',
+           'judge_axis_configs', 'fit_learned_judge', 'table4_rule_params', 'study_configs', 'open_bench',
+           'quick_out_dir', 'rows_written']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
+OFFLINE_ROLES = ("rules", "oracle", "learned")
+"Role backends that need no model: rule-based, the content oracle (auditor) and the learned judge."
+
 class TriageConfig(BaseModel):
     "One configuration of the triage study: what runs at each stage, on which backend."
     model_config = ConfigDict(frozen=True)
@@ -46,11 +52,12 @@ class TriageConfig(BaseModel):
     judge: Optional[str] = None
     guided: bool = True
     paper_row: Optional[str] = None
+    rule_params: Optional[dict] = None   # this configuration's own rule parameters (else the run's)
 
     @property
     def offline(self) -> bool:
-        "True when no role needs a model."
-        return all(b in (None, "rules") for b in (self.auditor, self.judge))
+        "True when no role needs a model (rule-based, content-oracle or learned roles)."
+        return all(b in (None, *OFFLINE_ROLES) for b in (self.auditor, self.judge))
 
     @property
     def backends(self) -> dict[str, str]:
@@ -104,14 +111,14 @@ def presets(backbone: str = DEFAULT_BACKBONE, other: str = "openai:gpt-4o", judg
 def preset(name: str, auditor: str | None = None, judge: str | None = None) -> TriageConfig:
     "A preset by name, optionally with the auditor and/or judge backend replaced (e.g. a model spec on a rule-based role)."
     p = presets()
-    if name not in p: raise KeyError(f"unknown configuration {name!r}; presets: {', '.join(p)}")
+    if name not in p: raise TriageConfigError(f"unknown configuration {name!r}; presets: {', '.join(p)}")
     c = p[name]
     if c.kind in ("algorithmic", "ds"):
-        if auditor or judge: raise ValueError(f"configuration {name!r} is a fusion: it has no auditor or judge to put a backend on")
+        if auditor or judge: raise TriageConfigError(f"configuration {name!r} is a fusion: it has no auditor or judge to put a backend on")
         return c
     upd: dict[str, Any] = {}
     if auditor:
-        if c.kind == "single": raise ValueError(f"configuration {name!r} has no auditors (single agent); use --judge-backend")
+        if c.kind == "single": raise TriageConfigError(f"configuration {name!r} has no auditors (single agent); use --judge-backend")
         upd["auditor"] = auditor
     if judge: upd["judge"] = judge
     if upd:
@@ -137,8 +144,10 @@ def _jsonable(x):
 
 def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, reliability: dict | float = 0.8,
                  model_cache: str = "off", cache_path: str | Path | None = None, models: dict | None = None,
-                 workers: int = 8, controls: Any = None, **model_kw) -> Callable[..., CaseResult]:
-    """A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`. With `controls` (a
+                 workers: int = 8, controls: Any = None, learned: LearnedJudge | None = None,
+                 **model_kw) -> Callable[..., CaseResult]:
+    """A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`. `learned` is the fitted
+    judge of a configuration whose judge is `"learned"`; `auditor="oracle"` is the content-oracle auditor. With `controls` (a
     `forensicslab.chat.models.ModelControls` or anything `ModelControls.of` reads) every model is built from
     those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache)."""
     if cfg.kind == "algorithmic": return _fusion_result(cfg, algorithmic_fusion)
@@ -153,13 +162,17 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
                 c = ModelControls.of(controls)
                 models[key] = get_model(c.spec_for(role, spec), controls=c, role=role)
         return models[key]
-    rp = rule_params or RuleParams()
-    if cfg.judge is None: raise ValueError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
+    rp = RuleParams(**cfg.rule_params) if cfg.rule_params else (rule_params or RuleParams())
+    if cfg.judge is None: raise TriageConfigError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
     if cfg.kind == "single":
         single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge, "single"))
         return TriagePipeline(cfg.name, single=single, workers=workers)
-    auditor = None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else LLMAuditor(model(cfg.auditor, "auditor"))
-    judge = RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else LLMJudge(model(cfg.judge, "judge"), guided=cfg.guided)
+    auditor = (None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else ContentOracleAuditor(rp)
+               if cfg.auditor == "oracle" else LLMAuditor(model(cfg.auditor, "auditor")))
+    if cfg.judge == "learned" and learned is None:
+        raise TriageConfigError(f"configuration {cfg.name!r} has a learned judge: fit one (fit_learned_judge) and pass it as learned=")
+    judge = (RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else learned if cfg.judge == "learned"
+             else LLMJudge(model(cfg.judge, "judge"), guided=cfg.guided))
     return TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers)
 
 # %% ../../nbs/06e_triage.study.ipynb #8d9a6719
@@ -212,9 +225,11 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
     `max_attempts` it is kept with `missing_auditors` named, which `run_totals` counts. Each row carries its
     failure history."""
     runner = build_config(cfg, **build_kw)
-    rp = build_kw.get("rule_params") or RuleParams()
+    rp = RuleParams(**cfg.rule_params) if cfg.rule_params else (build_kw.get("rule_params") or RuleParams())
+    learned = build_kw.get("learned") if cfg.judge == "learned" else None
     manifest = dict(study="triage", collection=collection, configuration=cfg.model_dump(), prompts=prompt_hash("triage"),
-                    rule_params=rp.model_dump() if "rules" in (cfg.auditor, cfg.judge) else None,
+                    rule_params=rp.model_dump() if {"rules", "oracle"} & {cfg.auditor, cfg.judge} else None,
+                    **({"learned_judge": learned.fingerprint()} if learned is not None else {}),
                     reliability=build_kw.get("reliability") if cfg.kind == "ds" else None,
                     detectors=detector_versions(evidence), facts=FACTS_VERSION)
     tag = config_hash({"config": manifest, "seed": 0, "backends": cfg.backends})[:8]
@@ -222,6 +237,7 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
     history = failure_history(run)
     def one(s: Sample) -> dict:
         img, dets, cards, facts = evidence(s.image)
+        if cfg.auditor == "oracle": facts = facts.model_copy(update={"content": content_facts(s.provenance)})
         if cfg.offline: row = case_row(s, runner(img, dets, cards, facts), cards, dets)
         else:
             from forensicslab.chat.models import chat_context
@@ -571,6 +587,48 @@ def calibrate_rules(samples: list[Sample], evidence: Evidence, grid: dict | None
     df = df.sort_values(["objective", "accuracy", "changed"], ascending=[False, False, True]).reset_index(drop=True)
     best = df.iloc[0]
     return RuleParams(**{k: best[k] for k in keys}), df
+
+# %% ../../nbs/06e_triage.study.ipynb #5ea76b2a
+LEVER_GRID = dict(lone_penalty=(0.3, 0.5, 0.8, 1.0), accept_min=(0.2, 0.3, 0.45, 0.6))
+"The guided rule judge's levers searched on train (the auditor's thresholds stay at their defaults)."
+
+def judge_axis_configs(levers: RuleParams | None = None, learned: bool = True, oracle: bool = True) -> list[TriageConfig]:
+    "The offline judge-axis rows: content-oracle auditors, the guided rule judge with `levers` (fitted on train), the learned judge."
+    out = []
+    if oracle:
+        out.append(TriageConfig(name="oracle", label="Content-oracle auditors (provenance) + guided rule judge", kind="pipeline",
+                                auditor="oracle", judge="rules"))
+    if levers is not None:
+        out.append(TriageConfig(name="rules-levers", label="Rule-based triage + guided judge, levers fitted on train",
+                                kind="pipeline", auditor="rules", judge="rules", rule_params=levers.model_dump()))
+    if learned:
+        out.append(TriageConfig(name="learned", label="Learned judge (logistic regression fitted on train), no auditors",
+                                kind="pipeline", judge="learned"))
+    return out
+
+def fit_learned_judge(samples: list[Sample], evidence: Evidence, C: float = 1.0) -> LearnedJudge:
+    "Fit the learned judge on labelled samples (use the train collection); manipulated samples of unknown family are left out."
+    cases, names = [], None
+    for s in samples:
+        if s.label == 1 and not s.family: continue
+        _, dets, _, facts = evidence(s.image)
+        names = names or sorted(dets)
+        cases.append((dets, facts, AUTHENTIC if s.label == 0 else s.family))
+    if not cases: raise TriageConfigError("no labelled samples to fit the learned judge on")
+    return LearnedJudge.fit(cases, names, C)
+
+def table4_rule_params(table4_dir: str | Path, given: dict | None = None) -> RuleParams:
+    """The rule parameters Table 4's rows were computed with (its `table4_meta.json`), so that a study reading its rows
+    (Figure 2) computes any missing case alike; `given` parameters must match them (a `TriageConfigError` otherwise).
+    Without a recorded Table 4, `given` (or the defaults)."""
+    meta = Path(table4_dir) / "table4_meta.json"
+    rec = json.loads(meta.read_text()).get("rule_params") if meta.is_file() else None
+    if rec is None: return RuleParams(**(given or {}))
+    if given and RuleParams(**given) != RuleParams(**rec):
+        diff = {k: (v, rec.get(k)) for k, v in RuleParams(**given).model_dump().items() if rec.get(k) != v}
+        raise TriageConfigError(f"rule parameters {diff} (given, Table 4's) differ from those Table 4 in {table4_dir} ran with; "
+                                "re-run Table 4 with them or drop them here")
+    return RuleParams(**rec)
 
 # %% ../../nbs/06e_triage.study.ipynb #1e5c93bc
 def study_configs(backbone: str = "", other: str = "", judge_only: str = "", offline: bool = True) -> list[TriageConfig]:
