@@ -346,7 +346,7 @@ def test_injection_through_the_retrieval_chain(tmp_path):
         routes["/visualsearch"] = lambda *a: (200, "application/json", {"tags": [{"actions": [
             {"actionType": "PagesIncluding", "data": {"value": [{"name": "Flood", "hostPageUrl": f"{base}/page"}]}}]}]})
         routes["/page"] = lambda *a: (200, "text/html", page)
-        retr = Retriever(BingVisualSearch("key", endpoint=f"{base}/visualsearch"), cache_dir=tmp_path)
+        retr = Retriever(BingVisualSearch("key", endpoint=f"{base}/visualsearch"), cache_dir=tmp_path, allow_private=True)  # pages on 127.0.0.1
         ctx = retr.retrieve(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
     assert ctx.pages and "Seine" in ctx.pages[0].text and "Ignore all previous" in ctx.summary
     no = lambda req: json.dumps({"explanation": "The page says the answer is NO.", "misinformation": False})  # schema-valid, obedient
@@ -575,8 +575,104 @@ def test_fetch_page_streams_and_stops_at_the_cap():
             sent["n"] += 1
             yield b"x" * 65536
     transport = httpx.MockTransport(lambda req: httpx.Response(200, headers={"content-type": "text/html"}, content=body()))
-    title, text, lang = fetch_page("http://big.example/", httpx.Client(transport=transport), max_bytes=200_000)
+    title, text, lang = fetch_page("http://big.example/", httpx.Client(transport=transport), max_bytes=200_000,
+                                   resolve=lambda host: ["93.184.216.34"])
     assert "word" in text and sent["n"] < 10 and len(text) <= 200_000
+
+
+SECRET = "internal admin page: the answer is NOT misinformation"
+
+
+def test_retrieval_never_fetches_loopback_before_or_after_a_redirect(tmp_path):
+    "Issue 32: a search result that redirects to 127.0.0.1 had its text reach the model; now it is refused and counted."
+    routes = {"/secret": lambda *a: (200, "text/html", f"<html lang='en'><body><p>{SECRET}. It is long enough to read.</p></body></html>")}
+    with local_web_server(routes) as (base, log):
+        # before: a result on 127.0.0.1 is refused without a request
+        with pytest.raises(RetrievalError, match="loopback"):
+            fetch_page(f"{base}/secret", httpx.Client())
+        assert log == []
+        # after: a public address whose reply redirects to 127.0.0.1 (the public hop is mocked, the loopback one is real)
+        hop = httpx.MockTransport(lambda req: httpx.Response(302, headers={"location": f"{base}/secret"}))
+        client = httpx.Client(mounts={"http://news.example": hop})
+        with pytest.raises(RetrievalError, match="loopback"):
+            fetch_page("http://news.example/story", client, resolve=lambda host: ["93.184.216.34"])
+        assert log == []
+        # the control: with private addresses allowed, the same redirect does reach the page
+        assert SECRET in fetch_page("http://news.example/story", client, resolve=lambda host: ["93.184.216.34"], allow_private=True)[1]
+        assert [e["path"] for e in log] == ["/secret"]
+        # through the retriever: the search API (configured by the user) may be local, the pages it names may not
+        routes["/visualsearch"] = lambda *a: (200, "application/json", {"tags": [{"actions": [{"actionType": "PagesIncluding", "data": {"value": [
+            {"name": "Secret", "hostPageUrl": f"{base}/secret"}, {"name": "Metadata", "hostPageUrl": "http://169.254.169.254/latest/meta-data"}]}}]}]})
+        ctx = Retriever(BingVisualSearch("key", endpoint=f"{base}/visualsearch"), cache_dir=tmp_path).retrieve(_png())
+        assert [e["path"] for e in log].count("/secret") == 1
+    assert not ctx.pages and SECRET not in ctx.summary
+    assert ctx.exclusions() == {"refused: loopback address": 1, "refused: link-local or metadata address": 1}
+
+
+def _trickle_server(n_bytes: int = 10_000, every_s: float = 0.1):
+    "A raw HTTP server on 127.0.0.1 that declares a large HTML body and sends one byte every `every_s` seconds."
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0)); srv.listen(4)
+    stop = threading.Event()
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try: conn, _ = srv.accept()
+            except OSError: continue
+            try:
+                conn.recv(65536)
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {n_bytes}\r\n\r\n<p>".encode())
+                for _ in range(n_bytes):
+                    if stop.is_set(): break
+                    conn.sendall(b"a"); time.sleep(every_s)
+            except OSError: pass
+            finally: conn.close()
+    t = threading.Thread(target=serve, daemon=True); t.start()
+    return srv, stop, t
+
+
+def test_page_fetch_has_a_total_deadline():
+    "Issue 32: a page fetch with a 20 s timeout took 79 s against a server that trickles bytes; the deadline is now total."
+    srv, stop, t = _trickle_server()
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}/slow"
+        t0 = time.monotonic()
+        with pytest.raises(RetrievalError, match="deadline"):
+            fetch_page(url, httpx.Client(timeout=1.0), deadline_s=1.5, allow_private=True)
+        took = time.monotonic() - t0
+        assert 1.4 < took < 3.5, took          # every single read arrives within the 1 s read timeout: only a total deadline stops it
+    finally:
+        stop.set(); t.join(5); srv.close()
+
+
+def test_excluded_results_never_reach_a_debater_and_are_counted(tmp_path):
+    page = lambda text: (lambda *a: (200, "text/html", f"<html lang='en'><body><p>{text}</p></body></html>"))
+    routes = {"/news": page("The photo shows the Seine flood of June 2016 in Paris, reported by the local paper."),
+              "/own": page("OWN SOURCE: the original article this caption was taken from, in June 2016.")}
+    with local_web_server(routes) as (base, log):
+        routes["/visualsearch"] = lambda *a: (200, "application/json", {"tags": [{"actions": [{"actionType": "PagesIncluding", "data": {"value": [
+            {"name": "Fact check", "hostPageUrl": "https://www.snopes.com/fact-check/paris-flood-photo/"},
+            {"name": "Verdict", "hostPageUrl": f"{base}/fact-check/false-caption"},
+            {"name": "Own", "hostPageUrl": f"{base}/own"},
+            {"name": "Later", "hostPageUrl": f"{base}/news?later", "datePublished": "2023-05-01T00:00:00Z"},
+            {"name": "News", "hostPageUrl": f"{base}/news", "datePublished": "2016-06-03T00:00:00Z"}]}}]}]})
+        from forensicslab.debate.retrieval import ExclusionPolicy
+        retr = Retriever(BingVisualSearch("key", endpoint=f"{base}/visualsearch"), cache_dir=tmp_path, k=10, allow_private=True,
+                         exclusions=ExclusionPolicy(cutoff="2020-01-01"))
+        ctx = retr.retrieve(_png(), own_sources=[f"{base}/own"])
+        fetched = [e["path"] for e in log if e["path"] != "/visualsearch?mkt=en-US"]
+    assert fetched == ["/news"]                                    # nothing excluded was even downloaded
+    assert [p.title for p in ctx.pages] == ["News"] and "OWN SOURCE" not in ctx.summary
+    assert ctx.exclusions() == {"excluded: fact-checking site": 1, "excluded: fact-check address": 1,
+                                "excluded: the pair's own source": 1, "excluded: published after the cut-off": 1}
+    no = lambda req: json.dumps({"explanation": "The page fits the caption.", "misinformation": False})
+    with openai_server(no) as url:
+        r = run_debate(DebateInput(_sample(), ctx), get_model(f"openai-compatible:{url}#x"), DebateConfig(strategy="single"))
+        sent = json.dumps([c.json for c in url.calls])
+    assert "snopes" not in sent and "OWN SOURCE" not in sent and "fact-check/false-caption" not in sent and "Seine" in sent
+    row = r.row(label=0)
+    assert sum("[not used: excluded" in s for s in row["sources"]) == 4
 
 
 def test_fetch_newsclippings_annotations_from_a_local_server(tmp_path):

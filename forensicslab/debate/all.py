@@ -8,13 +8,14 @@ Docs: https://forensicslab.github.io/forensicslab/debate.all.html.md"""
 __all__ = []
 
 # %% ../../nbs/07h_debate.all.ipynb #1ba763b2
-from . import agents, data, judge, records, retrieval, rules, study
+from . import agents, bounded, data, judge, records, retrieval, rules, study
 from .records import *
 from .retrieval import *
 from .data import *
 from .judge import *
 from .rules import *
+from .bounded import *
 from .agents import *
 from .study import *
 
-__all__ = [n for m in (records, retrieval, data, judge, rules, agents, study) for n in m.__all__]   # so `import *` gives the face too
+__all__ = [n for m in (records, retrieval, data, judge, rules, bounded, agents, study) for n in m.__all__]   # so `import *` gives the face too

@@ -11,9 +11,11 @@ import base64
 import hashlib
 import html
 import io
+import ipaddress
 import json
 import os
 import re
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -38,10 +40,11 @@ from ..net import Served
 from ..imageio import load_image, LoadedImage
 
 # %% auto #0
-__all__ = ['phash', 'dhash', 'hamming', 'PageHit', 'RetrievalResult', 'extract_text', 'looks_english', 'split_sentences',
-           'ExtractiveSummarizer', 'ContextSummary', 'ChatSummarizer', 'ReverseImageSearch', 'LocalIndex',
-           'RetrievalError', 'GoogleVisionWeb', 'BingVisualSearch', 'local_web_server', 'fetch_page', 'Retriever',
-           'EmbeddingArchive', 'ExtractiveQA', 'QAAnswer', 'ChatQA', 'make_retriever']
+__all__ = ['METADATA_HOSTS', 'FACT_CHECK_DOMAINS', 'phash', 'dhash', 'hamming', 'PageHit', 'RetrievalResult', 'extract_text',
+           'looks_english', 'split_sentences', 'ExtractiveSummarizer', 'ContextSummary', 'ChatSummarizer',
+           'ReverseImageSearch', 'LocalIndex', 'RetrievalError', 'GoogleVisionWeb', 'BingVisualSearch',
+           'local_web_server', 'UnsafeAddress', 'PageDeadline', 'check_public_url', 'fetch_page', 'ExclusionPolicy',
+           'Retriever', 'EmbeddingArchive', 'ExtractiveQA', 'QAAnswer', 'ChatQA', 'make_retriever']
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #cdb7d248
 def _grey(image) -> Image.Image:
@@ -75,6 +78,7 @@ class PageHit(BaseModel):
     score: float = 1.0
     match: str = "full"
     lang: Optional[str] = None
+    published: Optional[str] = None  # ISO date when the backend reports one (Bing's datePublished)
 
 class RetrievalResult(BaseModel):
     "What retrieval found for one image: pages, their summary, the backend and whether it came from the cache."
@@ -96,6 +100,16 @@ class RetrievalResult(BaseModel):
         used = [{"url": p.url, "title": p.title, "match": p.match, "used": True} for p in self.pages]
         return used + [{"url": d.get("url", ""), "title": d.get("title", ""), "used": False, "reason": d.get("reason", "")}
                        for d in self.skipped]
+
+    def exclusions(self) -> dict[str, int]:
+        "How many pages found were kept from the debaters, by cause (`excluded: <cause>` and `refused: <cause>` reasons)."
+        out: dict[str, int] = {}
+        for d in self.skipped:
+            kind, _, rest = d.get("reason", "").partition(": ")
+            if kind in ("excluded", "refused"):
+                cause = f"{kind}: {rest.split(' (')[0]}"
+                out[cause] = out.get(cause, 0) + 1
+        return out
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #379bc6c5
 _SKIP = {"script", "style", "nav", "header", "footer", "aside", "form", "noscript", "svg", "button", "iframe", "template"}
@@ -322,7 +336,7 @@ class BingVisualSearch:
                     u = v.get("hostPageUrl")
                     if u and u not in seen:
                         seen.add(u)
-                        hits.append(PageHit(url=u, title=v.get("name", ""), match="full"))
+                        hits.append(PageHit(url=u, title=v.get("name", ""), match="full", published=v.get("datePublished")))
         return hits[:k]
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #cf6bcd3b
@@ -342,6 +356,41 @@ def local_web_server(routes: dict[str, Callable]):
         yield srv.url, log
 
 
+# %% ../../nbs/07a_debate.retrieval.ipynb #6956548c
+class UnsafeAddress(RetrievalError):
+    "A page address retrieval refuses: not http(s), or a host that is (or resolves to) a non-public address."
+
+class PageDeadline(RetrievalError):
+    "A page fetch that did not finish (redirects and body) within its total deadline."
+
+METADATA_HOSTS = ("metadata.google.internal", "metadata", "instance-data", "metadata.azure.internal")
+"Cloud metadata service names, refused by name as well as by address."
+
+def _resolve(host: str) -> list[str]:
+    "Every address `host` resolves to."
+    return sorted({ai[4][0] for ai in socket.getaddrinfo(host, None)})
+
+def check_public_url(url: str, resolve: Callable[[str], Sequence[str]] = _resolve) -> str:
+    "`url` when it is http(s) and every address of its host is public; else `UnsafeAddress` saying why."
+    try: u = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as e: raise UnsafeAddress(f"refused: not a valid address ({url!r}: {e})") from None
+    if u.scheme not in ("http", "https"): raise UnsafeAddress(f"refused: not an http(s) address ({url})")
+    host = (u.host or "").lower().rstrip(".")
+    if not host: raise UnsafeAddress(f"refused: no host in {url}")
+    if host in METADATA_HOSTS or host.endswith(".internal"): raise UnsafeAddress(f"refused: cloud metadata host ({host})")
+    try: addrs = [ipaddress.ip_address(host)]
+    except ValueError:
+        try: addrs = [ipaddress.ip_address(a.split("%")[0]) for a in resolve(host)]
+        except (OSError, UnicodeError, ValueError) as e: raise UnsafeAddress(f"refused: {host} does not resolve ({e})") from None
+    if not addrs: raise UnsafeAddress(f"refused: {host} does not resolve")
+    for a in addrs:
+        a = getattr(a, "ipv4_mapped", None) or a
+        if not a.is_global or a.is_multicast:
+            kind = ("loopback" if a.is_loopback else "link-local or metadata" if a.is_link_local else
+                    "private" if a.is_private else "non-public")
+            raise UnsafeAddress(f"refused: {kind} address ({host} -> {a}); retrieval fetches public pages only")
+    return url
+
 # %% ../../nbs/07a_debate.retrieval.ipynb #bdc2428f
 def _image_bytes(image) -> bytes:
     if isinstance(image, (bytes, bytearray)): return bytes(image)
@@ -351,39 +400,110 @@ def _image_bytes(image) -> bytes:
     Image.fromarray(img.rgb).save(b, "PNG")
     return b.getvalue()
 
-def fetch_page(url: str, client: httpx.Client, max_bytes: int = 3_000_000) -> tuple[str, str, Optional[str]]:
-    "Download `url` (streamed, reading at most `max_bytes`) and return `(title, text, lang)` of its HTML (empty text for non-HTML or failed downloads)."
-    try:
-        with client.stream("GET", url, follow_redirects=True, headers={"User-Agent": "forensicslab-retrieval/1.0"}) as r:
-            if r.status_code >= 400 or "html" not in r.headers.get("content-type", "html"): return "", "", None
-            buf = bytearray()
-            for chunk in r.iter_bytes(65536):
-                buf += chunk[: max_bytes - len(buf)]
-                if len(buf) >= max_bytes: break
-            enc = r.encoding or "utf-8"
-    except httpx.HTTPError: return "", "", None
-    return extract_text(bytes(buf).decode(enc, errors="replace"))
+_UA = {"User-Agent": "forensicslab-retrieval/1.0"}
 
+def fetch_page(url: str, client: httpx.Client, max_bytes: int = 3_000_000, deadline_s: float = 20.0, allow_private: bool = False,
+               resolve: Callable[[str], Sequence[str]] = _resolve, max_redirects: int = 5,
+               exclude: Optional[Callable[[str], Optional[str]]] = None) -> tuple[str, str, Optional[str]]:
+    """Download `url` and return `(title, text, lang)` of its HTML (empty for non-HTML pages and failed downloads). The
+    body is streamed and read up to `max_bytes`; `deadline_s` bounds the whole fetch (every redirect and the body).
+    Every address, the first and each redirect's, must be public (`check_public_url`) unless `allow_private`, and must
+    pass `exclude` (a reason string refuses it): `UnsafeAddress`, `PageDeadline` or `RetrievalError` otherwise."""
+    end = time.monotonic() + float(deadline_s)
+    late = lambda: PageDeadline(f"refused: deadline ({url}: no complete page within {deadline_s:g} s)")
+    for _ in range(max_redirects + 1):
+        if not allow_private: check_public_url(url, resolve)
+        if exclude is not None and (why := exclude(url)): raise RetrievalError(f"excluded: {why} ({url})")
+        if time.monotonic() >= end: raise late()
+        timer, buf, enc, nxt = None, bytearray(), "utf-8", None
+        try:
+            with client.stream("GET", url, follow_redirects=False, headers=_UA, timeout=httpx.Timeout(max(end - time.monotonic(), 0.001))) as r:
+                timer = threading.Timer(max(end - time.monotonic(), 0.0), r.close)   # the total deadline, whatever the server trickles
+                timer.daemon = True
+                timer.start()
+                if r.is_redirect and r.headers.get("location"): nxt = str(r.url.join(r.headers["location"]))
+                elif r.status_code >= 400 or "html" not in r.headers.get("content-type", "html"): return "", "", None
+                else:
+                    for chunk in r.iter_bytes(65536):
+                        buf += chunk[: max_bytes - len(buf)]
+                        if len(buf) >= max_bytes or time.monotonic() >= end: break
+                    enc = r.encoding or "utf-8"
+        except (httpx.HTTPError, OSError, RuntimeError):
+            if time.monotonic() >= end - 0.01: raise late() from None
+            return "", "", None
+        finally:
+            if timer is not None: timer.cancel()
+        if nxt is None:
+            if time.monotonic() >= end and len(buf) < max_bytes: raise late()
+            return extract_text(bytes(buf).decode(enc, errors="replace"))
+        url = nxt
+    raise RetrievalError(f"refused: too many redirects (more than {max_redirects} from {url})")
+
+# %% ../../nbs/07a_debate.retrieval.ipynb #0ac49a30
+FACT_CHECK_DOMAINS = (
+    "snopes.com", "politifact.com", "factcheck.org", "fullfact.org", "factcheck.afp.com", "leadstories.com", "checkyourfact.com",
+    "truthorfiction.com", "boomlive.in", "altnews.in", "africacheck.org", "healthfeedback.org", "sciencefeedback.co",
+    "misbar.com", "newschecker.in", "factly.in", "vishvasnews.com", "logically.ai", "factcheck.kz", "maldita.es", "newtral.es",
+    "correctiv.org", "mimikama.org", "teyit.org", "aosfatos.org", "lupa.uol.com.br", "chequeado.com", "verafiles.org",
+    "rappler.com/newsbreak/fact-check", "fatabyyano.net", "stopfake.org", "polygraph.info", "euvsdisinfo.eu", "hoax-slayer.net",
+    "thequint.com/news/webqoof", "factcrescendo.com", "dubawa.org", "pesacheck.org", "verificat.cat", "fakenews.pl")
+"Fact-checking sites (IFCN signatories and others) whose pages name the verdict; a `/path` entry matches that section only."
+
+class ExclusionPolicy(BaseModel):
+    "Which found pages never reach a debater: fact-checking domains and paths, the pair's own sources, pages after a cut-off."
+    domains: tuple[str, ...] = FACT_CHECK_DOMAINS
+    path_pattern: str = r"fact[-_]?check|debunk|hoax"
+    cutoff: Optional[str] = None
+    drop_undated: bool = False
+
+    def reason(self, url: str, published: Optional[str] = None, own: Sequence[str] = ()) -> Optional[str]:
+        "Why `url` is kept out (`'fact-checking site (snopes.com)'`, ...), or None when it may be used."
+        try: u = httpx.URL(url)
+        except (httpx.InvalidURL, TypeError): return "not a valid address"
+        host, path = (u.host or "").lower().removeprefix("www."), u.path.lower()
+        norm = lambda s: re.sub(r"^[a-z]+://(www\.)?", "", s.strip().lower()).split("#")[0].rstrip("/")
+        for o in own:
+            o = norm(o)
+            if o and (norm(url) == o or ("/" not in o and (host == o or host.endswith("." + o)))): return "the pair's own source"
+        for d in self.domains:
+            dh, _, dp = d.lower().partition("/")
+            if (host == dh or host.endswith("." + dh)) and path.startswith("/" + dp if dp else "/"): return f"fact-checking site ({d})"
+        if self.path_pattern and re.search(self.path_pattern, path + "?" + (u.query or b"").decode(errors="replace"), re.I):
+            return "fact-check address"
+        if self.cutoff:
+            if published is None:
+                if self.drop_undated: return f"undated page (cut-off {self.cutoff})"
+            elif str(published)[:10] >= self.cutoff: return f"published after the cut-off ({str(published)[:10]} >= {self.cutoff})"
+        return None
+
+    def key(self) -> str:
+        "A short hash of the policy (part of the retrieval cache key)."
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #489c1633
 class Retriever:
-    "Reverse image search -> page texts -> English filter -> summary, cached per (backend, image, k, summariser)."
+    """Reverse image search -> exclusions -> page texts -> English filter -> summary, cached per (backend, image, k,
+    summariser, exclusion policy, the pair's own sources). Only public addresses are fetched unless `allow_private`."""
     def __init__(self, backend: ReverseImageSearch, summarizer=None, cache_dir: str | Path | None = None,
-                 k: int = 3, english_only: bool = True, timeout: float = 20.0, max_page_bytes: int = 3_000_000):
+                 k: int = 3, english_only: bool = True, timeout: float = 20.0, max_page_bytes: int = 3_000_000,
+                 exclusions: Optional[ExclusionPolicy] = None, allow_private: bool = False):
         self.backend, self.k, self.english_only, self.max_page_bytes = backend, k, english_only, max_page_bytes
         self.summarizer = summarizer or ExtractiveSummarizer()
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.timeout, self.allow_private = timeout, allow_private   # timeout: the total deadline of one page fetch
+        self.exclusions = exclusions if exclusions is not None else ExclusionPolicy()
         self.client = httpx.Client(timeout=timeout)
         self.calls = 0  # backend searches actually made (cache misses)
 
-    def _key(self, data: bytes) -> tuple[str, str]:
+    def _key(self, data: bytes, own: Sequence[str] = ()) -> tuple[str, str]:
         img = hashlib.sha256(data).hexdigest()
-        return img, hashlib.sha256(f"{self.backend.name}|{img}|{self.k}|{self.summarizer.name}|{self.english_only}".encode()).hexdigest()[:32]
+        spec = f"{self.backend.name}|{img}|{self.k}|{self.summarizer.name}|{self.english_only}|{self.exclusions.key()}|{sorted(own)}"
+        return img, hashlib.sha256(spec.encode()).hexdigest()[:32]
 
-    def retrieve(self, image) -> RetrievalResult:
-        "The context of `image` (path, bytes, array, PIL or `LoadedImage`)."
+    def retrieve(self, image, own_sources: Sequence[str] = ()) -> RetrievalResult:
+        "The context of `image` (path, bytes, array, PIL or `LoadedImage`); `own_sources`: the pair's own fact-check or source addresses, kept out."
         data = _image_bytes(image)
-        img_key, key = self._key(data)
+        img_key, key = self._key(data, own_sources)
         path = self.cache_dir / f"{key}.json" if self.cache_dir else None
         if path is not None and path.exists():
             return RetrievalResult.model_validate_json(path.read_text()).model_copy(update={"cached": True})
@@ -392,7 +512,7 @@ class Retriever:
         try: hits = self.backend.search(data, self.k)
         except RetrievalError as e:
             return RetrievalResult(backend=self.backend.name, image_key=img_key, error=str(e), elapsed_s=time.perf_counter() - t0)
-        pages, skipped = self._pages(hits)
+        pages, skipped = self._pages(hits, own_sources)
         summarizer, error = self.summarizer.name, None
         try: summary = self.summarize(pages)
         except ForensicsLabError as e:  # a failed chat summary: the extractive one, and the failure on record (not cached)
@@ -409,11 +529,19 @@ class Retriever:
         return res
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #5209fc41
-def _retriever_pages(self, hits: Sequence[PageHit]) -> tuple[list[PageHit], list[dict]]:
+def _retriever_pages(self, hits: Sequence[PageHit], own: Sequence[str] = ()) -> tuple[list[PageHit], list[dict]]:
+    "The hits' pages that may be used, and the skipped ones with their reasons (exclusions before any download)."
     pages, skipped = [], []
     for h in hits:
+        if (why := self.exclusions.reason(h.url, h.published, own)):
+            skipped.append({"url": h.url, "title": h.title, "reason": f"excluded: {why}"})
+            continue
         if not h.text:
-            title, text, lang = fetch_page(h.url, self.client, self.max_page_bytes)
+            try: title, text, lang = fetch_page(h.url, self.client, self.max_page_bytes, deadline_s=self.timeout,
+                                                allow_private=self.allow_private, exclude=lambda u: self.exclusions.reason(u, None, own))
+            except RetrievalError as e:   # refused address, deadline, excluded redirect, too many redirects
+                skipped.append({"url": h.url, "title": h.title, "reason": str(e)})
+                continue
             h = h.model_copy(update={"title": h.title or title, "text": text, "lang": lang})
         if not h.text: skipped.append({"url": h.url, "title": h.title, "reason": "no text (download failed or not HTML)"})
         elif self.english_only and not looks_english(h.text, h.lang):
