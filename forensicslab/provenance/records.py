@@ -11,7 +11,6 @@ import importlib
 import re
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core import ForensicsLabError
