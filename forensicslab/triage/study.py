@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
+from ..data.datasets import describe_dataset, parse_dataset_spec
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, share_ci
 from ..runs import Case, Run, config_hash
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
@@ -36,7 +37,7 @@ __all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVEN
            'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4', 'fire_events', 'triage_table',
            'change_decomposition', 'event_finding', 'figure2', 'run_grid', 'run_totals', 'calibrate_rules',
            'judge_axis_configs', 'fit_learned_judge', 'table4_rule_params', 'study_configs', 'open_bench',
-           'quick_out_dir', 'rows_written']
+           'quick_out_dir', 'rows_written', 'dataset_note']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 OFFLINE_ROLES = ("rules", "oracle", "learned")
@@ -664,3 +665,13 @@ def quick_out_dir(out: str | Path, study: str, quick: bool, log=print) -> Path:
 def rows_written(out_dir: str | Path) -> int:
     "How many case rows the runs under `out_dir/runs/` hold (appended lines): a second pass that adds none made no new call."
     return sum(len(p.read_text().splitlines()) for p in sorted(Path(out_dir).glob("runs/*/*/rows.jsonl")))
+
+# %% ../../nbs/06e_triage.study.ipynb #006f11f4
+def dataset_note(spec: str, samples: list[Sample]) -> str:
+    """`describe_dataset` for captions and committed outputs, with a dataset's local path cut to its last folder name
+    (`folder:/home/me/edits` is written `folder .../edits`), so no output carries a machine's absolute path."""
+    kind, arg = parse_dataset_spec(spec)
+    text = describe_dataset(spec, samples)
+    if kind != "bench" and arg and ("/" in arg or "\\" in arg):
+        text = text.replace(arg, f".../{Path(arg).name or arg}")
+    return text
