@@ -1,6 +1,6 @@
-"""Wire-protocol tests of forensicslab.chat.models: real `openai` and `google-genai` clients against the
-local servers of forensicslab.chat.testing, with injected faults, schema repair, cache modes, concurrency,
-budgets and key redaction."""
+"""Wire-protocol tests of forensicslab.chat.models: the backends' own HTTP requests against the local servers of
+forensicslab.chat.testing, with injected faults, schema repair, cache modes, concurrency, budgets and key redaction.
+Run controls go through `ModelControls` (`gm` below), the one way to set them."""
 import importlib.util
 import json
 import logging
@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from forensicslab.chat.cache import CacheMiss, ChatCache
 from forensicslab.core import ChatFailure, ChatMessage, Reply
 from forensicslab.chat.cache import template_hash
-from forensicslab.chat.models import get_model
+from forensicslab.chat.models import ModelControls, get_model
 from forensicslab.chat.reliability import (BackendError, Budget, BudgetExceeded, MissingKeyError, RetryPolicy, read_trace)
 from forensicslab.runs import Case, Run
 from forensicslab.chat.testing import Delayed, Fault, gemini_server, openai_server
@@ -38,14 +38,30 @@ def scripted(*steps):
     return responder
 
 
+_RENAMED = {"trace_path": "trace", "max_attempts": "attempts"}
+
+
+def gm(spec, controls=None, retry=None, budget=None, **kw):
+    "`get_model` with run controls given flat, as `ModelControls` (cache off unless asked); the rest are backend options."
+    fields = set(ModelControls.model_fields)
+    flat = {_RENAMED.get(k, k): (str(v) if isinstance(v, Path) else v) for k, v in kw.items() if _RENAMED.get(k, k) in fields}
+    opts = {k: v for k, v in kw.items() if _RENAMED.get(k, k) not in fields}
+    base = ModelControls.of(controls).model_dump() if controls is not None else {"cache": "off"}
+    c = ModelControls.of({**base, **{k: v for k, v in flat.items() if v is not None}})
+    if isinstance(controls, ModelControls): c._budget, c._retry = controls._budget, controls._retry
+    if retry is not None: c._retry = retry
+    if budget is not None: c._budget = budget
+    return get_model(spec, controls=c, **opts)
+
+
 def oai(url, **kw):
     kw.setdefault("retry", FAST)
-    return get_model(f"openai-compatible:{url}#local-vlm", **kw)
+    return gm(f"openai-compatible:{url}#local-vlm", **kw)
 
 
 def gem(url, **kw):
     kw.setdefault("retry", FAST)
-    return get_model("gemini:gemini-2.5-pro", base_url=url, api_key="test-gemini-key", **kw)
+    return gm("gemini:gemini-2.5-pro", base_url=url, api_key="test-gemini-key", **kw)
 
 
 IMAGE = np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)
@@ -69,7 +85,7 @@ def test_openai_roundtrip_with_image_and_schema():
 def test_openai_official_spec_uses_env_key_and_base_url_override(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-official-123456")
     with openai_server(lambda req: "hello") as url:
-        m = get_model("openai:gpt-4o", base_url=url, retry=FAST)
+        m = gm("openai:gpt-4o", base_url=url, retry=FAST)
         r = m.chat("hi", temperature=0, max_tokens=5)
         req, headers = url.calls[0].json, url.calls[0].headers
     assert r.text == "hello" and m.model_id == "openai:gpt-4o"
@@ -81,7 +97,7 @@ def test_openai_official_spec_uses_env_key_and_base_url_override(monkeypatch):
 def test_reasoning_models_get_their_default_sampling(monkeypatch, tmp_path):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-reasoning-123456")
     with openai_server(lambda req: "a") as url:
-        m = get_model("openai:gpt-5", base_url=url, cache="rw", cache_path=tmp_path / "c.sqlite")
+        m = gm("openai:gpt-5", base_url=url, cache="rw", cache_path=tmp_path / "c.sqlite")
         m.chat("hi", temperature=0, max_tokens=9); m.chat("hi", temperature=0, max_tokens=9)
         req = url.calls[0].json
         assert "temperature" not in req and req["max_completion_tokens"] == 9
@@ -144,7 +160,7 @@ def test_gemini_roundtrip_with_image_and_schema():
     assert "gemini-2.5-pro:generateContent" in call.path and call.headers["x-goog-api-key"] == "test-gemini-key"
     cfg = call.json["generationConfig"]
     assert cfg["responseMimeType"] == "application/json" and cfg["maxOutputTokens"] == 64 and cfg["temperature"] == 0
-    assert call.json["contents"][0]["parts"][1]["inlineData"]["mime_type"] == "image/png"
+    assert call.json["contents"][0]["parts"][1]["inlineData"]["mimeType"] == "image/png"
     assert call.json["systemInstruction"]["parts"][0]["text"] == "You inspect images for manipulation."
 
 
@@ -161,7 +177,7 @@ def test_gemini_key_from_env(monkeypatch):
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
     monkeypatch.setenv("GOOGLE_API_KEY", "google-key-abcdef")
     with gemini_server(lambda req: "ok") as url:
-        get_model("gemini:gemini-2.5-flash", base_url=url).chat("hi")
+        gm("gemini:gemini-2.5-flash", base_url=url).chat("hi")
         assert url.calls[0].headers["x-goog-api-key"] == "google-key-abcdef"
 
 
@@ -169,19 +185,19 @@ def test_gemini_key_from_env(monkeypatch):
 def test_missing_key_names_the_variable(monkeypatch, spec, var):
     for v in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"): monkeypatch.delenv(v, raising=False)
     with pytest.raises(MissingKeyError, match=var):
-        get_model(spec)
+        gm(spec)
 
 
 @pytest.mark.parametrize("mode", ["json_object", "prompt"])
 def test_structured_modes_for_servers_without_json_schema(mode):
     with openai_server(lambda req: GOOD) as url:
-        m = get_model({"backend": "openai-compatible", "base_url": str(url), "model": "old-server", "structured": mode})
+        m = gm({"backend": "openai-compatible", "base_url": str(url), "model": "old-server", "structured": mode})
         assert m.chat(MSGS, schema=Verdict).parsed.verdict == "manipulated"
         req = url.calls[0].json
     assert req["messages"][0]["role"] == "system" and "JSON schema" in req["messages"][0]["content"]
     assert req.get("response_format") == ({"type": "json_object"} if mode == "json_object" else None)
     with gemini_server(lambda req: GOOD) as gurl:
-        g = get_model({"backend": "gemini", "model": "gemini-2.5-flash", "structured": mode}, base_url=gurl, api_key="k-123456")
+        g = gm({"backend": "gemini", "model": "gemini-2.5-flash", "structured": mode}, base_url=gurl, api_key="k-123456")
         assert g.chat(MSGS, schema=Verdict).parsed.confidence == 0.8
         greq = gurl.calls[0].json
     assert "JSON schema" in greq["systemInstruction"]["parts"][-1]["text"]
@@ -236,14 +252,14 @@ def test_cache_rw_then_replay_makes_no_network_call(tmp_path):
     db = tmp_path / "chat.sqlite"
     with openai_server(scripted(Fault(500), '{"verdict": "authentic", "confidence": 0.1}')) as url:
         spec = f"openai-compatible:{url}#local-vlm"
-        m = get_model(spec, cache="rw", cache_path=db, retry=FAST)
+        m = gm(spec, cache="rw", cache_path=db, retry=FAST)
         first = [m.chat(MSGS, schema=Verdict, temperature=0, case=f"c{i}", max_tokens=10 + i) for i in range(3)]
         hits_after_record = url.hits
-        warm = get_model(spec, cache="rw", cache_path=db, retry=FAST)
+        warm = gm(spec, cache="rw", cache_path=db, retry=FAST)
         again = [warm.chat(MSGS, schema=Verdict, temperature=0, case=f"c{i}", max_tokens=10 + i) for i in range(3)]
         assert url.hits == hits_after_record == 4           # 3 calls + 1 retried fault; warm re-run: none
     # replay-only with the server gone: identical outputs
-    rep = get_model(spec, cache="replay", cache_path=db)
+    rep = gm(spec, cache="replay", cache_path=db)
     replayed = [rep.chat(MSGS, schema=Verdict, temperature=0, case=f"c{i}", max_tokens=10 + i) for i in range(3)]
     for a, b, c in zip(first, again, replayed):
         assert a.text == b.text == c.text and a.parsed == b.parsed == c.parsed
@@ -254,7 +270,7 @@ def test_cache_rw_then_replay_makes_no_network_call(tmp_path):
 
 def test_replay_miss_names_the_case(tmp_path):
     with openai_server() as url:
-        m = get_model(f"openai-compatible:{url}#local-vlm", cache="replay", cache_path=tmp_path / "c.sqlite")
+        m = gm(f"openai-compatible:{url}#local-vlm", cache="replay", cache_path=tmp_path / "c.sqlite")
         with pytest.raises(CacheMiss, match="img-042") as ei:
             m.chat("never recorded", case="img-042", role="judge")
         assert url.hits == 0
@@ -300,12 +316,12 @@ def test_sampled_calls_stay_distinct_and_replay_in_order(tmp_path):
     counter = iter(range(100))
     with openai_server(lambda req: f"sample {next(counter)}") as url:
         spec = f"openai-compatible:{url}#local-vlm"
-        m = get_model(spec, cache="rw", cache_path=tmp_path / "c.sqlite")
+        m = gm(spec, cache="rw", cache_path=tmp_path / "c.sqlite")
         texts = [m.chat("Argue your side.", temperature=0.8).text for _ in range(3)]
         assert texts == ["sample 0", "sample 1", "sample 2"] and url.hits == 3
         greedy = [m.chat("Argue your side.", temperature=0).text for _ in range(2)]
         assert greedy[0] == greedy[1] and url.hits == 4
-    rep = get_model(spec, cache="replay", cache_path=tmp_path / "c.sqlite")
+    rep = gm(spec, cache="replay", cache_path=tmp_path / "c.sqlite")
     assert [rep.chat("Argue your side.", temperature=0.8).text for _ in range(3)] == texts
     assert rep.chat("Argue your side.", temperature=0.8, sample=1).text == "sample 1"
     with pytest.raises(CacheMiss):
@@ -423,13 +439,13 @@ def test_planted_key_never_appears_in_traces_logs_or_errors(tmp_path, monkeypatc
                                             "type": "invalid_request_error"}})
     errors = []
     with openai_server(scripted(Fault.rate_limit(0.01), GOOD, leak)) as url:
-        m = get_model("openai:gpt-4o", base_url=url, trace_path=tmp_path / "t.jsonl", retry=FAST)
+        m = gm("openai:gpt-4o", base_url=url, trace_path=tmp_path / "t.jsonl", retry=FAST)
         m.chat(MSGS, schema=Verdict, case="ok")
         with pytest.raises(BackendError) as ei: m.chat(MSGS, case="leaky")
         errors.append(ei.value)
         assert url.calls[0].headers["authorization"] == f"Bearer {key}"      # the key did reach the server
     with gemini_server(scripted(Fault(500), GOOD, leak)) as gurl:
-        g = get_model("gemini:gemini-2.5-pro", base_url=gurl, trace_path=tmp_path / "t.jsonl", retry=FAST)
+        g = gm("gemini:gemini-2.5-pro", base_url=gurl, trace_path=tmp_path / "t.jsonl", retry=FAST)
         g.chat(MSGS, schema=Verdict)
         with pytest.raises(BackendError) as ei: g.chat("x", case="leaky")
         errors.append(ei.value)
@@ -450,7 +466,7 @@ def tiny_vlm_dir(tmp_path_factory):
 
 
 def test_hf_backend_generates_with_image_and_caches(tiny_vlm_dir, tmp_path):
-    m = get_model(f"hf:{tiny_vlm_dir}", device="cpu", cache="rw", cache_path=tmp_path / "c.sqlite",
+    m = gm(f"hf:{tiny_vlm_dir}", device="cpu", cache="rw", cache_path=tmp_path / "c.sqlite",
                   trace_path=tmp_path / "t.jsonl")
     assert m.concurrency == 1 and m.model_id == "hf:tiny-qwen3-vl"
     r1 = m.chat([ChatMessage.of("user", "Is it fake?", IMAGE)], temperature=0, max_tokens=6)
@@ -463,7 +479,7 @@ def test_hf_backend_generates_with_image_and_caches(tiny_vlm_dir, tmp_path):
 
 
 def test_hf_backend_schema_failure_is_typed(tiny_vlm_dir):
-    m = get_model(f"hf:{tiny_vlm_dir}", device="cpu")
+    m = gm(f"hf:{tiny_vlm_dir}", device="cpu")
     with pytest.raises(ChatFailure):       # random weights never write a valid Verdict
         m.chat("Verdict?", schema=Verdict, temperature=0, max_tokens=4)
 
@@ -484,7 +500,7 @@ def test_invalid_replies_are_not_cached_and_a_rerun_retries(tmp_path):
         stored = [json.loads(r[0]) for r in ChatCache(tmp_path / "c.sqlite")._conn().execute("SELECT reply FROM replies")]
         assert all("text" not in r for r in stored)                  # neither reply was stored (only a failure note)
         with pytest.raises(ChatFailure, match="after repair and one re-ask"):   # a replay reproduces the failure...
-            get_model(f"openai-compatible:{url}#local-vlm", cache="replay", cache_path=tmp_path / "c.sqlite").chat(
+            gm(f"openai-compatible:{url}#local-vlm", cache="replay", cache_path=tmp_path / "c.sqlite").chat(
                 "Edited?", schema=Verdict, temperature=0)
         assert url.hits == 2                                         # ...with no call
         r = m.chat("Edited?", schema=Verdict, temperature=0)       # the re-run reaches the server again
@@ -497,7 +513,7 @@ def test_a_reply_validated_by_the_reask_replays_without_calls(tmp_path):
     with openai_server(scripted("not json", GOOD)) as url:
         oai(url, cache="rw", cache_path=tmp_path / "c.sqlite").chat("Edited?", schema=Verdict, temperature=0)
         assert url.hits == 2
-    r = get_model("openai-compatible:http://127.0.0.1:9/v1#local-vlm", cache="replay",
+    r = gm("openai-compatible:http://127.0.0.1:9/v1#local-vlm", cache="replay",
                   cache_path=tmp_path / "c.sqlite").chat("Edited?", schema=Verdict, temperature=0)
     assert r.cached and r.parsed.verdict == "manipulated" and r.calls == 0
 
@@ -508,7 +524,7 @@ def test_reply_size_cap_is_a_typed_failure_and_nothing_is_stored(tmp_path):
                           "trace": str(tmp_path / "t.jsonl"), "attempts": 1})
     with openai_server(lambda req: "A" * 50_000) as url:
         with pytest.raises(ReplyTooLarge, match="max_reply_chars=1000"):
-            get_model(f"openai-compatible:{url}#local-vlm", controls=c).chat("hi", temperature=0)
+            gm(f"openai-compatible:{url}#local-vlm", controls=c).chat("hi", temperature=0)
         assert url.hits == 1                                       # no re-ask sent the huge text back
     assert len(ChatCache(tmp_path / "c.sqlite")) == 0
     assert "AAAAAAAAAA" not in (tmp_path / "t.jsonl").read_text()
@@ -536,7 +552,7 @@ def test_failed_calls_carry_the_usage_of_every_attempt():
 def test_one_redaction_before_cache_trace_and_reply(tmp_path):
     secret = "sk-live-echoed-0123456789abcdef"
     with openai_server(lambda req: '{"verdict": "authentic", "confidence": 0.5, "x": "%s"}' % secret) as url:
-        m = get_model(f"openai-compatible:{url}#local-vlm", api_key=secret, cache="rw",
+        m = gm(f"openai-compatible:{url}#local-vlm", api_key=secret, cache="rw",
                       cache_path=tmp_path / "c.sqlite", trace_path=tmp_path / "t.jsonl", retry=FAST)
         r = m.chat("hi", temperature=0)
     stored = ChatCache(tmp_path / "c.sqlite")._conn().execute("SELECT reply FROM replies").fetchone()[0]
@@ -562,21 +578,22 @@ def test_retries_never_outlive_the_time_budget():
         assert url.hits < 10 and ei.value.attempts == url.hits      # stopped by the budget, not the attempt limit
 
 
-def test_compatible_servers_get_the_format_instruction_and_guided_json():
+def test_compatible_servers_get_the_format_instruction_and_structured_outputs():
     with openai_server(lambda req: GOOD) as url:
         oai(url).chat("Edited?", schema=Verdict)
         oai(url, structured="constrained").chat("Edited?", schema=Verdict)
         oai(url, structured="prompt").chat("Edited?", schema=Verdict)
         auto, guided, prompt = (c.json for c in url.calls)
     assert auto["response_format"]["type"] == "json_schema" and "single JSON object" in auto["messages"][0]["content"]
-    assert guided["guided_json"]["title"] == "Verdict" and guided["response_format"]["type"] == "json_schema"   # vLLM guided decoding
+    # constrained decoding on an unnamed server: vLLM's current keys, never the removed guided_json
+    assert guided["structured_outputs"]["json"]["title"] == "Verdict" and "guided_json" not in guided
     assert "response_format" not in prompt and '"verdict"' in prompt["messages"][0]["content"]
 
 
 def test_text_only_server_gets_a_note_instead_of_images():
     spec = {"backend": "openai-compatible", "base_url": None, "model": "local-llm", "vision": False}
     with openai_server(lambda req: GOOD) as url:
-        r = get_model({**spec, "base_url": url}, retry=FAST).chat(MSGS, schema=Verdict, temperature=0)
+        r = gm({**spec, "base_url": url}, retry=FAST).chat(MSGS, schema=Verdict, temperature=0)
         sent = url.calls[0].json["messages"][1]["content"]
     assert isinstance(sent, str) and "omitted" in sent and r.dropped_images == 1 and "text only" in r.notes[0]
 
@@ -621,7 +638,7 @@ def _tiny_text_llm(folder: Path) -> Path:
 
 def test_hf_text_only_causal_lm_loads_and_renders_string_content(tmp_path):
     folder = _tiny_text_llm(tmp_path / "tiny-llm")
-    m = get_model(f"hf:{folder}", device="cpu", structured="prompt")
+    m = gm(f"hf:{folder}", device="cpu", structured="prompt")
     assert not m.capabilities.vision and m.capabilities.context_length == 4096
     r = m.chat([ChatMessage.of("user", "is this photo edited", IMAGE)], temperature=0, max_tokens=4)
     assert r.input_tokens > 5 and 0 < r.output_tokens <= 4 and r.dropped_images == 1
@@ -630,7 +647,7 @@ def test_hf_text_only_causal_lm_loads_and_renders_string_content(tmp_path):
 def test_hf_prompt_over_the_context_is_reported_before_the_call(tmp_path):
     from forensicslab.chat.models import ContextTooLong
     folder = _tiny_text_llm(tmp_path / "tiny-llm")
-    m = get_model(f"hf:{folder}", device="cpu", structured="prompt")
+    m = gm(f"hf:{folder}", device="cpu", structured="prompt")
     with pytest.raises(ContextTooLong, match="context of 4096"):
         m.chat("the image " * 500, max_tokens=8)
 
@@ -638,7 +655,7 @@ def test_hf_prompt_over_the_context_is_reported_before_the_call(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[tiny-llm])")
 def test_hf_constrained_decoding_gives_schema_valid_json_from_a_random_model(tmp_path):
     folder = _tiny_text_llm(tmp_path / "tiny-llm")
-    m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
+    m = gm(f"hf:{folder}", device="cpu", structured="constrained")
     r = m.chat("is this photo edited", schema=Verdict, temperature=0, max_tokens=120)  # the grammar-valid reply takes 81
     assert isinstance(r.parsed, Verdict)      # random weights: only the grammar can make this valid
 
@@ -650,7 +667,7 @@ def test_hf_constrained_triage_verdicts_pass_the_cross_field_rules(tmp_path):
     so even random weights give verdicts that pass pydantic validation, not just JSON-schema-shaped ones."""
     from forensicslab.triage.agents import Verdict as TriageVerdict, verdict_schema
     folder = _tiny_text_llm(tmp_path / "tiny-llm")
-    m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
+    m = gm(f"hf:{folder}", device="cpu", structured="constrained")
     schema, seen = verdict_schema(("adq", "noise")), set()
     for seed in range(4):          # sampled: several random paths through the grammar
         r = m.chat(f"case {seed}: is this photo edited", schema=schema, temperature=1.0, seed=seed, max_tokens=600)
@@ -668,26 +685,26 @@ def test_hf_regex_constrained_zoom_turns_are_well_formed(tmp_path):
     one answer in canonical JSON). Only what a pattern cannot say (x2 > x1) may still be wrong."""
     from forensicslab.zoom.agents import parse_action, turn_pattern
     folder = _tiny_text_llm(tmp_path / "tiny-llm")
-    m = get_model(f"hf:{folder}", device="cpu", structured="constrained")
+    m = gm(f"hf:{folder}", device="cpu", structured="constrained")
     for seed in range(3):
         r = m.chat(f"turn {seed}", regex=turn_pattern(think_chars=40, text_chars=30, key_items=1), temperature=1.0, seed=seed,
                    max_tokens=400)
         a = parse_action(r.text)
         assert a.kind != "invalid" or "must satisfy x2 > x1" in a.error, (r.text, a.error)
-    free = get_model(f"hf:{folder}", device="cpu", structured="prompt")   # no grammar: the same weights write no turn
+    free = gm(f"hf:{folder}", device="cpu", structured="prompt")   # no grammar: the same weights write no turn
     assert parse_action(free.chat("turn 0", regex=turn_pattern(), temperature=1.0, seed=0, max_tokens=60).text).kind == "invalid"
 
 
 def test_one_pooled_client_per_endpoint():
-    """Issue 25: every backend on one endpoint shares one SDK client (one connection pool), whatever the per-call
-    timeout (the Gemini backend used to build a client per timeout, i.e. nearly one per call under a time budget)."""
-    from forensicslab.chat.backends import close_clients
+    """Issue 25: every backend shares one HTTP client (one connection pool), whatever the per-call timeout (the
+    Gemini backend used to build a client per timeout, i.e. nearly one per call under a time budget)."""
+    from forensicslab.chat.backends import _http_client, close_clients
     with openai_server(scripted(GOOD)) as url, gemini_server(scripted(GOOD)) as gurl:
         a, b = oai(url, timeout=7.0), oai(url, timeout=3.0)
         g1, g2 = gem(gurl, timeout=9.0), gem(gurl, timeout=2.5)
-        assert a.backend.client is b.backend.client and g1.backend.client is g2.backend.client
         for m in (a, b, g1, g2): assert m.chat("hi", schema=Verdict).parsed.verdict == "manipulated"
-        assert gem(gurl, timeout=1.2).backend.client is g1.backend.client
+        first = _http_client()
+        assert gem(gurl, timeout=1.2).chat("hi", schema=Verdict).parsed and _http_client() is first
         close_clients()
-        assert oai(url).backend.client is not a.backend.client      # a closed client is never handed out again
+        assert _http_client() is not first and first.is_closed     # a closed client is never handed out again
         assert oai(url).chat("again", schema=Verdict).parsed.verdict == "manipulated"

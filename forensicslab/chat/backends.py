@@ -13,30 +13,34 @@ import functools
 import hashlib
 import io
 import json
+import math
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import httpx
 import numpy as np
 from PIL import Image
 from pydantic import BaseModel
 
 from fastcore.basics import patch
 
-from ..net import parse_retry_after
-from ..core import ChatMessage, ForensicsLabError
+from ..net import BodyTooLarge, DeadlineExceeded, Retryable, parse_retry_after, request_capped
+from ..core import ChatFailure, ChatMessage, ForensicsLabError
 from ..imageio import LoadedImage, fit_within, load_image, pixel_hash
 from .reliability import BackendError, MissingKeyError, TransientError, register_secret
 
 # %% auto #0
-__all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'extra_for', 'ImagePart', 'image_part', 'Prepared',
-           'as_messages', 'prepare_messages', 'Completion', 'Capabilities', 'schema_json', 'schema_instruction',
-           'with_schema_instruction', 'grammar_schema', 'free_text_cap', 'Backend', 'shared_client', 'close_clients',
-           'OpenAIBackend', 'GeminiBackend', 'resolve_device', 'load_processor', 'UnsafeWeightsError',
-           'check_safe_weights', 'gguf_checkpoint', 'grammar_available', 'grammar_parser', 'json_prefix_fn',
-           'regex_prefix_fn', 'HFBackend']
+__all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'OPENAI_MODELS', 'SERVER_FAMILIES', 'CHAT_TEMPLATES',
+           'extra_for', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
+           'Capabilities', 'Blocked', 'ReplyTooLarge', 'schema_json', 'schema_instruction', 'with_schema_instruction',
+           'grammar_schema', 'free_text_cap', 'Backend', 'shared_client', 'close_clients', 'body_retry_delay',
+           'HTTPBackend', 'openai_traits', 'strict_schema', 'OpenAIBackend', 'GeminiBackend', 'resolve_device',
+           'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available',
+           'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #0a1e7a02
 OPTIONAL_EXTRAS = {"openai": "api", "google": "api", "transformers": "train", "peft": "train", "trl": "train",
@@ -138,7 +142,7 @@ def prepare_messages(messages: Any, max_side: Optional[int] = None) -> list[Prep
 @dataclass
 class Completion:
     """One backend answer: text, token usage (None where the server reported none), the model name the
-    server reported, the finish reason."""
+    server reported, the finish reason (`stop`, `length`, or `time` for a local reply cut by its time limit)."""
     text: str
     input_tokens: Optional[int] = 0
     output_tokens: Optional[int] = 0
@@ -156,10 +160,20 @@ class Capabilities:
     tools: bool = False
     context_length: Optional[int] = None
 
+class Blocked(ChatFailure):
+    """A reply the provider withheld (a safety block, a refusal, a content filter): `reason` is the provider's own.
+    Never cached and never re-asked (an empty model turn in the history is itself an error for some providers)."""
+    def __init__(self, message: str, *, reason: str, **kw):
+        super().__init__(message, **kw)
+        self.reason = reason
+
+class ReplyTooLarge(ChatFailure):
+    "A reply over the model's size cap (`max_reply_chars`): refused, and never read whole, cached or traced."
+
 STRUCTURED_MODES = ("auto", "json_schema", "json_object", "prompt", "constrained")
-"""How a schema reaches the model: `auto` (the best the backend supports), the API's JSON-schema mode, its
-JSON mode plus an instruction, only an instruction in the prompt, or engine-constrained decoding (local
-grammar for `hf:`, vLLM guided decoding for OpenAI-compatible servers)."""
+"""How a schema reaches the model: `auto` (the best the server family supports), the API's JSON-schema mode, its
+JSON mode plus an instruction, only an instruction in the prompt, or engine-constrained decoding (local grammar
+for `hf:`, `structured_outputs` for vLLM, a `json_object` schema for llama.cpp)."""
 
 @functools.lru_cache(maxsize=512)
 def schema_json(schema: type[BaseModel]) -> dict:
@@ -178,7 +192,6 @@ def with_schema_instruction(messages: list[Prepared], schema: type[BaseModel]) -
     if messages and messages[0].role == "system":
         return [Prepared("system", messages[0].parts + [note]), *messages[1:]]
     return [Prepared("system", [note]), *messages]
-
 
 # %% ../../nbs/05a_chat.backends.ipynb #3a336647
 def _free_text(node) -> bool:
@@ -238,11 +251,13 @@ def free_text_cap(schema: type[BaseModel], max_new_tokens: int, chars_per_token:
 # %% ../../nbs/05a_chat.backends.ipynb #c3ebd910
 class Backend:
     """Base class: `provider`, `model`, `model_id` (`provider:model`), `default_concurrency`, `structured`
-    mode, declared `capabilities`, and `complete(...)`."""
+    mode, declared `capabilities`, `default_attempt_timeout`, and `complete(...)`."""
     provider: str = ""
     model: str = ""
     default_concurrency: int = 8
+    default_attempt_timeout: float = 120.0
     structured: str = "json_schema"
+    image_detail: str = "high"
     PARAMS = ("temperature", "max_tokens", "top_p", "seed", "stop", "regex")
 
     @property
@@ -257,9 +272,19 @@ class Backend:
         "The structured mode actually used: `auto` resolved for this backend."
         return "json_schema" if self.structured == "auto" else self.structured
 
+    def image_tokens(self, width: int, height: int, detail: Optional[str] = None) -> int:
+        """Input tokens of one image, as OpenAI prices it for GPT-4o-class models: 85 at `low` detail; at `high`,
+        fit within 2048 px, shortest side to 768 px, then 85 + 170 per 512-px tile (765 for a 1024-px square)."""
+        if (detail or self.image_detail) == "low": return 85
+        s = min(1.0, 2048 / max(width, height))
+        w, h = width * s, height * s
+        s = min(1.0, 768 / min(w, h))
+        w, h = w * s, h * s
+        return 85 + 170 * math.ceil(w / 512) * math.ceil(h / 512)
+
     def count_tokens(self, messages: list[Prepared]) -> Optional[int]:
-        "Prompt tokens of `messages`: an estimate (4 characters a token, 85 an image) unless a backend counts exactly."
-        return sum(len(m.text) // 4 + 4 + 85 * len(m.images) for m in messages)
+        "Prompt tokens of `messages`: an estimate (4 characters a token, images at the provider's price) unless a backend counts exactly."
+        return sum(len(m.text) // 4 + 4 + sum(self.image_tokens(p.width, p.height) for p in m.images) for m in messages)
 
     def check_params(self, params: dict) -> None:
         "Reject unknown generation parameters by name (a typo must not silently change a run)."
@@ -297,7 +322,6 @@ def _key_from_env(names: tuple[str, ...], explicit: Optional[str], what: str) ->
     raise MissingKeyError(f"{what} needs an API key: set the environment variable {' or '.join(names)} "
                           f"(or pass api_key=... to get_model)")
 
-
 # %% ../../nbs/05a_chat.backends.ipynb #cde6fa23
 _SDK_CLIENTS: dict[tuple, Any] = {}
 _SDK_LOCK = threading.Lock()
@@ -320,208 +344,317 @@ def close_clients() -> None:
 
 atexit.register(close_clients)
 
+# %% ../../nbs/05a_chat.backends.ipynb #bea95301
+def body_retry_delay(error: Any) -> Optional[float]:
+    "Seconds to wait from an error body: Gemini's `details[].retryDelay` of a `google.rpc.RetryInfo` (e.g. `'30s'`, `'1.5s'`)."
+    if not isinstance(error, dict): return None
+    for d in error.get("details") or []:
+        if isinstance(d, dict) and str(d.get("@type", "")).endswith("RetryInfo"):
+            m = re.fullmatch(r"\s*([0-9.]+)s\s*", str(d.get("retryDelay", "")))
+            if m: return float(m.group(1))
+    return None
+
+def _http_client() -> httpx.Client:
+    return shared_client("httpx", None, "", lambda: httpx.Client(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)))
+
+class HTTPBackend(Backend):
+    "A backend that posts JSON to a server: one pooled client, one total deadline per attempt, a size-capped reply."
+    max_reply_bytes: int = 8_000_000
+
+    def headers(self) -> dict:
+        "The request headers (the API key; subclasses say how)."
+        return {}
+
+    def post(self, url: str, body: dict, timeout: float) -> dict:
+        "POST `body` and return the reply's JSON, or raise `TransientError` / `BackendError` / `ReplyTooLarge`."
+        try: r = request_capped(_http_client(), "POST", url, json=body, headers=self.headers(), deadline_s=timeout,
+                                max_bytes=self.max_reply_bytes)
+        except DeadlineExceeded:
+            raise TransientError(f"{self.model_id}: no complete reply within the attempt's {timeout:.3g} s deadline") from None
+        except BodyTooLarge as e:
+            raise ReplyTooLarge(f"{self.model_id}: reply over the {e.limit}-byte cap (max_reply_chars); not read, not stored",
+                                model_id=self.model_id, calls=1, usage_unknown=True) from None
+        except Retryable as e: raise TransientError(f"{self.model_id}: {e}") from None
+        if r.status >= 400: raise self.http_error(r)
+        try: return r.json()
+        except UnicodeDecodeError as e:
+            raise TransientError(f"{self.model_id}: reply body is not valid UTF-8 (byte {e.start} of {len(r.body)})") from None
+        except json.JSONDecodeError:
+            raise TransientError(f"{self.model_id}: malformed reply body (HTTP {r.status}, not JSON)") from None
+
+    def http_error(self, r) -> Exception:
+        "An HTTP error reply as `TransientError` (408, 409, 429, 5xx) or `BackendError`, with the server's wait (header or body)."
+        try: err = (r.json() or {}).get("error")
+        except Exception: err = None
+        msg = (err.get("message") if isinstance(err, dict) else err) or r.body[:300].decode("utf-8", "replace") or "no message"
+        ra = parse_retry_after(r.headers)
+        if ra is None: ra = body_retry_delay(err)
+        text = f"{self.model_id}: HTTP {r.status}: {msg}"
+        if r.status in (408, 409, 429) or r.status >= 500: return TransientError(text, status=r.status, retry_after=ra)
+        return BackendError(text, status=r.status, model_id=self.model_id)
+
 # %% ../../nbs/05a_chat.backends.ipynb #27716c67
-_REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+OPENAI_MODELS = {
+    "gpt-4": {"temperature": True, "reasoning": False},
+    "gpt-5": {"temperature": False, "reasoning": True},
+    "gpt-5-chat": {"temperature": True, "reasoning": False},
+    "o1": {"temperature": False, "reasoning": True},
+    "o3": {"temperature": False, "reasoning": True},
+    "o4": {"temperature": False, "reasoning": True},
+}
+"""What OpenAI models accept, by longest name prefix: `temperature` (False: only the default sampling) and whether
+the model is a `reasoning` model (its `max_completion_tokens` include hidden reasoning tokens). An unlisted model
+takes temperature and does not reason; the backend options `accepts_temperature` / `reasoning` override."""
 
-def _openai_error(e: Exception, model_id: str) -> Exception:
-    "Map an `openai` client exception to `TransientError` or `BackendError`."
-    import openai
-    if isinstance(e, openai.APITimeoutError): return TransientError(f"{model_id}: request timed out")
-    if isinstance(e, openai.APIConnectionError):
-        return TransientError(f"{model_id}: connection failed ({type(e.__cause__).__name__ if e.__cause__ else e})")
-    if isinstance(e, openai.APIStatusError):
-        status, ra = e.status_code, parse_retry_after(e.response.headers if e.response is not None else None)
-        msg = f"{model_id}: HTTP {status}: {e.message}"
-        if status in (408, 409, 429) or status >= 500: return TransientError(msg, status=status, retry_after=ra)
-        return BackendError(msg, status=status, model_id=model_id)
-    if isinstance(e, (json.JSONDecodeError, openai.APIResponseValidationError)):
-        return TransientError(f"{model_id}: malformed response body ({type(e).__name__})")
-    return e
+def openai_traits(model: str, accepts_temperature: Optional[bool] = None, reasoning: Optional[bool] = None) -> dict:
+    "`{'temperature': bool, 'reasoning': bool}` for `model` from `OPENAI_MODELS`, with explicit overrides."
+    best = max((k for k in OPENAI_MODELS if model.startswith(k)), key=len, default=None)
+    t = dict(OPENAI_MODELS[best]) if best else {"temperature": True, "reasoning": False}
+    if accepts_temperature is not None: t["temperature"] = bool(accepts_temperature)
+    if reasoning is not None: t["reasoning"] = bool(reasoning)
+    return t
 
-class OpenAIBackend(Backend):
-    """The official `openai` client against OpenAI or any OpenAI-compatible server. `vision`,
-    `json_schema` (whether the server enforces `response_format`), `tools` and `context_length`
-    declare what the served model can do (defaults: OpenAI's models read images and follow schemas;
-    a compatible server is assumed to read images and is not trusted to enforce schemas)."""
+_STRICT_DROP = frozenset({"default", "examples", "minLength", "maxLength", "patternProperties", "unevaluatedProperties",
+                          "propertyNames", "minProperties", "maxProperties", "unevaluatedItems", "contains",
+                          "minContains", "maxContains", "uniqueItems"})
+
+@functools.lru_cache(maxsize=512)
+def strict_schema(schema: type[BaseModel]) -> dict:
+    """The schema in the form OpenAI's strict mode accepts: every object closed (`additionalProperties: false`) with
+    every property required, a `$ref` without siblings, and the keywords strict mode refuses (`default` first among
+    them: some deployments answer HTTP 400) removed. The reply is still validated by pydantic, which keeps them."""
+    def walk(node):
+        if isinstance(node, list): return [walk(n) for n in node]
+        if not isinstance(node, dict): return node
+        if "$ref" in node: return {"$ref": node["$ref"]}
+        out = {k: walk(v) for k, v in node.items() if k not in _STRICT_DROP}
+        if out.get("type") == "object" or "properties" in out:
+            out["additionalProperties"] = False
+            out["required"] = list(out.get("properties") or {})
+        return out
+    return walk(schema_json(schema))
+
+SERVER_FAMILIES = ("openai", "vllm", "llamacpp", "transformers", "generic")
+"The request builders of the OpenAI protocol: OpenAI itself, vLLM, llama.cpp, `transformers serve`, any other server."
+
+_AUTO_MODE = {"openai": "json_schema", "vllm": "constrained", "llamacpp": "constrained", "transformers": "prompt",
+              "generic": "json_schema+prompt"}
+
+class OpenAIBackend(HTTPBackend):
+    """OpenAI or a server of its protocol (`server`: one of `SERVER_FAMILIES`, default `openai` for the official API,
+    `generic` otherwise). `vision`, `json_schema`, `tools` and `context_length` declare what the served model can do;
+    `image_detail` is OpenAI's `low` | `high` | `auto`; `accepts_temperature` / `reasoning` override `OPENAI_MODELS`."""
     def __init__(self, model: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 provider: str = "openai", structured: str = "auto", image_detail: str = "high",
-                 concurrency: int = 8, timeout: float = 60.0, vision: bool = True, json_schema: Optional[bool] = None,
-                 tools: Optional[bool] = None, context_length: Optional[int] = None):
-        import openai
-        self.provider, self.model, self.base_url = provider, model, base_url
-        self.structured, self.image_detail, self.default_concurrency = _check_structured(structured), image_detail, concurrency
+                 provider: str = "openai", server: Optional[str] = None, structured: str = "auto",
+                 image_detail: str = "high", concurrency: int = 8, timeout: float = 60.0, vision: bool = True,
+                 json_schema: Optional[bool] = None, tools: Optional[bool] = None, context_length: Optional[int] = None,
+                 accepts_temperature: Optional[bool] = None, reasoning: Optional[bool] = None):
+        self.provider, self.model = provider, model
         official = provider == "openai"
+        self.server = server or ("openai" if official else "generic")
+        if self.server not in SERVER_FAMILIES: raise ValueError(f"server must be one of {SERVER_FAMILIES}, got {server!r}")
+        if image_detail not in ("low", "high", "auto"): raise ValueError(f"image_detail must be low, high or auto, got {image_detail!r}")
+        self.base_url = (base_url or ("https://api.openai.com/v1" if official else None))
+        if not self.base_url: raise ValueError(f"{provider}:{model} needs a base_url (http://host:port/v1)")
+        self.structured, self.image_detail, self.default_concurrency = _check_structured(structured), image_detail, concurrency
+        self.traits = openai_traits(model, accepts_temperature, reasoning) if self.server == "openai" else \
+            {"temperature": True if accepts_temperature is None else accepts_temperature, "reasoning": bool(reasoning)}
+        self.default_attempt_timeout = 600.0 if self.traits["reasoning"] else 120.0
         self._caps = Capabilities(vision=bool(vision), json_schema=official if json_schema is None else bool(json_schema),
-                                  constrained=not official, tools=official if tools is None else bool(tools),
+                                  constrained=self.server in ("vllm", "llamacpp"), tools=official if tools is None else bool(tools),
                                   context_length=context_length)
-        if official: key = _key_from_env(("OPENAI_API_KEY",), api_key, f"openai:{model}")
+        if official: self._key = _key_from_env(("OPENAI_API_KEY",), api_key, f"openai:{model}")
         else:
-            key = api_key or os.environ.get("OPENAI_COMPATIBLE_API_KEY") or "not-needed"
-            register_secret(key if key != "not-needed" else None)
-        self.client = shared_client(provider, base_url, key, lambda: openai.OpenAI(api_key=key, base_url=base_url, max_retries=0))
+            self._key = api_key or os.environ.get("OPENAI_COMPATIBLE_API_KEY") or None
+            register_secret(self._key)
         self.timeout = timeout
-        self.PARAMS = Backend.PARAMS + ("reasoning_effort", "extra_body")
+        self.PARAMS = Backend.PARAMS + ("reasoning_effort", "choice", "extra_body")
 
     @property
     def capabilities(self) -> Capabilities: return self._caps
 
+    @property
+    def endpoint(self) -> str: return f"{self.model_id}@{self.base_url}"
+
+    def headers(self) -> dict: return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
     def effective_structured(self) -> str:
-        """`auto`: OpenAI's JSON-schema mode; for a compatible server `response_format` AND the prompt
-        instruction (servers such as `transformers serve` ignore `response_format`)."""
+        "`auto` resolved for the server family (see the table above)."
         if self.structured != "auto": return self.structured
-        return "json_schema" if self.provider == "openai" or self._caps.json_schema else "json_schema+prompt"
+        if self.server == "generic" and self._caps.json_schema: return "json_schema"
+        return _AUTO_MODE[self.server]
 
     def is_sampled(self, params: dict) -> bool:
-        "Reasoning models (o-series, GPT-5) always sample at their default temperature."
-        if self.provider == "openai" and self.model.startswith(_REASONING_PREFIXES): return True
-        return super().is_sampled(params)
+        "A model that refuses `temperature` always samples at its default."
+        return True if not self.traits["temperature"] else super().is_sampled(params)
 
-    def _content(self, m: Prepared):
+    def _content(self, m: Prepared, detail: str):
         if not m.images: return m.text
         return [{"type": "text", "text": p} if isinstance(p, str) else
-                {"type": "image_url", "image_url": {"url": p.data_url(), "detail": self.image_detail}} for p in m.parts]
-
+                {"type": "image_url", "image_url": {"url": p.data_url(), "detail": detail}} for p in m.parts]
 
 # %% ../../nbs/05a_chat.backends.ipynb #27716c68
+def _gbnf_choice(options: list) -> str:
+    "A llama.cpp GBNF grammar whose only sentences are `options`."
+    return "root ::= " + " | ".join(json.dumps(str(o)) for o in options)
+
+def _choice_note(options: list) -> str:
+    return "Answer with exactly one of: " + ", ".join(json.dumps(str(o)) for o in options) + " (nothing else)."
+
 @patch
-def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type[BaseModel]], params: dict) -> dict:
-    "The keyword arguments for `client.chat.completions.create` (images inlined, schema per structured mode)."
-    mode = self.effective_structured()
+def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type[BaseModel]], params: dict,
+            image_detail: Optional[str] = None) -> dict:
+    "The JSON body of one chat-completions request, built for the server family (see the table above)."
+    mode, fam = self.effective_structured(), self.server
+    p = dict(params)
+    regex, choice, extra = p.pop("regex", None), p.pop("choice", None), dict(p.pop("extra_body", None) or {})
+    if fam == "generic" and mode == "constrained": fam = "vllm"     # constrained decoding on an unnamed server: vLLM's keys
+    enforced = {"vllm": (regex, choice), "llamacpp": (None, choice)}.get(fam, (None, None)) if mode == "constrained" else (None, None)
     if schema is not None and mode != "json_schema": messages = with_schema_instruction(messages, schema)
+    if choice and not enforced[1]:
+        messages = [*messages[:-1], Prepared(messages[-1].role, messages[-1].parts + [_choice_note(choice)])]
     wire = []
     for m in messages:
         if m.role == "system" and m.images: raise ValueError("images are not allowed in a system message; put them in a user turn")
         role = "user" if m.role == "tool" else m.role
-        wire.append({"role": role, "content": self._content(m) if role == "user" else m.text})
-    kw: dict = {"model": self.model, "messages": wire}
-    p = dict(params)
-    regex = p.pop("regex", None)     # a pattern the reply must match: enforced by a vLLM server, else the prompt carries it
-    if self.provider == "openai" and self.model.startswith(_REASONING_PREFIXES):
-        p.pop("temperature", None)   # these models accept only their default sampling
-        p.pop("top_p", None)
-    if "max_tokens" in p:
-        kw["max_completion_tokens" if self.provider == "openai" else "max_tokens"] = p.pop("max_tokens")
-    extra = dict(p.pop("extra_body", None) or {})
-    kw.update(p)
+        wire.append({"role": role, "content": self._content(m, image_detail or self.image_detail) if role == "user" else m.text})
+    body: dict = {"model": self.model, "messages": wire}
+    if fam == "openai":
+        if not self.traits["temperature"]:
+            p.pop("temperature", None)
+            p.pop("top_p", None)
+        if not self.traits["reasoning"]: p.pop("reasoning_effort", None)
+        if "max_tokens" in p: body["max_completion_tokens"] = p.pop("max_tokens")
+    else: p.pop("reasoning_effort", None)
+    body.update(p)
     if schema is not None:
-        if mode in ("json_schema", "json_schema+prompt", "constrained"): kw["response_format"] = _json_schema_format(schema)
-        elif mode == "json_object": kw["response_format"] = {"type": "json_object"}
-        if mode == "constrained": extra.setdefault("guided_json", grammar_schema(schema))   # vLLM guided decoding
-    if regex and mode == "constrained": extra.setdefault("guided_regex", regex)
-    if extra: kw["extra_body"] = extra
-    return kw
+        if mode in ("json_schema", "json_schema+prompt"):
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": strict_schema(schema), "strict": True}}
+        elif mode == "json_object": body["response_format"] = {"type": "json_object"}
+        elif mode == "constrained" and fam == "vllm": body["structured_outputs"] = {"json": grammar_schema(schema)}
+        elif mode == "constrained" and fam == "llamacpp":
+            body["response_format"] = {"type": "json_object", "schema": grammar_schema(schema)}
+    elif enforced[0]: body["structured_outputs"] = {"regex": enforced[0]}
+    elif enforced[1]:
+        if fam == "vllm": body["structured_outputs"] = {"choice": list(enforced[1])}
+        else: body["grammar"] = _gbnf_choice(enforced[1])
+    body.update(extra)
+    return body
 
 @patch
-def complete(self: OpenAIBackend, messages, schema, params, timeout) -> Completion:
-    "One attempt through the official client; usage is None where the server reported none."
-    kw = self.request(messages, schema, params)
-    try: r = self.client.chat.completions.create(**kw, timeout=timeout)
-    except Exception as e:
-        err = _openai_error(e, self.model_id)
-        if err is e: raise
-        raise err from None
-    if not getattr(r, "choices", None):
-        raise TransientError(f"{self.model_id}: response has no choices")
-    ch = r.choices[0]
-    text = ch.message.content or getattr(ch.message, "refusal", None) or ""
-    u = r.usage
-    return Completion(text, getattr(u, "prompt_tokens", None), getattr(u, "completion_tokens", None),
-                      r.model, ch.finish_reason)
-
-@functools.lru_cache(maxsize=512)
-def _json_schema_format(schema: type[BaseModel]) -> dict:
-    "`response_format` for a pydantic model: strict when the schema can be made strict, else plain."
-    try:
-        from openai.lib._parsing._completions import type_to_response_format_param
-        return dict(type_to_response_format_param(schema))
-    except Exception:
-        return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": schema_json(schema),
-                                                        "strict": False}}
-
+def complete(self: OpenAIBackend, messages, schema, params, timeout, image_detail: Optional[str] = None) -> Completion:
+    "One attempt; usage is None where the server reported none; a refusal or content filter raises `Blocked`."
+    r = self.post(self.base_url.rstrip("/") + "/chat/completions", self.request(messages, schema, params, image_detail), timeout)
+    choices = r.get("choices") if isinstance(r, dict) else None
+    if not choices or not isinstance(choices[0], dict): raise TransientError(f"{self.model_id}: response has no choices")
+    ch, u = choices[0], (r.get("usage") or {})
+    msg = ch.get("message") or {}
+    tin, tout = u.get("prompt_tokens"), u.get("completion_tokens")
+    if msg.get("refusal") or ch.get("finish_reason") == "content_filter":
+        why = msg.get("refusal") or "content_filter"
+        raise Blocked(f"{self.model_id}: reply withheld by the provider ({str(why)[:200]})", reason=str(why)[:500],
+                      model_id=self.model_id, input_tokens=tin or 0, output_tokens=tout or 0)
+    text = msg.get("content")
+    if isinstance(text, list): text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+    return Completion(text or "", tin, tout, r.get("model"), ch.get("finish_reason"))
 
 # %% ../../nbs/05a_chat.backends.ipynb #00e130e0
-def _is_httpx_transient(e: Exception) -> bool:
-    names = {c.__name__ for c in type(e).__mro__ if c.__module__.split(".")[0].startswith("httpx")}
-    return bool(names & {"TimeoutException", "TransportError", "NetworkError", "ProtocolError"})
+_GEMINI_BLOCKS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY"})
+_GEMINI_FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
 
-class GeminiBackend(Backend):
-    "The official `google-genai` client (Gemini API)."
+class GeminiBackend(HTTPBackend):
+    "The Gemini API (`generateContent` over REST). `accepts_temperature` overrides the per-family default (False for Gemini 3)."
     def __init__(self, model: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
-                 structured: str = "auto", concurrency: int = 8, timeout: float = 60.0):
-        from google import genai
-        from google.genai import types
-        self.provider, self.model, self.base_url = "gemini", model, base_url
+                 structured: str = "auto", concurrency: int = 8, timeout: float = 60.0,
+                 accepts_temperature: Optional[bool] = None):
+        self.provider, self.model = "gemini", model
+        self.base_url = (base_url or "https://generativelanguage.googleapis.com").rstrip("/")
         self.structured = _check_structured(structured)
-        self.default_concurrency, self._types = concurrency, types
-        key = _key_from_env(("GEMINI_API_KEY", "GOOGLE_API_KEY"), api_key, f"gemini:{model}")
-        self.client = shared_client("gemini", base_url, key, lambda: genai.Client(
-            api_key=key, http_options=types.HttpOptions(base_url=base_url)))
-        self.PARAMS = Backend.PARAMS + ("thinking_budget",)
+        self.default_concurrency, self.timeout = concurrency, timeout
+        self.accepts_temperature = (not model.startswith("gemini-3")) if accepts_temperature is None else bool(accepts_temperature)
+        self._key = _key_from_env(("GEMINI_API_KEY", "GOOGLE_API_KEY"), api_key, f"gemini:{model}")
+        self.PARAMS = Backend.PARAMS + ("thinking_budget", "thinking_level")
 
     @property
     def capabilities(self) -> Capabilities:
         "Gemini models read images, follow a response JSON schema and call tools; 1M-token context."
         return Capabilities(vision=True, json_schema=True, tools=True, context_length=1_048_576)
 
+    @property
+    def endpoint(self) -> str: return f"{self.model_id}@{self.base_url}"
+
+    def headers(self) -> dict: return {"x-goog-api-key": self._key}
+
     def effective_structured(self) -> str:
         "`auto` and `constrained` are the API's own JSON-schema mode."
         return "json_schema" if self.structured in ("auto", "constrained") else self.structured
 
+    def is_sampled(self, params: dict) -> bool:
+        return True if not self.accepts_temperature else super().is_sampled(params)
+
+    def image_tokens(self, width: int, height: int, detail: Optional[str] = None) -> int:
+        "Gemini's price of an image: 258 tokens when both sides are at most 384 px, else 258 per 768-px tile."
+        if max(width, height) <= 384: return 258
+        return 258 * math.ceil(width / 768) * math.ceil(height / 768)
+
 # %% ../../nbs/05a_chat.backends.ipynb #00e130p1
+def _gemini_part(p) -> dict:
+    return {"text": p} if isinstance(p, str) else {"inlineData": {"mimeType": p.mime, "data": base64.b64encode(p.data).decode()}}
+
 @patch
-def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict):
-    "`(contents, config)` for `client.models.generate_content`."
-    t = self._types
+def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict) -> dict:
+    "The JSON body of one `generateContent` request (system images moved to the first user turn)."
     mode = self.effective_structured()
-    if schema is not None and mode == "prompt": messages = with_schema_instruction(messages, schema)
-    system = "\n".join(m.text for m in messages if m.role == "system") or None
+    if schema is not None and mode in ("prompt", "json_object"): messages = with_schema_instruction(messages, schema)
+    system = "\n".join(m.text for m in messages if m.role == "system")
+    moved = [p for m in messages if m.role == "system" for p in m.images]
     contents = []
     for m in messages:
         if m.role == "system": continue
-        parts = [t.Part.from_text(text=p) if isinstance(p, str) else t.Part.from_bytes(data=p.data, mime_type=p.mime)
-                 for p in m.parts]
-        contents.append(t.Content(role="model" if m.role == "assistant" else "user", parts=parts))
-    cfg: dict = {"system_instruction": system}
-    names = {"max_tokens": "max_output_tokens", "stop": "stop_sequences"}
+        parts = list(m.parts)
+        if moved and m.role != "assistant" and not any(c["role"] == "user" for c in contents): parts, moved = moved + parts, []
+        contents.append({"role": "model" if m.role == "assistant" else "user", "parts": [_gemini_part(p) for p in parts]})
+    if moved: contents.insert(0, {"role": "user", "parts": [_gemini_part(p) for p in moved]})
+    cfg: dict = {}
+    names = {"max_tokens": "maxOutputTokens", "top_p": "topP", "seed": "seed", "temperature": "temperature"}
     for k, v in params.items():
         if k == "regex": continue     # Gemini cannot enforce a pattern: the prompt carries the format
-        if k == "thinking_budget": cfg["thinking_config"] = t.ThinkingConfig(thinking_budget=v)
-        elif k == "stop": cfg["stop_sequences"] = [v] if isinstance(v, str) else list(v)
-        else: cfg[names.get(k, k)] = v
+        if k == "temperature" and not self.accepts_temperature: continue
+        if k == "thinking_budget": cfg.setdefault("thinkingConfig", {})["thinkingBudget"] = int(v)
+        elif k == "thinking_level": cfg.setdefault("thinkingConfig", {})["thinkingLevel"] = str(v)
+        elif k == "stop": cfg["stopSequences"] = [v] if isinstance(v, str) else list(v)
+        else: cfg[names[k]] = v
     if schema is not None and mode != "prompt":
-        cfg["response_mime_type"] = "application/json"
-        if mode == "json_schema": cfg["response_json_schema"] = schema_json(schema)
-    return contents, t.GenerateContentConfig(**cfg)
+        cfg["responseMimeType"] = "application/json"
+        if mode == "json_schema": cfg["responseJsonSchema"] = schema_json(schema)
+    body: dict = {"contents": contents, "generationConfig": cfg}
+    if system: body["systemInstruction"] = {"parts": [{"text": system}]}
+    return body
 
 @patch
-def complete(self: GeminiBackend, messages, schema, params, timeout) -> Completion:
-    from google.genai import errors
-    if schema is not None and self.effective_structured() == "json_object": messages = with_schema_instruction(messages, schema)
-    contents, config = self.request(messages, schema, params)
-    config.http_options = self._types.HttpOptions(timeout=max(int(timeout * 1000), 100))   # this request's timeout
-    try: r = self.client.models.generate_content(model=self.model, contents=contents, config=config)
-    except errors.APIError as e:
-        resp = getattr(e, "response", None)
-        ra = parse_retry_after(getattr(resp, "headers", None))
-        msg = f"{self.model_id}: HTTP {e.code}: {e.message or e.status}"
-        if e.code in (408, 409, 429) or (e.code or 0) >= 500: raise TransientError(msg, status=e.code, retry_after=ra) from None
-        raise BackendError(msg, status=e.code, model_id=self.model_id) from None
-    except json.JSONDecodeError:
-        raise TransientError(f"{self.model_id}: malformed response body") from None
-    except Exception as e:
-        if _is_httpx_transient(e):
-            what = "timed out" if "Timeout" in type(e).__name__ else f"connection failed ({type(e).__name__})"
-            raise TransientError(f"{self.model_id}: request {what}") from None
-        raise
-    text = "".join(p.text for c in (r.candidates or [])[:1] for p in ((c.content and c.content.parts) or [])
-                   if getattr(p, "text", None) and not getattr(p, "thought", False))
-    u = r.usage_metadata
-    out = (getattr(u, "candidates_token_count", 0) or 0) + (getattr(u, "thoughts_token_count", 0) or 0)
-    finish = r.candidates[0].finish_reason if r.candidates else None
-    tin = getattr(u, "prompt_token_count", None) if u is not None else None
-    return Completion(text, tin, out if u is not None else None, r.model_version or self.model,
-                      str(getattr(finish, "value", finish)) if finish is not None else None)
-
+def complete(self: GeminiBackend, messages, schema, params, timeout, image_detail: Optional[str] = None) -> Completion:
+    "One attempt; a blocked prompt or reply raises `Blocked` with Gemini's reason."
+    r = self.post(f"{self.base_url}/v1beta/models/{self.model}:generateContent", self.request(messages, schema, params), timeout)
+    if not isinstance(r, dict): raise TransientError(f"{self.model_id}: malformed reply (not a JSON object)")
+    u = r.get("usageMetadata") or None
+    tin = u.get("promptTokenCount") if u else None
+    tout = ((u.get("candidatesTokenCount") or 0) + (u.get("thoughtsTokenCount") or 0)) if u else None
+    cands = r.get("candidates") or []
+    fb = r.get("promptFeedback") or {}
+    if not cands:
+        why = fb.get("blockReason") or "no candidates"
+        raise Blocked(f"{self.model_id}: prompt blocked by Gemini ({why})", reason=str(why), model_id=self.model_id,
+                      input_tokens=tin or 0, output_tokens=tout or 0)
+    c = cands[0]
+    finish = c.get("finishReason")
+    if finish in _GEMINI_BLOCKS:
+        cats = [s.get("category") for s in c.get("safetyRatings") or [] if s.get("blocked")]
+        why = finish + (f": {', '.join(map(str, cats))}" if cats else "")
+        raise Blocked(f"{self.model_id}: reply blocked by Gemini ({why})", reason=why, model_id=self.model_id,
+                      input_tokens=tin or 0, output_tokens=tout or 0)
+    text = "".join(p.get("text", "") for p in ((c.get("content") or {}).get("parts") or []) if not p.get("thought"))
+    return Completion(text, tin, tout, r.get("modelVersion") or self.model,
+                      _GEMINI_FINISH.get(finish, str(finish).lower() if finish else None))
 
 # %% ../../nbs/05a_chat.backends.ipynb #56d2566f
 def resolve_device(device: str = "auto", dtype: str = "auto"):
@@ -719,17 +852,40 @@ def _load_net(path: str, dtype):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True), False
 
 
+# %% ../../nbs/05a_chat.backends.ipynb #56d2a001
+CHAT_TEMPLATES = {
+    "gemma": ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\n\n' %}"
+              "{% set turns = messages[1:] %}{% else %}{% set first = '' %}{% set turns = messages %}{% endif %}"
+              "{% for m in turns %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+              "{{ ((first if loop.first else '') + m['content']) | trim }}<end_of_turn>\n{% endfor %}"
+              "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}", ("<end_of_turn>",)),
+    "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", ("<|im_end|>",)),
+}
+"""Named chat templates for text-only checkpoints that ship none: `{name: (jinja template, stop strings)}`. `gemma`
+is the Gemma turn format (system text folded into the first user turn, `<end_of_turn>` ends a turn); `chatml`
+the `<|im_start|>` format of SmolLM2, Qwen and others."""
+
+def _read_template(spec: str) -> tuple[str, tuple]:
+    "`(template, stop strings)` of a named template or a `.jinja` file (no stop strings beyond the tokenizer's)."
+    if spec in CHAT_TEMPLATES: return CHAT_TEMPLATES[spec]
+    p = Path(spec).expanduser()
+    if p.suffix == ".jinja" and p.is_file(): return p.read_text(encoding="utf-8"), ()
+    raise ForensicsLabError(f"chat_template {spec!r} is neither one of {sorted(CHAT_TEMPLATES)} nor a .jinja file")
+
 # %% ../../nbs/05a_chat.backends.ipynb #56d25601
 class HFBackend(Backend):
     """A local `transformers` model: a vision-language model (`AutoModelForImageTextToText` + processor)
     or a text-only causal LM (`AutoModelForCausalLM` + tokenizer), from a folder, a hub id, or a GGUF
     file (`gguf_file`, converted once to safetensors). Schema-bound calls decode under the schema's
-    grammar (`structured='constrained'`, the default when lm-format-enforcer is installed)."""
+    grammar (`structured='constrained'`, the default when lm-format-enforcer is installed). `chat_template`: a name
+    in `CHAT_TEMPLATES` or a `.jinja` file, for a checkpoint that ships none (its stop strings end a turn)."""
     default_concurrency = 1
     def __init__(self, path: str, device: str = "auto", dtype: str = "auto", processor=None, model=None,
                  max_new_tokens: int = 512, timeout: float = 600.0, structured: str = "auto",
-                 gguf_file: Optional[str] = None, cache_dir: str | Path | None = None):
+                 gguf_file: Optional[str] = None, cache_dir: str | Path | None = None, chat_template: Optional[str] = None):
         self.provider, self.path, self.gguf_file, self.cache_dir = "hf", str(path), gguf_file, cache_dir
+        self.chat_template, self.stop_strings = _read_template(chat_template) if chat_template else (None, ())
         self.structured = _check_structured(structured)
         self.model = Path(gguf_file).stem if gguf_file else (Path(path).name if Path(path).exists() else str(path))
         self.device, self.dtype = resolve_device(device, dtype)
@@ -766,6 +922,12 @@ class HFBackend(Backend):
                     from transformers import AutoTokenizer
                     proc = AutoTokenizer.from_pretrained(path)
                 _LOADED[key] = (net, proc, threading.Lock(), vlm and getattr(proc, "image_processor", None) is not None)
+            net, proc, lock, vlm = _LOADED[key]
+            tok = getattr(proc, "tokenizer", proc)
+            if self.chat_template: proc.chat_template = self.chat_template
+            elif not (getattr(proc, "chat_template", None) or getattr(tok, "chat_template", None)):
+                raise ForensicsLabError(f"hf:{self.path}: the checkpoint has no chat template; pass chat_template= one of "
+                                        f"{sorted(CHAT_TEMPLATES)} or a .jinja file (a spec dict's 'chat_template' key)")
             return _LOADED[key]
 
     @property
@@ -777,7 +939,6 @@ class HFBackend(Backend):
         tmpl = getattr(proc, "chat_template", None) or getattr(tok, "chat_template", None) or ""
         return Capabilities(vision=vlm, json_schema=False, constrained=grammar_available(), tools="tools" in tmpl,
                             context_length=getattr(cfg, "max_position_embeddings", None))
-
 
 # %% ../../nbs/05a_chat.backends.ipynb #56d2566a
 _IMAGE_NOTE = "[image omitted: this model reads text only]"
@@ -824,6 +985,10 @@ def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
         gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, gen["max_new_tokens"])
     elif params.get("regex") and self.effective_structured() == "constrained":
         gen["prefix_allowed_tokens_fn"] = regex_prefix_fn(tok, params["regex"])
+    stops = [i for i in (tok.convert_tokens_to_ids(s) for s in self.stop_strings) if isinstance(i, int) and i != tok.unk_token_id]
+    gc = getattr(getattr(net, "generation_config", None), "eos_token_id", None)
+    ends = {tok.eos_token_id, *stops, *(gc if isinstance(gc, (list, tuple)) else [gc])} - {None}
+    if stops: gen["eos_token_id"] = sorted(ends)
     with lock, torch.no_grad():
         batch = self._encode(messages, schema)
         if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(net.dtype)
@@ -832,6 +997,6 @@ def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
     n_in = batch["input_ids"].shape[1]
     new = ids[0, n_in:]
     text = tok.decode(new, skip_special_tokens=True)
-    finish = "length" if len(new) >= gen["max_new_tokens"] else "stop"
+    ended = len(new) > 0 and int(new[-1]) in ends
+    finish = "stop" if ended else "length" if len(new) >= gen["max_new_tokens"] else "time"   # `time`: cut by max_time
     return Completion(text.strip(), int(n_in), int(len(new)), self.model, finish)
-

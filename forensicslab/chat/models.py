@@ -12,38 +12,43 @@ import json
 import re
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Any, Callable, Iterable, Literal, Optional, Union
 
 import json_repair
 import yaml
 from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
-from .backends import (Backend, Capabilities, Completion, GeminiBackend, HFBackend, OpenAIBackend, extra_for,
-                                        Prepared, prepare_messages, schema_json, with_schema_instruction)
+from .backends import (Backend, Blocked, Capabilities, Completion, GeminiBackend, HFBackend, OpenAIBackend,
+                                        Prepared, ReplyTooLarge, extra_for, prepare_messages, schema_json,
+                                        with_schema_instruction)
 from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
 from ..core import ChatFailure, ForensicsLabError, Reply
+from ..net import is_rate_limit
 from .reliability import (BackendError, Budget, BudgetExceeded, PriceTable,
                                            RetryPolicy, Tracer, call_with_retries, clean_usage, install_log_redaction,
                                            redact)
 
 install_log_redaction()
 
-
 # %% auto #0
 __all__ = ['BACKENDS', 'ModelSpec', 'parse_spec', 'repair_json', 'SchemaError', 'parse_reply', 'chat_context', 'current_context',
-           'usage_of', 'ReplyTooLarge', 'ContextTooLong', 'CapabilityError', 'Model', 'get_model', 'ControlsError',
-           'ModelControls']
+           'usage_of', 'ContextTooLong', 'CapabilityError', 'TruncatedReply', 'UnpricedModel', 'copied_placeholder',
+           'AdaptiveLimiter', 'Model', 'get_model', 'ControlsError', 'ModelControls']
 
 # %% ../../nbs/05_chat.models.ipynb #e199e767
-BACKENDS = ("openai", "openai-compatible", "gemini", "hf")
-"Backend kinds a spec may name."
+BACKENDS = ("openai", "openai-compatible", "gemini", "hf", "vllm", "llamacpp", "tfserve")
+"""Backend kinds a spec may name; `vllm:`, `llamacpp:` and `tfserve:` are `openai-compatible:` servers of a known
+family (`vllm:http://host:8000/v1#model`), whose request builder they pick."""
 
-_SPEC_HELP = ("use 'openai:MODEL', 'openai-compatible:BASE_URL#MODEL', 'gemini:MODEL', 'hf:PATH_OR_REPO' or 'hf:/folder#model.gguf', "
+_SERVER_OF = {"vllm": "vllm", "llamacpp": "llamacpp", "tfserve": "transformers"}
+
+_SPEC_HELP = ("use 'openai:MODEL', 'openai-compatible:BASE_URL#MODEL' (or vllm:, llamacpp:, tfserve:), 'gemini:MODEL', 'hf:PATH_OR_REPO' or 'hf:/folder#model.gguf', "
               "or a dict {'backend': ..., 'model': ..., 'base_url': ...}")
 
 @dataclass
@@ -64,16 +69,17 @@ def parse_spec(spec: Union[str, dict, ModelSpec]) -> ModelSpec:
         d = dict(spec)
         kind, model = d.pop("backend", None), d.pop("model", None)
         if kind not in BACKENDS or not model: raise ValueError(f"bad model spec {spec!r}: {_SPEC_HELP}")
+        if kind in _SERVER_OF: kind, d["server"] = "openai-compatible", _SERVER_OF[kind]
         return ModelSpec(kind, str(model), d.pop("base_url", None), d)
     if not isinstance(spec, str) or ":" not in spec: raise ValueError(f"bad model spec {spec!r}: {_SPEC_HELP}")
     kind, rest = spec.split(":", 1)
     kind, rest = kind.strip().lower(), rest.strip()
     if kind not in BACKENDS: raise ValueError(f"unknown backend {kind!r} in spec {spec!r}: {_SPEC_HELP}")
-    if kind == "openai-compatible":
+    if kind == "openai-compatible" or kind in _SERVER_OF:
         url, sep, model = rest.rpartition("#")
         if not sep or not url.startswith(("http://", "https://")) or not model:
-            raise ValueError(f"bad spec {spec!r}: an OpenAI-compatible server is 'openai-compatible:http://host:port/v1#MODEL'")
-        return ModelSpec(kind, model, url)
+            raise ValueError(f"bad spec {spec!r}: an OpenAI-compatible server is '{kind}:http://host:port/v1#MODEL'")
+        return ModelSpec("openai-compatible", model, url, {"server": _SERVER_OF[kind]} if kind in _SERVER_OF else {})
     if not rest: raise ValueError(f"bad model spec {spec!r}: the model name is missing; {_SPEC_HELP}")
     if kind == "hf" and "#" in rest:   # hf:/folder#model.gguf: a GGUF file, converted once to safetensors
         folder, _, gguf = rest.rpartition("#")
@@ -137,14 +143,18 @@ def usage_of(result: Any) -> dict:
 
 
 # %% ../../nbs/05_chat.models.ipynb #18401bcd
-class ReplyTooLarge(ChatFailure):
-    "A reply longer than the model's `max_reply_chars`: refused, nothing cached or traced of it."
-
 class ContextTooLong(ChatFailure):
     "A prompt that does not fit the model's context length (reported before the call)."
 
 class CapabilityError(ChatFailure):
     "A call the model cannot serve, e.g. images a role requires sent to a text-only model."
+
+class TruncatedReply(ChatFailure):
+    """A reply cut at `max_tokens` before any visible text (`finish_reason` `length`, empty content): a reasoning
+    model spent the cap on hidden reasoning. Never re-asked (the re-ask would be cut the same way)."""
+
+class UnpricedModel(ForensicsLabError):
+    "A cost budget asked of a model the price table does not list: its spending could not be counted."
 
 def _reask_messages(prepared: list[Prepared], bad_text: str, error: str, schema: type[BaseModel]) -> list[Prepared]:
     note = ("Your previous answer could not be used because it does not match the required format: "
@@ -152,14 +162,80 @@ def _reask_messages(prepared: list[Prepared], bad_text: str, error: str, schema:
             + json.dumps(schema_json(schema), separators=(",", ":")))
     return [*prepared, Prepared("assistant", [bad_text]), Prepared("user", [note])]
 
+_PLACEHOLDER = re.compile(r"<[^<>\n]{6,300}>")
+
+def copied_placeholder(obj: Any, prepared: list[Prepared]) -> Optional[str]:
+    """The field path of a string in `obj` (a parsed reply) that copies a `<...>` placeholder of the prompt (a template's
+    "<at most 200 words, ...>" written back as the answer), or None. A value counts when it is, stripped of its angle
+    brackets, the start of one of the prompt's placeholders (or one of them followed by more) and either opens with
+    `<` itself or is at least 16 characters long (so an enum value such as "authentic" never counts)."""
+    holders = {m.group(0)[1:-1].strip() for msg in prepared for m in _PLACEHOLDER.finditer(msg.text)}
+    if not holders: return None
+    def walk(x, path):
+        if isinstance(x, BaseModel): x = x.model_dump()
+        if isinstance(x, dict):
+            for k, v in x.items():
+                hit = walk(v, f"{path}.{k}" if path else str(k))
+                if hit: return hit
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                hit = walk(v, f"{path}[{i}]")
+                if hit: return hit
+        elif isinstance(x, str):
+            v = x.strip().lstrip("<").rstrip(">").strip()
+            long_enough = len(v) >= 16 or (x.strip().startswith("<") and len(v) >= 6)
+            if long_enough and any(h.startswith(v) or v.startswith(h) for h in holders): return path or "(root)"
+        return None
+    return walk(obj, "")
+
+class AdaptiveLimiter:
+    """The concurrency limit of one endpoint, adapted to its rate limits: at most `limit` calls in flight (starting at
+    `ceiling`); a 429 halves it (not below 1) and holds every new call until the server's `Retry-After` has passed;
+    each run of `limit` successes raises it by one, back up to `ceiling`. `limit` is what a progress bar shows."""
+    def __init__(self, ceiling: int):
+        self.ceiling = self.limit = max(1, int(ceiling))
+        self.in_flight, self.paused_until, self._ok = 0, 0.0, 0
+        self._cv = threading.Condition()
+
+    @contextmanager
+    def slot(self):
+        "Hold one slot for the block (waiting for a free one, and for any pause an endpoint asked for)."
+        with self._cv:
+            while True:
+                wait = self.paused_until - time.monotonic()
+                if wait <= 0 and self.in_flight < self.limit: break
+                self._cv.wait(timeout=wait if wait > 0 else None)
+            self.in_flight += 1
+        try: yield
+        finally:
+            with self._cv:
+                self.in_flight -= 1
+                self._cv.notify_all()
+
+    def rate_limited(self, retry_after: Optional[float] = None) -> None:
+        "A 429: halve the limit and pause new calls for `retry_after` seconds."
+        with self._cv:
+            self.limit, self._ok = max(1, self.limit // 2), 0
+            if retry_after: self.paused_until = max(self.paused_until, time.monotonic() + float(retry_after))
+            self._cv.notify_all()
+
+    def succeeded(self) -> None:
+        "A call went through: after `limit` of them in a row, one more slot (up to `ceiling`)."
+        with self._cv:
+            self._ok += 1
+            if self._ok >= self.limit and self.limit < self.ceiling:
+                self.limit, self._ok = self.limit + 1, 0
+                self._cv.notify_all()
+
+    def __repr__(self): return f"AdaptiveLimiter({self.limit}/{self.ceiling}, {self.in_flight} in flight)"
+
 _LIMITERS: dict = {}
 _LIMITERS_LOCK = threading.Lock()
 
-def _limiter(endpoint: str, n: int) -> threading.BoundedSemaphore:
-    "One semaphore per (endpoint, limit): models built from the same spec share their limit."
+def _limiter(endpoint: str, n: int) -> AdaptiveLimiter:
+    "One limiter per (endpoint, ceiling): models built from the same spec share their limit."
     with _LIMITERS_LOCK:
-        return _LIMITERS.setdefault((endpoint, n), threading.BoundedSemaphore(n))
-
+        return _LIMITERS.setdefault((endpoint, n), AdaptiveLimiter(n))
 
 # %% ../../nbs/05_chat.models.ipynb #18401b01
 @dataclass
@@ -172,6 +248,7 @@ class _Tally:
     calls: int = 0
     latency_s: float = 0.0
     unknown: bool = False
+    cost_unknown: bool = False
 
     def add(self, info: dict) -> None:
         "Add one exchange's `info` (tokens, cost, attempts, latency)."
@@ -182,6 +259,7 @@ class _Tally:
         self.calls += 1 if info.get("cache") != "hit" else 0
         self.latency_s += info.get("latency_s", 0.0)
         self.unknown = self.unknown or bool(info.get("usage_unknown"))
+        self.cost_unknown = self.cost_unknown or bool(info.get("cost_unknown"))
 
     def fields(self) -> dict:
         "As `Reply` / `ChatFailure` keyword arguments."
@@ -201,10 +279,10 @@ class Model:
     "A chat model: a backend plus structured output, cache, retries, budget, cost and traces (thread-safe)."
     def __init__(self, backend: Backend, *, cache: str = "off", cache_path: str | Path | None = None,
                  trace_path: str | Path | None = None, run: Optional[str] = None, budget: Optional[Budget] = None,
-                 prices: Any = None, retry: Optional[RetryPolicy] = None, timeout: float = 60.0,
+                 prices: Any = None, retry: Optional[RetryPolicy] = None, timeout: float = 600.0,
                  concurrency: Optional[int] = None, max_image_side: Optional[int] = None, defaults: dict | None = None,
                  overrides: dict | None = None, max_reply_chars: int = 200_000, role: Optional[str] = None,
-                 attempt_timeout: Optional[float] = None):
+                 attempt_timeout: Optional[float] = None, image_detail: Optional[str] = None):
         if cache not in CACHE_MODES: raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
         self.backend, self.cache_mode, self.role = backend, cache, role
         self.cache = None if cache == "off" else ChatCache.shared(cache_path or default_cache_path())
@@ -212,7 +290,14 @@ class Model:
         self.tracer = trace_path if isinstance(trace_path, Tracer) else Tracer(trace_path, run=run)
         self.budget, self.prices = budget, PriceTable.load(prices)
         self.retry, self.timeout, self.max_reply_chars = retry or RetryPolicy(), timeout, max_reply_chars
-        self.attempt_timeout = attempt_timeout
+        self.attempt_timeout = attempt_timeout or getattr(backend, "default_attempt_timeout", None)
+        if hasattr(backend, "max_reply_bytes"): backend.max_reply_bytes = 4 * max_reply_chars + 65_536   # UTF-8 text in a JSON envelope
+        if image_detail is not None: backend.image_detail = image_detail
+        self.priced = backend.provider == "hf" or self.prices.lookup(backend.provider, backend.model) is not None
+        if budget is not None and budget.max_usd is not None and not self.priced:
+            raise UnpricedModel(f"{backend.model_id} has no price in {self.prices.source}, so a cost budget cannot count "
+                                f"its spending: give its price (controls prices={{'{backend.provider}': {{'{backend.model}': "
+                                f"{{'input': USD_PER_M, 'output': USD_PER_M}}}}}} or --prices FILE) or drop --budget-usd")
         self.concurrency = concurrency or backend.default_concurrency
         self._slots = _limiter(backend.endpoint, self.concurrency)
         self.max_image_side, self.defaults, self.overrides = max_image_side, dict(defaults or {}), dict(overrides or {})
@@ -235,7 +320,6 @@ class Model:
 
     def _count(self, k: str):
         with self._stats_lock: self.stats[k] += 1
-
 
 # %% ../../nbs/05_chat.models.ipynb #18401bd0
 @patch
@@ -263,36 +347,61 @@ def _check_context(self: Model, prepared: list[Prepared], schema, params: dict, 
                              f"longer-context model", model_id=self.model_id)
 
 @patch
+def _attempt(self: Model, prepared: list[Prepared], schema, params: dict, left: float) -> Completion:
+    "One attempt inside one of the endpoint's slots, under the attempt's own deadline; a 429 slows the endpoint down."
+    with self._slots.slot():
+        try: comp = self.backend.complete(prepared, schema, params, min(left, self.attempt_timeout or left))
+        except Exception as e:
+            if is_rate_limit(e): self._slots.rate_limited(getattr(e, "retry_after", None))
+            raise
+    self._slots.succeeded()
+    return comp
+
+@patch
+def _cost(self: Model, served: Optional[str], tin: int, tout: int) -> float:
+    "USD of `tin` + `tout` tokens at the served model's price (else the requested model's; 0 when unpriced)."
+    priced = served if self.prices.lookup(self.backend.provider, served or "") else self.backend.model
+    return self.prices.cost(self.backend.provider, priced, tin, tout)
+
+@patch
 def _call(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict) -> tuple[Completion, dict]:
-    "One live exchange: budget check, concurrency slot, retries within the time budget, usage and cost."
+    """One live exchange: budget check, then attempts (each in a concurrency slot, under its own deadline) with
+    retries and rate-limit waits within the exchange's time budget; usage and cost; the finish state checked."""
     self._check_context(prepared, schema, params, ctx)
-    if self.budget is not None: self.budget.check(f"{self.model_id} call for case {ctx.get('case')!r}")
+    where = f"case {ctx.get('case')!r} (role {ctx.get('role')!r})"
+    if self.budget is not None: self.budget.check(f"{self.model_id} call for {where}")
     t0 = time.perf_counter()
+    self._count("network")
     try:
-        with self._slots:
-            self._count("network")
-            comp, attempts = call_with_retries(
-                lambda left: self.backend.complete(prepared, schema, params, min(left, self.attempt_timeout or left)), self.retry,
-                describe=f"{self.model_id} call for case {ctx.get('case')!r} (role {ctx.get('role')!r})",
-                model_id=self.model_id, total_timeout=self.timeout)
-    except BackendError as e:
+        comp, attempts = call_with_retries(lambda left: self._attempt(prepared, schema, params, left), self.retry,
+                                           describe=f"{self.model_id} call for {where}", model_id=self.model_id,
+                                           total_timeout=self.timeout)
+    except Blocked as e:         # the provider's usage of a blocked reply is charged; nothing else happens to it
+        e.cost_usd, e.calls = self._cost(None, e.input_tokens, e.output_tokens), 1
+        if self.budget is not None: self.budget.charge(e.input_tokens, e.output_tokens, e.cost_usd)
+        raise
+    except ChatFailure as e:
         if self.budget is not None: self.budget.charge(0, 0, 0.0)
         e.calls, e.usage_unknown = 1, True      # what the failed attempts cost is not reported
         raise
     latency = time.perf_counter() - t0
     (tin, tout), unknown = clean_usage(comp.input_tokens, comp.output_tokens)
-    priced = comp.served_model if self.prices.lookup(self.backend.provider, comp.served_model or "") else self.backend.model
-    cost = self.prices.cost(self.backend.provider, priced, tin, tout)
+    cost = self._cost(comp.served_model, tin, tout)
     if self.budget is not None: self.budget.charge(tin, tout, cost)
     comp = Completion(redact(comp.text), tin, tout, comp.served_model, comp.finish_reason)   # one redaction, before anything is written
     info = {"attempts": attempts, "latency_s": latency, "cost_usd": cost, "input_tokens": tin, "output_tokens": tout,
-            "usage_unknown": unknown or attempts > 1, "cache": "miss" if self.cache is not None else "off"}
+            "usage_unknown": unknown or attempts > 1, "cost_unknown": not self.priced,
+            "cache": "miss" if self.cache is not None else "off"}
+    usage = {k: info[k] for k in ("attempts", "input_tokens", "output_tokens", "cost_usd", "usage_unknown")}
     if len(comp.text) > self.max_reply_chars:
         raise ReplyTooLarge(f"{self.model_id}: reply for case {ctx.get('case')!r} is {len(comp.text)} characters, over "
-                            f"max_reply_chars={self.max_reply_chars}; not stored", model_id=self.model_id, calls=1, **{
-                                k: info[k] for k in ("attempts", "input_tokens", "output_tokens", "cost_usd", "usage_unknown")})
+                            f"max_reply_chars={self.max_reply_chars}; not stored", model_id=self.model_id, calls=1, **usage)
+    if comp.finish_reason == "length" and not comp.text.strip():
+        cap = params.get("max_tokens") or getattr(self.backend, "max_new_tokens", None)
+        raise TruncatedReply(f"{self.model_id}: reply for {where} hit max_tokens={cap} before any visible text "
+                             f"(reasoning/thinking tokens count against it): raise max_tokens for reasoning models",
+                             model_id=self.model_id, calls=1, **usage)
     return comp, info
-
 
 # %% ../../nbs/05_chat.models.ipynb #18401bd3
 def _failure_key(key: str) -> str:
@@ -347,7 +456,7 @@ def _trace(self: Model, ctx, step, prepared, params, schema, comp: Optional[Comp
                        "reply": comp.text if comp else None, "finish_reason": comp.finish_reason if comp else None,
                        "usage": {"input_tokens": info.get("input_tokens", 0), "output_tokens": info.get("output_tokens", 0),
                                  "unknown": bool(info.get("usage_unknown"))},
-                       "cost_usd": info.get("cost_usd", 0.0), "latency_s": round(info.get("latency_s", 0.0), 4),
+                       "cost_usd": None if info.get("cost_unknown") else info.get("cost_usd", 0.0), "latency_s": round(info.get("latency_s", 0.0), 4),
                        "attempts": info.get("attempts", 0), "cache": info.get("cache"), "sample": info.get("sample"),
                        **extra})
 
@@ -358,9 +467,9 @@ def _checked_exchange(self: Model, prepared, schema, params, ctx, step):
     except (ChatFailure, CacheMiss, BudgetExceeded) as e:
         info = {k: getattr(e, k, 0) for k in ("attempts", "input_tokens", "output_tokens", "cost_usd")}
         self._trace(ctx, step, prepared, params, schema, None, {**info, "usage_unknown": getattr(e, "usage_unknown", False)},
-                    status="error", error=redact(f"{type(e).__name__}: {e}"))
+                    status="blocked" if isinstance(e, Blocked) else "error", error=redact(f"{type(e).__name__}: {e}"),
+                    **({"blocked_reason": e.reason} if isinstance(e, Blocked) else {}))
         raise
-
 
 # %% ../../nbs/05_chat.models.ipynb #18401bd5
 @patch
@@ -380,9 +489,10 @@ def _prepare(self: Model, messages: Any, ctx: dict, require_images: bool) -> tup
 @patch
 def chat(self: Model, messages: Any, schema: Optional[type[BaseModel]] = None, *, case: Optional[str] = None,
          role: Optional[str] = None, template: Any = None, sample: Optional[int] = None,
-         require_images: bool = False, **params) -> Reply:
+         require_images: bool = False, validate: Optional[Callable[[Any], Any]] = None, **params) -> Reply:
     """Send `messages` and return a `Reply`; with `schema`, `Reply.parsed` is a validated instance
-    (raises `ChatFailure` when even the repaired re-ask does not validate). `case`/`role` default to the
+    (raises `ChatFailure` when even the repaired re-ask does not validate). `validate(parsed)`: the caller's own
+    check (e.g. tool ids in the pool), raising `ValueError`; a reply is cached only once it passes it too. `case`/`role` default to the
     enclosing `chat_context`; the reply and every failure carry the usage of all their attempts."""
     self._count("calls")
     params = {**self.defaults, **params, **self.overrides}
@@ -392,17 +502,28 @@ def chat(self: Model, messages: Any, schema: Optional[type[BaseModel]] = None, *
            "template": getattr(template, "hash", template) or outer.get("template"), "sample": sample}
     tally = _Tally()
     prepared, notes, dropped = self._prepare(messages, ctx, require_images)
-    try: return self._answer(prepared, schema, params, ctx, tally, notes, dropped)
+    try: return self._answer(prepared, schema, params, ctx, tally, notes, dropped, validate)
     except ChatFailure as e: raise tally.charge(e)
 
-
 # %% ../../nbs/05_chat.models.ipynb #18401bd6
+def _check(parsed: BaseModel, prepared: list[Prepared], validate: Optional[Callable[[Any], Any]]) -> None:
+    "The checks after the schema: no copied prompt placeholder, then the caller's own `validate` (its error, a `SchemaError`)."
+    where = copied_placeholder(parsed, prepared)
+    if where: raise SchemaError(f"{where}: copies the prompt's placeholder text instead of an answer")
+    if validate is not None:
+        try: validate(parsed)
+        except (ValueError, TypeError, KeyError) as e: raise SchemaError(str(e) or type(e).__name__) from None
+
 @patch
-def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: list, dropped: int) -> Reply:
-    "Answer, validate, repair, re-ask once; only a reply that validated is cached."
+def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: list, dropped: int,
+            validate: Optional[Callable[[Any], Any]] = None) -> Reply:
+    """Answer, validate (schema, placeholders, the caller's `validate`), repair, re-ask once; only a reply that passed
+    every check is cached."""
     comp, info, key = self._checked_exchange(prepared, schema, params, ctx, "answer")
     tally.add(info)
     hit = info["cache"] == "hit"
+    if tally.cost_unknown and not any(n.startswith("cost unknown") for n in notes):
+        notes = [*notes, f"cost unknown: {self.model_id} is not in the price table ({self.prices.source})"]
     reply = lambda c, parsed=None: Reply(text=c.text, parsed=parsed, model_id=self.model_id, latency_s=tally.latency_s,
                                          cached=hit, notes=notes, dropped_images=dropped, **tally.fields())
     if schema is None:
@@ -411,6 +532,7 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
         return reply(comp)
     try:
         parsed, repaired = parse_reply(comp.text, schema)
+        _check(parsed, prepared, validate)
         self._trace(ctx, "answer", prepared, params, schema, comp, info, status="ok", repaired=repaired,
                     reasked=info.get("reasked", False))
         if not hit: self._store(key, prepared, params, schema, ctx, comp, tally)
@@ -418,11 +540,13 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
     except SchemaError as e:
         err = str(e)
         self._trace(ctx, "answer", prepared, params, schema, comp, info, status="invalid", error=err)
-    again = _reask_messages(prepared, comp.text, err, schema)
+    again = _reask_messages(prepared, comp.text or "(empty reply)", err, schema)
     comp, info2, _ = self._checked_exchange(again, schema, params, ctx, "reask")
     tally.add(info2)
     hit = hit and info2["cache"] == "hit"
-    try: parsed, repaired = parse_reply(comp.text, schema)
+    try:
+        parsed, repaired = parse_reply(comp.text, schema)
+        _check(parsed, prepared, validate)
     except SchemaError as err2:
         self._trace(ctx, "reask", again, params, schema, comp, info2, status="invalid", error=str(err2))
         msg = (f"{self.model_id}: reply for case {ctx.get('case')!r} (role {ctx.get('role')!r}) does not "
@@ -433,7 +557,6 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
     self._trace(ctx, "reask", again, params, schema, comp, info2, status="ok", repaired=repaired)
     self._store(key, prepared, params, schema, ctx, comp, tally, reasked=True)
     return reply(comp, parsed)
-
 
 # %% ../../nbs/05_chat.models.ipynb #18401bd8
 @patch
@@ -467,45 +590,56 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 # %% ../../nbs/05_chat.models.ipynb #eabd8213
-def get_model(spec: Union[str, dict, ModelSpec], cache: Optional[str] = None, cache_path: str | Path | None = None,
-              trace_path: str | Path | None = None, *, controls: Any = None, role: Optional[str] = None,
-              run: Optional[str] = None, budget: Optional[Budget] = None, prices: Any = None,
-              timeout: Optional[float] = None, attempt_timeout: Optional[float] = None,
-              max_attempts: Optional[int] = None, retry: Optional[RetryPolicy] = None,
-              concurrency: Optional[int] = None, api_key: Optional[str] = None, base_url: Optional[str] = None,
-              max_image_side: Optional[int] = None, defaults: dict | None = None, **backend_options) -> Model:
-    """Build a `Model` from a spec. Studies and CLI commands pass only `controls` (a `ModelControls` or
-    anything `ModelControls.of` reads): cache mode and path, trace, shared budget, total timeout,
-    attempts, structured mode, `max_tokens`/`temperature` overrides, reply cap, concurrency. The other
-    keyword arguments are the low-level layer (explicit ones win over `controls`): `cache` 'off' |
-    'rw' | 'replay' (default 'off' without controls), `timeout` seconds per exchange, retries
-    included (`attempt_timeout` caps one attempt inside it); `api_key`/`base_url` override the environment; `defaults`: parameters used when a call
-    gives none; the rest go to the backend (e.g. `structured='prompt'`, `device='cuda'`)."""
-    c = ModelControls.of(controls) if controls is not None else None
+_LEGACY = {"cache": "cache", "cache_path": "cache_path", "trace_path": "trace", "run": "run", "timeout": "timeout",
+           "attempt_timeout": "attempt_timeout", "max_attempts": "attempts", "concurrency": "concurrency",
+           "max_image_side": "max_image_side", "defaults": "defaults", "prices": "prices"}
+
+def _legacy_controls(controls: Any, options: dict) -> Any:
+    "Fold the keyword arguments of the old `get_model` signature into controls (with a `DeprecationWarning`)."
+    old = {k: options.pop(k) for k in list(options) if k in _LEGACY or k in ("budget", "retry")}
+    if not old: return controls
+    warnings.warn(f"get_model({', '.join(f'{k}=...' for k in old)}) is deprecated: pass the run controls as "
+                  f"controls=ModelControls.of({{...}}) (keys: {', '.join(sorted(set(_LEGACY.values())))})",
+                  DeprecationWarning, stacklevel=3)
+    base = {"cache": "off"} if controls is None else ModelControls.of(controls).model_dump()
+    flat = {_LEGACY[k]: (str(v) if isinstance(v, Path) else v) for k, v in old.items() if k in _LEGACY and v is not None}
+    c = ModelControls.of({**base, **flat})
+    if isinstance(controls, ModelControls): c._budget, c._retry = controls._budget, controls._retry
+    if old.get("budget") is not None: c._budget = old["budget"]
+    if old.get("retry") is not None: c._retry = old["retry"]
+    return c
+
+def get_model(spec: Union[str, dict, ModelSpec], controls: Any = None, *, role: Optional[str] = None, **options) -> Model:
+    """Build a `Model` from a spec and its run controls. `controls` (a `ModelControls` or anything `ModelControls.of`
+    reads; None: the defaults with the cache off) is the one place for run controls: cache mode and path, trace, shared
+    budget and prices, time budget and attempt deadline, attempts and rate-limit waits, structured mode,
+    `max_tokens`/`temperature` overrides, reply cap, concurrency, image size and detail (per role), default parameters.
+    `role` picks the per-role values. `options` are the backend's own: `api_key`, `base_url`, `server`, `device`,
+    `dtype`, `chat_template`, `structured`, `accepts_temperature`, ... (the old run-control keywords, `cache=...`,
+    `timeout=...`, still work for now, with a `DeprecationWarning`)."""
+    c = _legacy_controls(controls, options)
+    c = ModelControls.of({"cache": "off"} if c is None else c)
     s = parse_spec(spec)
-    opts = {**s.options, **backend_options}
-    if c is not None: opts.setdefault("structured", c.structured)
-    url = base_url or s.base_url
-    conc = concurrency or opts.pop("concurrency", None) or (c.concurrency if c else None)
-    timeout = timeout if timeout is not None else (c.timeout if c else 60.0)
+    opts = {**s.options, **options}
+    opts.setdefault("structured", c.structured)
+    url = opts.pop("base_url", None) or s.base_url
+    api_key = opts.pop("api_key", None)
+    conc = opts.pop("concurrency", None) or c.concurrency
     try:
         if s.backend in ("openai", "openai-compatible"):
-            be = OpenAIBackend(s.model, base_url=url, api_key=api_key, provider=s.backend, timeout=timeout, **opts)
+            be = OpenAIBackend(s.model, base_url=url, api_key=api_key, provider=s.backend, timeout=c.timeout, **opts)
         elif s.backend == "gemini":
-            be = GeminiBackend(s.model, api_key=api_key, base_url=url, timeout=timeout, **opts)
+            be = GeminiBackend(s.model, api_key=api_key, base_url=url, timeout=c.timeout, **opts)
         else:
             if url: raise ValueError("hf: models are local; base_url does not apply")
             be = HFBackend(s.model, **opts)
-    except ImportError as e: raise extra_for(e, f"{s.backend}:{s.model}") from None   # a missing client names its extra
-    attempts = max_attempts if max_attempts is not None else (c.attempts if c else 5)
-    return Model(be, cache=cache or (c.cache if c else "off"), cache_path=cache_path or (c.cache_path if c else None),
-                 trace_path=trace_path or (c.trace if c else None), run=run,
-                 budget=budget if budget is not None else (c.budget if c else None), prices=prices,
-                 retry=retry or RetryPolicy(max_attempts=attempts), timeout=timeout, concurrency=conc,
-                 max_image_side=max_image_side, defaults=defaults, overrides=c.generation() if c else None,
-                 max_reply_chars=c.max_reply_chars if c else 200_000, role=role,
-                 attempt_timeout=attempt_timeout if attempt_timeout is not None else (c.attempt_timeout if c else None))
-
+    except ImportError as e: raise extra_for(e, f"{s.backend}:{s.model}") from None   # a missing package names its extra
+    retry = c._retry or RetryPolicy(max_attempts=c.attempts, base_delay=c.backoff_s, max_waits=c.max_waits)
+    return Model(be, cache=c.cache, cache_path=c.cache_path, trace_path=c.trace, run=c.run, budget=c.budget,
+                 prices=c.prices, retry=retry, timeout=c.timeout, concurrency=conc,
+                 max_image_side=c.for_role("max_image_side", role), image_detail=c.for_role("image_detail", role),
+                 defaults=c.defaults, overrides=c.generation(), max_reply_chars=c.max_reply_chars, role=role,
+                 attempt_timeout=c.attempt_timeout)
 
 # %% ../../nbs/05_chat.models.ipynb #eabd8215
 class ControlsError(ForensicsLabError, ValueError):
@@ -514,33 +648,48 @@ class ControlsError(ForensicsLabError, ValueError):
 _STRUCTURED = Literal["auto", "json_schema", "json_object", "prompt", "constrained"]
 
 class ModelControls(BaseModel):
-    """The run controls of every model call of a study or CLI command, in one place: the backend spec
-    per role (`backends`, key `*` for every role), `max_tokens` and `temperature` (they override what
-    the role's code asks), `timeout` (the total wall budget of one exchange, retries included),
-    `attempt_timeout` (one attempt's cap inside it; default: all that is left), `attempts`, `structured` mode, a shared budget (`budget_usd`, `budget_tokens`), the `trace` path,
-    the `cache` mode and path, `max_reply_chars` and `concurrency`. Build it with `ModelControls.of`."""
+    """The run controls of every model call of a study or CLI command, in one place: the backend spec per role
+    (`backends`, key `*` for every role); `max_tokens` and `temperature` (they override what the role's code asks);
+    `timeout`, the time budget of one exchange (every attempt and every wait, rate-limit waits included) and
+    `attempt_timeout`, one attempt's total deadline (connection and the whole reply; default the backend's: 120 s,
+    600 s for reasoning models); `attempts` (failed attempts) and `max_waits` (rate-limit waits honoured on top);
+    `backoff_s`, the first retry's wait; the `structured` mode; a shared budget (`budget_usd`, `budget_tokens`) and
+    `prices` (a price file or `{provider: {model: {input, output}}}`, needed for `budget_usd` with an unlisted model);
+    the `trace` path and `run` id; the `cache` mode and path; `max_reply_chars`; `concurrency` (the ceiling of the
+    endpoint's adaptive limit); `max_image_side` and `image_detail` (`low` | `high` | `auto`), each a value or
+    `{role: value}` with `*` for the rest; `defaults`, parameters a call gets when it gives none.
+    Build it with `ModelControls.of`."""
     model_config = ConfigDict(extra="forbid")
     backends: dict[str, Any] = {}
     max_tokens: Optional[int] = None
     temperature: Optional[float] = None
-    timeout: float = 120.0
+    timeout: float = 600.0
     attempt_timeout: Optional[float] = None
     attempts: int = 3
+    max_waits: int = 20
+    backoff_s: float = 0.5
     structured: _STRUCTURED = "auto"
     budget_usd: Optional[float] = None
     budget_tokens: Optional[int] = None
+    prices: Union[str, dict, None] = None
     trace: Optional[str] = None
+    run: Optional[str] = None
     cache: Literal["off", "rw", "replay"] = "rw"
     cache_path: Optional[str] = None
     max_reply_chars: int = 200_000
     concurrency: Optional[int] = None
+    max_image_side: Union[int, dict[str, Optional[int]], None] = None
+    image_detail: Union[Literal["low", "high", "auto"], dict[str, Literal["low", "high", "auto"]], None] = None
+    defaults: dict[str, Any] = {}
+    _retry: Optional[RetryPolicy] = PrivateAttr(default=None)
     _budget: Optional[Budget] = PrivateAttr(default=None)
     _models: dict = PrivateAttr(default_factory=dict)
     _lock: Any = PrivateAttr(default_factory=threading.RLock)  # re-entrant: `model` builds under it and reads `budget`
 
-    @field_validator("timeout", "attempts", "max_reply_chars")
+    @field_validator("timeout", "attempts", "max_reply_chars", "attempt_timeout")
     @classmethod
     def _positive(cls, v, info):
+        if v is None and info.field_name == "attempt_timeout": return v
         if v is None or v <= 0: raise ValueError(f"{info.field_name} must be > 0, got {v!r}")
         return v
 
@@ -563,7 +712,6 @@ class ModelControls(BaseModel):
         try: return cls(**base)
         except ValidationError as e: raise ControlsError(f"bad model controls: {_describe(e)}") from None
 
-
 # %% ../../nbs/05_chat.models.ipynb #eabd82p1
 @patch
 def spec_for(self: ModelControls, role: Optional[str], default: Any = None) -> Any:
@@ -579,6 +727,12 @@ def budget(self: ModelControls) -> Optional[Budget]:
         return self._budget
 
 @patch
+def for_role(self: ModelControls, name: str, role: Optional[str]) -> Any:
+    "The value of per-role control `name` for `role`: a plain value, or `value[role]`, else `value['*']`, else None."
+    v = getattr(self, name)
+    return v.get(role or "", v.get("*")) if isinstance(v, dict) else v
+
+@patch
 def generation(self: ModelControls) -> dict:
     "The generation parameters these controls impose on every call (`max_tokens`, `temperature` when set)."
     return {k: v for k, v in (("max_tokens", self.max_tokens), ("temperature", self.temperature)) if v is not None}
@@ -592,4 +746,3 @@ def model(self: ModelControls, role: Optional[str] = None, default_spec: Any = N
     with self._lock:
         if key not in self._models: self._models[key] = get_model(spec, controls=self, role=role)
         return self._models[key]
-
