@@ -147,3 +147,60 @@ def test_real_specs():
     for kind, (total, manip) in n.items():
         s = ds.load_dataset(f"{kind}:{_need_shared(folder[kind])}")
         assert (len(s), sum(x.label for x in s)) == (total, manip) and ds.has_families(s)
+
+
+def _corrupt_folder(root: Path) -> Path:
+    "real/ + fake/ with one image of each kind that does not decode: random bytes, a cut JPEG, an empty file, a broken link."
+    _fake_image(root / "real/a.png"); _fake_image(root / "fake/b.jpg"); _fake_image(root / "fake/c.png", seed=1)
+    (root / "fake/noise.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg" * 8)
+    (root / "real/cut.jpg").write_bytes((root / "fake/b.jpg").read_bytes()[:200])
+    (root / "real/empty.png").write_bytes(b"")
+    (root / "fake/gone.png").symlink_to(root / "nowhere.png")
+    return root
+
+
+def test_folder_with_unreadable_images_skips_counts_and_names_them(tmp_path, capsys):
+    """Issue 32 item 9: one unreadable image in a folder: dataset aborted triage_table4 and zoom_table1 (no table).
+    The data layer now keeps the images that decode, lists the others in `skipped`, prints one line naming them,
+    and the caption text every study builds from the set says which were left out."""
+    root = _corrupt_folder(tmp_path / "set")
+    s = ds.load_dataset(f"folder:{root}")
+    assert [x.id for x in s] == ["set/fake/b", "set/fake/c", "set/real/a"]
+    assert sorted(p for p, _ in s.skipped) == ["fake/gone.png", "fake/noise.jpg", "real/cut.jpg", "real/empty.png"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "skipped 4 unreadable image(s)" in err and "fake/noise.jpg" in err
+    drawn = ds.stratified_draw(s, n_per_family=1, n_authentic=1)
+    assert drawn.skipped == s.skipped                                   # travels through the study's draw
+    text = ds.describe_dataset(f"folder:{root}", drawn)
+    assert "4 unreadable image(s) skipped: " in text and "real/empty.png (empty file (0 bytes))" in text
+    assert [x.id for x in ds.load_folder(root)] == ["set/real/a", "set/fake/b", "set/fake/c"]   # zoom's direct call too
+    for bad in root.rglob("*"):
+        if bad.name in ("a.png", "b.jpg", "c.png") or bad.is_dir(): continue
+        bad.unlink()
+    assert ds.load_dataset(f"folder:{root}").skipped == []
+
+
+def test_folder_of_only_unreadable_images_is_one_line_error(tmp_path):
+    from forensicslab.core import ForensicsLabError
+    (tmp_path / "s/real").mkdir(parents=True); (tmp_path / "s/fake").mkdir()
+    (tmp_path / "s/real/x.jpg").write_text("not an image")
+    with pytest.raises(ForensicsLabError, match=r"holds no readable images \(1 unreadable: real/x.jpg"):
+        ds.load_dataset(f"folder:{tmp_path / 's'}")
+
+
+def test_dataset_spec_is_parsed_once_and_travels(tmp_path):
+    "Issue 25 item 2: a DatasetSpec record; every string API takes it too, and bad input is a ForensicsLabError."
+    from forensicslab.core import ForensicsLabError
+    _fake_image(tmp_path / "mine/real/a.png"); _fake_image(tmp_path / "mine/fake/b.png")
+    spec = ds.DatasetSpec.parse(f"folder:{tmp_path / 'mine'}")
+    assert (spec.kind, spec.key, spec.path) == ("folder", "mine", tmp_path / "mine")
+    assert ds.parse_dataset_spec(spec) == ("folder", str(tmp_path / "mine")) and ds.dataset_key(spec) == "mine"
+    assert [x.id for x in ds.load_dataset(spec)] == [x.id for x in ds.load_dataset(str(spec))]
+    assert ds.describe_dataset(spec, ds.load_dataset(spec)) == spec.describe(spec.load())
+    for bad in ("bench:idd", "nope:/x", " : "):
+        with pytest.raises(ForensicsLabError): ds.DatasetSpec.parse(bad)
+    (tmp_path / "m.csv").write_text("image,label\nmine/real/a.png,maybe\n")
+    with pytest.raises(ds.DatasetError, match="line 2"): ds.load_manifest(tmp_path / "m.csv")
+    (tmp_path / "m.csv").write_text("image,label\nmine/real/zz.png,1\n")
+    with pytest.raises(ds.MissingFile, match="zz.png not found"): ds.load_manifest(tmp_path / "m.csv")
+    with pytest.raises(ds.DatasetError, match="split must be"): ds.load_celebdf(tmp_path, split="val")

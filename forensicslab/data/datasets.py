@@ -10,21 +10,29 @@ from __future__ import annotations
 import csv
 import hashlib
 import re
+import struct
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
+import cv2
 import numpy as np
 from PIL import Image
 
 from ..core import FAMILIES, ForensicsLabError, Sample
+from .bench import COLLECTIONS, load_bench
+from ..imageio import MAX_PIXELS
+
 
 # %% auto #0
 __all__ = ['IMAGE_EXTS', 'CASIA2_LAYOUT', 'CASIA2_URL', 'COVERAGE_LAYOUT', 'COVERAGE_URL', 'COLUMBIA_LAYOUT', 'COLUMBIA_URL',
            'NOSO_LAYOUT', 'NOSO_URL', 'CELEBDF_LAYOUT', 'CELEBDF_URL', 'COMFOR_LAYOUT', 'COMFOR_URL', 'IIDNET_LAYOUT',
            'IIDNET_URL', 'FOLDER_LAYOUTS', 'FOLDER_LAYOUT', 'DATASET_KINDS', 'MissingData', 'DatasetError',
-           'load_casia2', 'load_coverage', 'load_columbia', 'load_noso', 'extract_frames', 'load_celebdf',
-           'load_community_forensics', 'load_iidnet', 'load_pscc_samples', 'load_folder', 'load_manifest',
-           'parse_dataset_spec', 'load_dataset', 'dataset_key', 'has_families', 'describe_dataset', 'stratified_draw']
+           'MissingFile', 'Samples', 'image_problem', 'readable_samples', 'load_casia2', 'load_coverage',
+           'load_columbia', 'load_noso', 'extract_frames', 'load_celebdf', 'load_community_forensics', 'load_iidnet',
+           'load_pscc_samples', 'load_folder', 'load_manifest', 'DatasetSpec', 'parse_dataset_spec', 'load_dataset',
+           'dataset_key', 'has_families', 'describe_dataset', 'stratified_draw']
 
 # %% ../../nbs/03a_data.datasets.ipynb #61bf4301
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp")
@@ -38,6 +46,9 @@ class MissingData(ForensicsLabError, FileNotFoundError):
 class DatasetError(ForensicsLabError, ValueError):
     "A dataset spec or a dataset's content cannot be used (unknown kind, wrong layout); the message says what to give."
 
+class MissingFile(DatasetError, FileNotFoundError):
+    "A file a dataset lists (an image or mask of a manifest row) does not exist: one line naming it."
+
 def _need(path: Path, dataset: str, layout: str, download: str, kind: str = "dir") -> Path:
     path = Path(path)
     ok = path.is_dir() if kind == "dir" else path.is_file()
@@ -45,11 +56,14 @@ def _need(path: Path, dataset: str, layout: str, download: str, kind: str = "dir
     return path
 
 def _images(folder: Path, recursive: bool = False) -> list[Path]:
+    "Image files of `folder`; a broken link (dangling, or a loop) is listed too, so the check that follows names it, not drops it."
     it = folder.rglob("*") if recursive else folder.iterdir()
-    return sorted(p for p in it if p.is_file() and p.suffix.lower() in IMAGE_EXTS and not p.name.startswith("."))
+    return sorted(p for p in it if (p.is_file() or (p.is_symlink() and not p.exists()))
+                  and p.suffix.lower() in IMAGE_EXTS and not p.name.startswith("."))
 
 def _sample(dataset: str, path: Path, label: int, family: Optional[str], mask: Optional[Path] = None, **prov) -> Sample:
-    return Sample(id=f"{dataset}/{path.stem}", image=str(path.resolve()), label=label, family=family if label else None,
+    image = path.resolve() if path.exists() else path.absolute()   # a broken link keeps its own name (for the skip note)
+    return Sample(id=f"{dataset}/{path.stem}", image=str(image), label=label, family=family if label else None,
                   mask=str(mask.resolve()) if mask else None, dataset=dataset, provenance=prov)
 
 def _binary_mask(src: Path, out: Path, select=None) -> Path:
@@ -59,6 +73,50 @@ def _binary_mask(src: Path, out: Path, select=None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(m.astype(np.uint8) * 255).save(out)
     return out
+
+# %% ../../nbs/03a_data.datasets.ipynb #b7d1c0a2
+class Samples(list):
+    "A dataset's `Sample`s (a plain `list`) that also says what the loader left out: `skipped` holds `(path, reason)` per unreadable image."
+    def __init__(self, items: Iterable[Sample] = (), skipped: Iterable[tuple[str, str]] = ()):
+        super().__init__(items)
+        self.skipped = list(skipped)
+
+def image_problem(path: str | Path) -> Optional[str]:
+    "Why the image file at `path` cannot be read (empty, not an image, truncated, corrupt, too many pixels, a broken link), or None."
+    p = Path(path)
+    try:
+        if p.stat().st_size == 0: return "empty file (0 bytes)"
+        with Image.open(p) as im:
+            w, h = im.size
+            if w * h > MAX_PIXELS: return f"{w}x{h} pixels exceeds the cap of {MAX_PIXELS:,}"
+            if im.format == "JPEG": im.draft("RGB", (max(1, w // 8), max(1, h // 8)))   # still a pass over all the data
+            im.load()
+    except Image.DecompressionBombError as e: return f"too many pixels ({e})"
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError, ZeroDivisionError, struct.error) as e:
+        return " ".join((str(e) or type(e).__name__).split())[:200]
+    return None
+
+def _warn(msg: str) -> None: print(msg, file=sys.stderr)
+
+def readable_samples(samples: Iterable[Sample], where: str = "dataset", root: str | Path | None = None,
+                     log: Callable[[str], None] | None = _warn) -> Samples:
+    "The samples whose image decodes; the others go to `skipped` (path relative to `root` when under it, reason) and `log` gets one line naming them."
+    keep, skipped = [], []
+    for s in samples:
+        why = image_problem(s.image)
+        if why is None: keep.append(s); continue
+        p = Path(s.image)
+        try: name = p.relative_to(Path(root).resolve()).as_posix() if root else str(p)
+        except ValueError: name = str(p)
+        skipped.append((name, why))
+    out = Samples(keep, [*getattr(samples, "skipped", []), *skipped])
+    if skipped and log: log(f"{where}: skipped {len(skipped)} unreadable image(s): {_skipped_text(skipped)}")
+    return out
+
+def _skipped_text(skipped: list[tuple[str, str]], n: int = 5) -> str:
+    txt = "; ".join(f"{p} ({why})" for p, why in skipped[:n])
+    return txt + (f"; and {len(skipped) - n} more" if len(skipped) > n else "")
+
 
 # %% ../../nbs/03a_data.datasets.ipynb #2d2f2d41
 CASIA2_LAYOUT = """  <root>/Au/Au_*.jpg                        authentic images
@@ -173,12 +231,11 @@ CELEBDF_URL = "https://github.com/yuezunli/celeb-deepfakeforensics (request form
 
 def extract_frames(video: str | Path, out_dir: str | Path, n: int = 1) -> list[Path]:
     "Save `n` evenly spaced frames of `video` as PNG in `out_dir` (kept across calls); returns their paths."
-    import cv2
     video, out_dir = Path(video), Path(out_dir)
     want = [out_dir / f"{video.stem}_f{i}.png" for i in range(n)]
     if all(p.exists() for p in want): return want
     cap = cv2.VideoCapture(str(video))
-    if not cap.isOpened(): raise ValueError(f"{video}: OpenCV cannot open this video (missing codec or corrupt file)")
+    if not cap.isOpened(): raise DatasetError(f"{video}: OpenCV cannot open this video (missing codec or corrupt file)")
     total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) or 1
     out_dir.mkdir(parents=True, exist_ok=True)
     got = []
@@ -189,7 +246,7 @@ def extract_frames(video: str | Path, out_dir: str | Path, n: int = 1) -> list[P
         Image.fromarray(fr[..., ::-1]).save(want[i])
         got.append(want[i])
     cap.release()
-    if not got: raise ValueError(f"{video}: no frame could be decoded")
+    if not got: raise DatasetError(f"{video}: no frame could be decoded")
     return got
 
 def load_celebdf(root: str | Path, split: str = "test", frames_per_video: int = 1, frames_dir: str | Path | None = None,
@@ -201,6 +258,7 @@ def load_celebdf(root: str | Path, split: str = "test", frames_per_video: int = 
         vids = []
         for line in lst.read_text().splitlines():
             if not line.strip(): continue
+            if len(line.split(maxsplit=1)) != 2: raise DatasetError(f"{lst}: line {line!r} is not '<1 real | 0 fake> <relative path>'")
             lab, rel = line.split(maxsplit=1)
             vids.append((root / rel.strip(), 0 if lab == "1" else 1))
     elif split == "all":
@@ -208,7 +266,7 @@ def load_celebdf(root: str | Path, split: str = "test", frames_per_video: int = 
         for d, lab in (("Celeb-real", 0), ("YouTube-real", 0), ("Celeb-synthesis", 1)):
             _need(root / d, "Celeb-DF-v2", CELEBDF_LAYOUT, CELEBDF_URL)
             vids += [(p, lab) for p in sorted((root / d).glob("*.mp4"))]
-    else: raise ValueError(f"split must be 'test' or 'all', got {split!r}")
+    else: raise DatasetError(f"Celeb-DF-v2: split must be 'test' or 'all', got {split!r}")
     frames_dir = Path(frames_dir) if frames_dir else root / "_forensicslab_frames"
     out = []
     for v, lab in vids[:limit]:
@@ -225,7 +283,9 @@ COMFOR_URL = "https://huggingface.co/datasets/OwensLab/CommunityForensics-Eval (
 def load_community_forensics(root: str | Path, images_dir: str | Path | None = None, limit: Optional[int] = None,
                              split: Optional[str] = None) -> list[Sample]:
     "Load Community Forensics parquet shards: images are written once to `images_dir`, labels 1 = generated."
-    import pyarrow.parquet as pq
+    try: import pyarrow.parquet as pq   # the one lazy import here: pyarrow is optional (it comes with the train extra)
+    except ImportError: raise ImportError("reading Community Forensics shards needs pyarrow: pip install pyarrow "
+                                          "(or pip install 'forensicslab[train]')") from None
     root = _need(root, "Community Forensics", COMFOR_LAYOUT, COMFOR_URL)
     shards = sorted(root.rglob("*.parquet"))
     if not shards: raise MissingData(root / "**/*.parquet", "Community Forensics", COMFOR_LAYOUT, COMFOR_URL)
@@ -234,7 +294,7 @@ def load_community_forensics(root: str | Path, images_dir: str | Path | None = N
     for sh in shards:
         t = pq.read_table(sh)
         need = {"image_data", "label"} - set(t.column_names)
-        if need: raise ValueError(f"{sh}: not a Community Forensics shard (missing columns {sorted(need)})")
+        if need: raise DatasetError(f"{sh}: not a Community Forensics shard (missing columns {sorted(need)})")
         for r in t.to_pylist():
             if split and r.get("split") != split: continue
             if limit is not None and len(out) >= limit: return out
@@ -304,8 +364,10 @@ FOLDER_LAYOUT = """  <root>/real/**/*.{jpg,png,...}   authentic     (or <root>/a
   fake/<family>/ names the family)
   <root>/masks/<stem>.png          optional masks"""
 
-def load_folder(root: str | Path, family: Optional[str] = None, dataset: Optional[str] = None) -> list[Sample]:
-    "Load `root/real/**` + `root/fake/**` (or `authentic/` + `tampered/`): label 0 / 1, optional `root/masks/<stem>.png`."
+def load_folder(root: str | Path, family: Optional[str] = None, dataset: Optional[str] = None,
+                check_images: bool = True) -> Samples:
+    """Load `root/real/**` + `root/fake/**` (or `authentic/` + `tampered/`): label 0 / 1, optional `root/masks/<stem>.png`;
+    images that do not decode are left out and named in `skipped` (`check_images=False`: keep every file)."""
     root = Path(root)
     dataset = dataset or root.name
     if family is not None and family not in FAMILIES: raise DatasetError(f"unknown family {family!r}; known: {sorted(FAMILIES)}")
@@ -327,7 +389,7 @@ def load_folder(root: str | Path, family: Optional[str] = None, dataset: Optiona
             mk = root / "masks" / f"{p.stem}.png"
             s = _sample(dataset, p, lab, fam, mk if lab and mk.exists() else None, **prov)
             out.append(s.model_copy(update={"id": f"{dataset}/{p.relative_to(root).with_suffix('').as_posix()}"}))
-    return out
+    return readable_samples(out, f"folder:{root}", root) if check_images else Samples(out)
 
 # %% ../../nbs/03a_data.datasets.ipynb #952c3dcc
 _LABELS = {"0": 0, "1": 1, "real": 0, "authentic": 0, "pristine": 0, "fake": 1, "manipulated": 1, "tampered": 1}
@@ -339,31 +401,27 @@ def load_manifest(path: str | Path, check_files: bool = True) -> list[Sample]:
     with open(path, newline="") as fh:
         rd = csv.DictReader(fh)
         miss = {"image", "label"} - set(rd.fieldnames or [])
-        if miss: raise ValueError(f"{path}: missing column(s) {sorted(miss)}; found {rd.fieldnames}")
+        if miss: raise DatasetError(f"{path}: missing column(s) {sorted(miss)}; found {rd.fieldnames}")
         for i, r in enumerate(rd, 2):
             lab = _LABELS.get(str(r["label"]).strip().lower())
-            if lab is None: raise ValueError(f"{path}, line {i}: label {r['label']!r} is not one of {sorted(_LABELS)}")
+            if lab is None: raise DatasetError(f"{path}, line {i}: label {r['label']!r} is not one of {sorted(_LABELS)}")
             img = (path.parent / r["image"]).resolve()
-            if check_files and not img.exists(): raise FileNotFoundError(f"{path}, line {i}: image {img} not found")
+            if check_files and not img.exists(): raise MissingFile(f"{path}, line {i}: image {img} not found")
             mk = (path.parent / r["mask"]).resolve() if r.get("mask") else None
-            if check_files and mk is not None and not mk.exists(): raise FileNotFoundError(f"{path}, line {i}: mask {mk} not found")
+            if check_files and mk is not None and not mk.exists(): raise MissingFile(f"{path}, line {i}: mask {mk} not found")
             fam = (r.get("family") or None) if lab else None
             extra = {k: v for k, v in r.items() if k not in ("image", "label", "family", "mask", "caption", "id", "split") and v not in (None, "")}
             try:
                 out.append(Sample(id=r.get("id") or f"{path.stem}/{Path(r['image']).with_suffix('')}", image=str(img), label=lab, family=fam,
                                   mask=str(mk) if mk else None, caption=r.get("caption") or None, split=r.get("split") or None,
                                   dataset=path.stem, provenance=extra))
-            except ValueError as e: raise ValueError(f"{path}, line {i}: {e}") from None
+            except ValueError as e: raise DatasetError(f"{path}, line {i}: {' '.join(str(e).split())}") from None
     return out
 
 # %% ../../nbs/03a_data.datasets.ipynb #f9f92d3f
-def _bench(arg: str, bench_root=None) -> list[Sample]:
-    from forensicslab.data.bench import load_bench
-    return load_bench(arg, bench_root)
-
 DATASET_KINDS: dict[str, tuple] = {
-    "bench": (_bench, "a collection of the offline benchmark: bench:train, bench:id or bench:ood"),
-    "folder": (lambda a: load_folder(a), "a folder with real/ + fake/ (or authentic/ + tampered/)"),
+    "bench": (lambda a, root=None: load_bench(a, root), "a collection of the offline benchmark: bench:train, bench:id or bench:ood"),
+    "folder": (lambda a: load_folder(a, check_images=False), "a folder with real/ + fake/ (or authentic/ + tampered/)"),
     "casia2": (lambda a: load_casia2(a), "CASIA v2.0"),
     "coverage": (lambda a: load_coverage(a), "COVERAGE"),
     "columbia": (lambda a: load_columbia(a), "Columbia uncompressed splicing"),
@@ -376,50 +434,90 @@ DATASET_KINDS: dict[str, tuple] = {
 }
 "Dataset spec kinds: kind -> (loader of the argument, description)."
 
-def parse_dataset_spec(spec: str) -> tuple[str, str]:
-    "Split `kind:argument`; a bare benchmark collection name (`id`) means `bench:id`."
-    spec = str(spec).strip()
-    if spec in ("train", "id", "ood"): return "bench", spec
-    kind, sep, arg = spec.partition(":")
-    if not sep or kind not in DATASET_KINDS or not arg:
-        raise DatasetError(f"dataset spec {spec!r} is not kind:argument with kind one of {', '.join(DATASET_KINDS)} "
-                           "(e.g. bench:id, folder:/data/mine, casia2:/data/CASIA2, manifest:samples.csv)")
-    return kind, arg
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset spec parsed and checked once (`DatasetSpec.parse("folder:/data/mine")`), then passed along: its `kind`
+    and argument `arg`, the `key` that names it in run folders, `load()` and `describe()`. `str(spec)` is `kind:arg`."""
+    kind: str
+    arg: str
 
-def load_dataset(spec: str, bench_root: str | Path | None = None) -> list[Sample]:
-    "The samples named by a dataset spec (see `DATASET_KINDS`), sorted by id; `bench_root` for a non-default benchmark."
-    kind, arg = parse_dataset_spec(spec)
-    fn = DATASET_KINDS[kind][0]
-    ss = fn(arg, bench_root) if kind == "bench" else fn(Path(arg).expanduser())
-    if not ss: raise DatasetError(f"dataset {spec!r} holds no images")
-    return sorted(ss, key=lambda s: s.id)
+    @classmethod
+    def parse(cls, spec: "str | DatasetSpec") -> "DatasetSpec":
+        "Parse `kind:argument` (a bare `train`, `id` or `ood` means the benchmark's collection); a bad spec is a one-line `DatasetError`."
+        if isinstance(spec, DatasetSpec): return spec
+        text = str(spec).strip()
+        if text in COLLECTIONS: return cls("bench", text)
+        kind, sep, arg = text.partition(":")
+        arg = arg.strip()
+        if not sep or kind not in DATASET_KINDS or not arg:
+            raise DatasetError(f"dataset spec {text!r} is not kind:argument with kind one of {', '.join(DATASET_KINDS)} "
+                               "(e.g. bench:id, folder:/data/mine, casia2:/data/CASIA2, manifest:samples.csv)")
+        if kind == "bench" and arg not in COLLECTIONS:
+            raise DatasetError(f"dataset spec {text!r}: the benchmark's collections are {', '.join(COLLECTIONS)}")
+        return cls(kind, arg)
+
+    def __str__(self) -> str: return f"{self.kind}:{self.arg}"
+
+    @property
+    def path(self) -> Optional[Path]:
+        "The folder or file the spec names (None for a benchmark collection)."
+        return None if self.kind == "bench" else Path(self.arg).expanduser()
+
+    @property
+    def key(self) -> str:
+        "A short filesystem-safe name: `bench:id` -> `id`, `folder:/x/my_set` -> `my_set`, `manifest:/a/b.csv` -> `b`."
+        if self.kind == "bench": return self.arg
+        name = self.path.stem if self.kind == "manifest" else Path(self.arg.rstrip("/")).name
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or self.kind
+
+    def load(self, bench_root: str | Path | None = None, log: Callable[[str], None] | None = _warn) -> Samples:
+        "The samples, sorted by id; user data keeps only images that decode (the others in `skipped`, named by `log`)."
+        fn = DATASET_KINDS[self.kind][0]
+        if self.kind == "bench": return Samples(sorted(fn(self.arg, bench_root), key=lambda s: s.id))
+        ss = readable_samples(fn(self.path), str(self), self.path if self.path.is_dir() else self.path.parent, log)
+        if not ss: raise DatasetError(f"dataset {str(self)!r} holds no readable images"
+                                      + (f" ({len(ss.skipped)} unreadable: {_skipped_text(ss.skipped, 3)})" if ss.skipped else ""))
+        return Samples(sorted(ss, key=lambda s: s.id), ss.skipped)
+
+    def describe(self, samples: list[Sample]) -> str:
+        "Caption text: what the data is, how many images, how many manipulated, whether families are known, and what was skipped."
+        what = (f"forensicslab benchmark, {self.arg} collection" if self.kind == "bench"
+                else f"{DATASET_KINDS[self.kind][1]} at {self.arg}" if self.kind in ("folder", "manifest")
+                else f"{DATASET_KINDS[self.kind][1]} ({self.arg})")
+        n1 = sum(s.label for s in samples)
+        unknown = sum(1 for s in samples if s.label == 1 and s.family is None)
+        fam = ("families from the loader" if not unknown else "families unknown" if unknown == n1
+               else f"{unknown} manipulated image(s) of unknown family")
+        skipped = getattr(samples, "skipped", [])
+        gone = f"; {len(skipped)} unreadable image(s) skipped: {_skipped_text(skipped, 3)}" if skipped else ""
+        return f"{what}: {len(samples)} images, {n1} manipulated, {fam}{gone}"
+
+def parse_dataset_spec(spec: "str | DatasetSpec") -> tuple[str, str]:
+    "Split `kind:argument` into `(kind, argument)`; a bare benchmark collection name (`id`) means `bench:id` (see `DatasetSpec.parse`)."
+    s = DatasetSpec.parse(spec)
+    return s.kind, s.arg
+
+def load_dataset(spec: "str | DatasetSpec", bench_root: str | Path | None = None) -> Samples:
+    "The samples named by a dataset spec (see `DATASET_KINDS`), sorted by id; unreadable images are skipped and named (`Samples.skipped`)."
+    return DatasetSpec.parse(spec).load(bench_root)
+
 
 # %% ../../nbs/03a_data.datasets.ipynb #daa4bcfd
-def dataset_key(spec: str) -> str:
-    "A short filesystem-safe name of a dataset spec: `bench:id` -> `id`, `folder:/x/my_set` -> `my_set`."
-    kind, arg = parse_dataset_spec(spec)
-    if kind == "bench": return arg
-    name = Path(arg).stem if kind == "manifest" else Path(arg.rstrip("/")).name
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or kind
+def dataset_key(spec: "str | DatasetSpec") -> str:
+    "A short filesystem-safe name of a dataset spec: `bench:id` -> `id`, `folder:/x/my_set` -> `my_set` (`DatasetSpec.key`)."
+    return DatasetSpec.parse(spec).key
 
 def has_families(samples: list[Sample]) -> bool:
     "True when every manipulated sample has a known family (so in-scope arbitration can be scored)."
     return any(s.label == 1 for s in samples) and all(s.family is not None for s in samples if s.label == 1)
 
-def describe_dataset(spec: str, samples: list[Sample]) -> str:
-    "Caption text for a dataset: what it is, how many images, how many manipulated, and whether families are known."
-    kind, arg = parse_dataset_spec(spec)
-    what = (f"forensicslab benchmark, {arg} collection" if kind == "bench"
-            else f"{DATASET_KINDS[kind][1]} at {arg}" if kind in ("folder", "manifest") else f"{DATASET_KINDS[kind][1]} ({arg})")
-    n1 = sum(s.label for s in samples)
-    unknown = sum(1 for s in samples if s.label == 1 and s.family is None)
-    fam = ("families from the loader" if not unknown else "families unknown" if unknown == n1
-           else f"{unknown} manipulated image(s) of unknown family")
-    return f"{what}: {len(samples)} images, {n1} manipulated, {fam}"
+def describe_dataset(spec: "str | DatasetSpec", samples: list[Sample]) -> str:
+    "Caption text for a dataset: what it is, how many images, how many manipulated, whether families are known, which were unreadable (`DatasetSpec.describe`)."
+    return DatasetSpec.parse(spec).describe(samples)
 
 def stratified_draw(samples: list[Sample], n_per_family: int | None = None, n_authentic: int | None = None,
-                    seed: int = 0) -> list[Sample]:
-    "At most `n_per_family` manipulated images per family (unknown = one stratum) and `n_authentic` authentic ones, seeded."
+                    seed: int = 0) -> Samples:
+    "At most `n_per_family` manipulated images per family (unknown = one stratum) and `n_authentic` authentic ones, seeded; `skipped` is kept."
     rng = np.random.default_rng(seed)
     strata: dict[str, list[Sample]] = {}
     for s in samples: strata.setdefault(s.family or ("authentic" if s.label == 0 else "unknown"), []).append(s)
@@ -429,4 +527,4 @@ def stratified_draw(samples: list[Sample], n_per_family: int | None = None, n_au
         cap = n_authentic if k == "authentic" else n_per_family
         if cap is not None and cap < len(g): g = [g[i] for i in sorted(rng.choice(len(g), cap, replace=False))]
         out += g
-    return sorted(out, key=lambda s: s.id)
+    return Samples(sorted(out, key=lambda s: s.id), getattr(samples, "skipped", []))   # what the loader skipped travels along
