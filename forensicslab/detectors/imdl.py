@@ -7,24 +7,28 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.imdl.html.md"""
 # %% ../../nbs/04m_detectors.imdl.ipynb #ef700415
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from ..core import ForensicsLabError, ToolCard
 from .pool import card_from_dict, make_detection, register
 from ..imageio import LoadedImage
 
 # %% auto #0
-__all__ = ['CKPT_ENV', 'SIDE_ENV', 'IMDLUnavailable', 'trufor_card', 'build_trufor', 'IMDLTruFor', 'register_imdl_trufor']
+__all__ = ['CKPT_ENV', 'SIDE_ENV', 'SAFE_GLOBALS', 'TRUFOR_LAYOUT', 'TRUFOR_PAGE', 'IMDLUnavailable', 'trufor_card',
+           'CheckpointError', 'read_state', 'load_strict', 'build_trufor', 'IMDLTruFor', 'register_imdl_trufor']
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #5ba17703
 CKPT_ENV = "FORENSICSLAB_TRUFOR_CKPT"
-"Environment variable naming a TruFor checkpoint (a `.safetensors` or `.pth` state dict of IMDL-BenCo's `Trufor`)."
+"Environment variable naming a TruFor checkpoint: the authors' `trufor.pth.tar`, an IMDL-BenCo checkpoint, or a `.safetensors` state dict."
 SIDE_ENV = "FORENSICSLAB_IMDL_SIDE"
-"Environment variable: the long side (pixels) the network works at (default 512; maps are resized back)."
+"Environment variable: a long side (pixels) to shrink larger images to (default: none, full resolution as the authors run it)."
 
 class IMDLUnavailable(ForensicsLabError, ImportError):
     "IMDL-BenCo (or its torch/torchvision/timm stack) cannot be imported in this environment."
@@ -40,8 +44,63 @@ def trufor_card(random_weights: bool) -> ToolCard:
         score_reading=("TruFor's image-level integrity score: the probability that the image is manipulated "
                        "(above 0.5 = manipulated). With random weights it carries no forensic meaning."),
         map_reading="Pixel anomaly map in [0, 1]: high where TruFor localises the manipulation.",
-        description="Served from its own environment through the remote protocol (forensicslab.detectors.imdl).",
+        description=("Served from its own environment through the remote protocol (forensicslab.detectors.imdl); "
+                     "full resolution, RGB uint8 / 256 as the authors' test code."),
         reference="Guillaro et al., TruFor, CVPR 2023; IMDL-BenCo model zoo (imdlbenco on the package index)"))
+
+# %% ../../nbs/04m_detectors.imdl.ipynb #a622f746
+SAFE_GLOBALS = (argparse.Namespace,)
+"The only classes a checkpoint's pickle may name beyond tensors and plain containers (IMDL-BenCo stores its `args`)."
+TRUFOR_LAYOUT = ("the authors' trufor.pth.tar ({'state_dict': ...}), an IMDL-BenCo checkpoint ({'model': ..., "
+                 "'args': Namespace} with keys prefixed 'model.'), or a bare state dict (.pth or .safetensors)")
+"What `read_state` accepts, as its errors say it."
+TRUFOR_PAGE = "https://github.com/grip-unina/TruFor#test (weights: https://www.grip.unina.it/download/prog/TruFor/TruFor_weights.zip)"
+"Where the authors publish TruFor's code and weights."
+
+class CheckpointError(ForensicsLabError, ValueError):
+    "A weights file that cannot be read or does not fit the network; the message names the detector, layout and download page."
+
+def _strip(sd: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in sd.items()} if sd and all(k.startswith(prefix) for k in sd) else sd
+
+def read_state(path: str | Path, det_id: str = "trufor", layout: str = TRUFOR_LAYOUT, page: str = TRUFOR_PAGE) -> tuple[dict, str]:
+    """`(state dict, layout)` of a checkpoint file, loaded with `weights_only=True` (plus `SAFE_GLOBALS`) or from
+    safetensors; `layout` is `official` (`{'state_dict'}`), `imdlbenco` (`{'model', 'args'}`, `model.` prefix
+    dropped) or `bare`."""
+    p = Path(path)
+    if not p.is_file(): raise CheckpointError(f"{det_id}: no weights file at {p}; expected {layout} (download: {page})")
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            obj = load_file(str(p))
+        else:
+            with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+                obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
+        raise CheckpointError(f"{det_id}: {p.name} is not a safely readable checkpoint ({why}); expected {layout} "
+                              f"(download: {page})") from None
+    kind = "bare"
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict): obj, kind = obj["state_dict"], "official"
+    elif isinstance(obj, dict) and isinstance(obj.get("model"), dict): obj, kind = _strip(obj["model"], "model."), "imdlbenco"
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{det_id}: {p.name} holds no tensor state dict; expected {layout} (download: {page})")
+    return _strip(obj, "module."), kind
+
+def load_strict(net: torch.nn.Module, sd: dict, det_id: str = "trufor", layout: str = TRUFOR_LAYOUT,
+                page: str = TRUFOR_PAGE, source: str = "the checkpoint") -> torch.nn.Module:
+    "`net.load_state_dict(sd, strict=True)`, a mismatch reported in one line (counts and first names of missing/unexpected keys)."
+    want, have = net.state_dict(), sd
+    missing, extra = [k for k in want if k not in have], [k for k in have if k not in want]
+    shapes = [k for k in want if k in have and tuple(want[k].shape) != tuple(have[k].shape)]
+    if missing or extra or shapes:
+        parts = [f"{len(missing)} missing (e.g. {missing[0]})" if missing else "",
+                 f"{len(extra)} unexpected (e.g. {extra[0]})" if extra else "",
+                 f"{len(shapes)} of another shape (e.g. {shapes[0]}: {tuple(have[shapes[0]].shape)} vs {tuple(want[shapes[0]].shape)})" if shapes else ""]
+        raise CheckpointError(f"{det_id}: {source} does not fit the network: {', '.join(x for x in parts if x)} keys; "
+                              f"expected {layout} (download: {page})")
+    net.load_state_dict(sd, strict=True)
+    return net
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #308542dc
 def _imdl():
@@ -56,52 +115,45 @@ def _imdl():
     return IMDLBenCo, myEncoderDecoder, _C, update_config
 
 def build_trufor(checkpoint: Optional[str] = None, seed: int = 0):
-    "TruFor's network in eval mode: from `checkpoint` when given, else seeded random weights."
-    import torch
+    "TruFor's network in eval mode: from `checkpoint` when given (either layout, strictly), else seeded random weights."
     IMDLBenCo, myEncoderDecoder, cfg, update_config = _imdl()
     cfg = cfg.clone()
     update_config(cfg, None, str(Path(IMDLBenCo.__file__).parent / "statics" / "model_zoo" / "configs" / "trufor.yaml"))
     torch.manual_seed(seed)
     net = myEncoderDecoder(cfg=cfg)
     if checkpoint:
-        p = Path(checkpoint)
-        if not p.is_file(): raise FileNotFoundError(f"{p}: no TruFor checkpoint there ({CKPT_ENV})")
-        if p.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            sd = load_file(str(p))
-        else:
-            sd = torch.load(p, map_location="cpu", weights_only=True)
-        sd = sd.get("model", sd) if isinstance(sd.get("model", None), dict) else sd
-        sd = {k[len("model."):] if k.startswith("model.") else k: v for k, v in sd.items()}
-        net.load_state_dict(sd)
+        sd, kind = read_state(checkpoint)
+        load_strict(net, sd, source=f"{Path(checkpoint).name} ({kind} layout)")
     return net.eval()
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #91423079
-def _working_size(h: int, w: int, side: int) -> tuple[int, int]:
-    "Height and width at long side <= `side`, each a positive multiple of 32."
-    s = min(1.0, side / max(h, w))
-    return max(32, int(round(h * s / 32)) * 32), max(32, int(round(w * s / 32)) * 32)
+def _working_size(h: int, w: int, side: Optional[int]) -> tuple[int, int]:
+    "Height and width at long side <= `side` (aspect kept; `None`: unchanged)."
+    if side is None or max(h, w) <= side: return h, w
+    s = side / max(h, w)
+    return max(1, round(h * s)), max(1, round(w * s))
 
 class IMDLTruFor:
     "TruFor from IMDL-BenCo as a pool detector (random weights unless a checkpoint is given)."
     def __init__(self, checkpoint: Optional[str] = None, side: Optional[int] = None):
         self.checkpoint = checkpoint if checkpoint is not None else os.environ.get(CKPT_ENV) or None
-        self.side = int(side or os.environ.get(SIDE_ENV, 512))
+        side = side or os.environ.get(SIDE_ENV)
+        self.side = int(side) if side else None
         self.card = trufor_card(self.checkpoint is None)
         self.net = build_trufor(self.checkpoint)
 
     def detect(self, image: LoadedImage):
         "Integrity score and anomaly map of one image."
-        import torch
-        import torch.nn.functional as F
         import IMDLBenCo
         h, w = _working_size(image.height, image.width, self.side)
-        x = torch.from_numpy(np.ascontiguousarray(image.rgb)).permute(2, 0, 1)[None].float() / 255.0
-        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+        x = torch.from_numpy(np.ascontiguousarray(image.rgb)).permute(2, 0, 1)[None].float() / 256.0
+        if (h, w) != (image.height, image.width): x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
         with torch.no_grad():
             pred, conf, det, _ = self.net(x)
         amap = F.softmax(pred, dim=1)[:, -1:]
-        amap = F.interpolate(amap, size=(image.height, image.width), mode="bilinear", align_corners=False)[0, 0].numpy()
+        if (h, w) != (image.height, image.width):
+            amap = F.interpolate(amap, size=(image.height, image.width), mode="bilinear", align_corners=False)
+        amap = amap[0, 0].numpy()
         score = float(torch.sigmoid(det).reshape(-1)[0])
         raw = dict(random_weights=self.checkpoint is None, working_size=[w, h], numpy=np.__version__,
                    torch=torch.__version__, imdlbenco=getattr(IMDLBenCo, "__version__", "?"))
