@@ -1,4 +1,4 @@
-"""One self-contained HTML page per triage case: the dispatch table, the map panels, every auditor's verdict and reasoning, and the judge's verdict.
+"""One self-contained HTML page per case, fit to hand over: the file (thumbnail, SHA-256, size, format), its provenance evidence, each detector's score with its card's reading, the map panels, every auditor's verdict and reasoning, and the judge's verdict.
 
 Docs: https://forensicslab.github.io/forensicslab/triage.report.html.md"""
 
@@ -8,21 +8,27 @@ Docs: https://forensicslab.github.io/forensicslab/triage.report.html.md"""
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
+import json
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
+from scipy import ndimage
 
 from ..core import Detection, ToolCard
 from ..imageio import LoadedImage, fit_within, load_image
+from ..provenance.evidence import PROVENANCE_CARDS
+from ..provenance.records import ProvenanceEvidence
+from .agents import composite_images, two_panel_image
 from .records import CaseResult
 
 # %% auto #0
-__all__ = ['REGION_COLOURS', 'COLOUR_SCALE', 'GLOSSARY', 'OFFLINE_NOTE', 'data_uri', 'map_regions', 'regions_image',
-           'case_report_html', 'write_case_report']
+__all__ = ['CREDIBILITY_NOTE', 'REGION_COLOURS', 'COLOUR_SCALE', 'GLOSSARY', 'OFFLINE_NOTE', 'data_uri', 'region_statement',
+           'map_regions', 'regions_image', 'file_facts', 'case_report_html', 'write_case_report']
 
 # %% ../../nbs/06f_triage.report.ipynb #0b50e0cc
 def data_uri(img, max_side: int = 900, fmt: str = "jpeg", quality: int = 88) -> str:
@@ -54,6 +60,12 @@ code{background:#f5f5f5;padding:0 3px}
 .note{background:#eef3fb;border:1px solid #b7c9e8;border-radius:6px;padding:8px 12px;font-size:13.5px}
 .scale{display:flex;align-items:center;gap:8px;font-size:12px;color:#444;margin:2px 0}
 .scale .bar{width:260px;height:12px;border:1px solid #999;background:linear-gradient(90deg,#00007f,#0000ff,#00ffff,#7fff7f,#ffff00,#ff0000,#7f0000)}
+.file{display:flex;gap:16px;align-items:flex-start} .file img{width:160px;border:1px solid #ccc}
+.hash{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
+.present{background:#e4ecfb;color:#1d3d7a} .absent{background:#eee;color:#555} .not_applicable{background:#eee;color:#555}
+.unavailable{background:#fff4d6;color:#7a5400} .error{background:#fde2e1;color:#8a1c17}
+.flag{display:inline-block;margin:2px 4px 2px 0;padding:1px 6px;border-radius:4px;background:#fff0d9;color:#6b4200;font-size:12px}
+.card{font-size:12.5px;color:#444} td.reading{font-size:12px;color:#444;max-width:360px}
 """
 
 def _e(x) -> str: return html.escape(str(x), quote=True)
@@ -74,29 +86,62 @@ def _dispatch_rows(detections: dict[str, Detection], cards: dict[str, ToolCard],
         rows.append(f'<tr class="{cls}"><td><code>{_e(k)}</code><br>{_e(c.name if c else "")}</td>'
                     f'<td>{_e(", ".join(c.scope) if c else "?")}</td><td>{_e(native)}</td><td class="score">{score}</td>'
                     f'<td>{"yes" if d.fired else ""}</td><td>{_e(status)}</td>'
-                    f'<td>{d.runtime_s:.2f} s</td><td>{audit}</td></tr>')
+                    f'<td>{d.runtime_s:.2f} s</td><td>{audit}</td><td class="reading">{_e(_reading(d, c))}</td></tr>')
     return ("<table><tr><th>detector</th><th>declared scope</th><th>native output</th><th>score</th><th>fired</th>"
-            "<th>status</th><th>runtime</th><th>Stage 1</th></tr>" + "".join(rows) + "</table>")
+            "<th>status</th><th>runtime</th><th>Stage 1</th><th>how to read it (the card)</th></tr>" + "".join(rows) + "</table>")
 
-def _verdict_html(res: CaseResult, cards: dict[str, ToolCard]) -> str:
+def _reading(d: Detection, c: ToolCard | None) -> str:
+    "The card's reading of the score, with a note when the score sits at the ceiling of its normalisation."
+    r = (c.score_reading if c else "") or ""
+    if d.score is not None and d.score >= 0.995:
+        r += (" " if r else "") + "(A score at 1.00 is the ceiling of the normalisation: a strength beyond it is not measured; it is not certainty.)"
+    return r
+
+def region_statement(res: CaseResult, detections: dict[str, Detection], hot: float = 0.5, min_fraction: float = 1e-3) -> str:
+    """The region the report states, computed from the decisive detector's map exactly as the image legend counts regions
+    (`map_regions`): none when that map localised nothing, whatever words the judge used."""
+    v = res.verdict
+    if v is None or not v.is_manipulated: return "-"
+    k = v.decisive
+    d = detections.get(k) if k else None
+    if d is None or d.status != "ok" or d.heatmap is None: return f"none: the decisive detector {k or '?'} gives no map (a whole-image claim)"
+    boxes = map_regions(d.heatmap, hot, min_fraction)
+    if not boxes: return (f"none: {k}'s map has no hot region (>= {hot:g}) of at least {100 * min_fraction:.1f}% of the image, "
+                          "so the claim is not localised")
+    h, w = d.heatmap.shape
+    x0, y0, x1, y1 = boxes[0]
+    area = 100 * float(((d.heatmap >= hot).sum()) / d.heatmap.size)
+    return (f"{len(boxes)} region(s) on {k}'s map ({area:.1f}% of the map is hot); largest: box x {x0}-{x1}, y {y0}-{y1} "
+            f"(map of {w}x{h} pixels)")
+
+CREDIBILITY_NOTE = ("Credibility (rule judge) = margin (how far the score is above its threshold, rescaled to [0, 1]) x compactness "
+                    "(share of the map's hot mass in its one or two largest regions), combined with the margin of every "
+                    "corroborating same-scope detector, times the lone-positive factor when same-scope detectors are confidently "
+                    "silent (a factor of 1 changes nothing). It is a rule's weighting of the scores, not a probability: 1.00 "
+                    "means a score at its ceiling with a compact map, not certainty.")
+"What the decision path's credibility numbers are computed from."
+
+def _verdict_html(res: CaseResult, cards: dict[str, ToolCard], detections: dict[str, Detection] | None = None) -> str:
     if res.verdict is None:
         return f'<div class="banner fail">No verdict: the case failed</div><p class="reason">{_e(res.failure)}</p>'
     v = res.verdict
     head = (f'<div class="banner {"manip" if v.is_manipulated else "auth"}">'
             f'{"MANIPULATED" if v.is_manipulated else "AUTHENTIC"}</div>')
-    rows = [("locality", v.locality), ("region", v.region or "-"),
+    region = region_statement(res, detections or {}) if detections is not None else (v.region or "-")
+    rows = [("locality", v.locality), ("region", region),
             ("arbitrated tools (decisive first)", ", ".join(f"{t} ({', '.join(cards[t].scope) if t in cards else '?'})"
                                                            for t in v.arbitrated_tools) or "none")]
+    if detections is not None and v.is_manipulated and v.region and region.startswith("none"): rows.append(("judge's region words", v.region))
     tab = "<table>" + "".join(f"<tr><th>{_e(a)}</th><td>{_e(b)}</td></tr>" for a, b in rows) + "</table>"
     path = "<ol>" + "".join(f"<li>{_e(s)}</li>" for s in v.decision_path) + "</ol>"
-    return f'{head}{tab}<h3>Decision path</h3>{path}<h3>Reasoning</h3><div class="reason">{_e(v.reasoning)}</div>'
+    cred = f"<p class='meta'>{_e(CREDIBILITY_NOTE)}</p>" if any("Reliability:" in s for s in v.decision_path) else ""
+    return f'{head}{tab}<h3>Decision path</h3>{path}{cred}<h3>Reasoning</h3><div class="reason">{_e(v.reasoning)}</div>'
 
 # %% ../../nbs/06f_triage.report.ipynb #66e759c1
 REGION_COLOURS = ((230, 25, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240))
 
 def map_regions(heatmap: np.ndarray, hot: float = 0.5, min_fraction: float = 1e-3) -> list[list[int]]:
     "Boxes `[x1, y1, x2, y2]` of every hot region (>= `hot`) of a map covering at least `min_fraction` of it, largest first."
-    from scipy import ndimage
     h = np.nan_to_num(np.asarray(heatmap, np.float32))
     lab, n = ndimage.label(h >= hot, structure=np.ones((3, 3), bool))
     boxes = []
@@ -109,7 +154,6 @@ def map_regions(heatmap: np.ndarray, hot: float = 0.5, min_fraction: float = 1e-
 def regions_image(image: LoadedImage, detections: dict[str, Detection], names: list[str],
                   faces: list[list[int]] | None = None) -> tuple[np.ndarray, list[tuple[str, tuple, int]]]:
     "The photograph with every hot region of each named map detector boxed in its own colour (and faces in thin white)."
-    from PIL import ImageDraw
     im = Image.fromarray(image.rgb).convert("RGB")
     dr = ImageDraw.Draw(im)
     w = max(2, round(max(im.size) / 300))
@@ -136,8 +180,11 @@ GLOSSARY = [("score", "the detector's output mapped to [0, 1]; it <i>fires</i> a
             ("compactness", "the share of a map's hot mass held by its one or two largest regions: near 1 = a localised "
                             "edit, low = heat scattered over the image"),
             ("saturated", "a map hot over most of the image, which localises nothing"),
-            ("credibility", "margin x compactness, raised when another detector of the same scope also fires; the judge "
-                            "accepts the most credible claim if it reaches the acceptance level"),
+            ("credibility", "the rule judge's weight of a claim: margin x compactness, raised when another detector of the "
+                            "same scope also fires, times the lone-positive factor; the judge accepts the most credible claim if "
+                            "it reaches the acceptance level; a weighting, not a probability"),
+            ("provenance", "what travels with the file or beside it (Content Credentials, metadata, JPEG tables, an earlier "
+                           "copy in a reference folder): evidence with its own card, not a verdict"),
             ("lone positive", "a detector that fires while detectors of the same scope are confidently silent"),
             ("kept / dropped", "the Stage 1 auditor's decision: only kept detectors reach the judge")]
 "Plain-words definitions of the terms the reports use."
@@ -153,6 +200,55 @@ OFFLINE_NOTE = ("<b>Offline baseline.</b> This verdict comes from rule-based age
 "The note every offline case report carries (see also `forensicslab analyze`)."
 
 # %% ../../nbs/06f_triage.report.ipynb #89336335
+def file_facts(img: LoadedImage) -> dict:
+    "What identifies the analysed file: SHA-256 of its bytes (of the pixels when there is no file), byte size, format, pixel size."
+    f = dict(format=img.format or "array", width=img.width, height=img.height, bytes=None, sha256=None, hashed="pixels")
+    if img.path is not None and Path(img.path).is_file():
+        h = hashlib.sha256()
+        with open(img.path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""): h.update(block)
+        f.update(bytes=Path(img.path).stat().st_size, sha256=h.hexdigest(), hashed="file")
+    else: f["sha256"] = img.hash
+    return f
+
+def _size(n) -> str:
+    if n is None: return "-"
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+def _file_section(img: LoadedImage, title: str, facts: dict) -> str:
+    return (f"<div class='file'><img alt='thumbnail' src='{data_uri(img.rgb, 320)}'><table>"
+            f"<tr><th>file</th><td>{_e(title)}</td></tr>"
+            f"<tr><th>SHA-256 ({_e(facts['hashed'])})</th><td class='hash'>{_e(facts['sha256'])}</td></tr>"
+            f"<tr><th>size</th><td>{_size(facts['bytes'])}</td></tr>"
+            f"<tr><th>format</th><td>{_e(facts['format'])}, {facts['width']}x{facts['height']} pixels</td></tr></table></div>")
+
+def _provenance_section(prov: dict[str, ProvenanceEvidence] | None) -> list[str]:
+    "The provenance table (status, summary, flags, the card behind a click) and, for a near-duplicate, both images and the difference map."
+    if prov is None: return ["<h2>Provenance</h2><p class='meta'>Not read for this case.</p>"]
+    rows = []
+    for k, ev in prov.items():
+        c = PROVENANCE_CARDS.get(k)
+        card = (f"<details class='card'><summary>card</summary><b>reads</b> {_e(c.reads)}.<br><b>how to read it</b> {_e(c.reading)}."
+                f"<br><b>cannot tell</b> {_e(c.cannot_tell)}.</details>") if c else ""
+        flags = "".join(f"<span class='flag'>{_e(f)}</span>" for f in ev.flags)
+        rows.append(f"<tr><td><b>{_e(c.name if c else k)}</b>{card}</td><td><span class='pill {_e(ev.status)}'>{_e(ev.status)}</span></td>"
+                    f"<td>{_e(ev.summary)}<br>{flags}</td></tr>")
+    out = ["<h2>Provenance</h2>", "<p class='meta'>What travels with the file or beside it. Evidence, not a verdict: the verdict "
+           "above comes from the detectors and the agents.</p>",
+           "<table><tr><th>source</th><th>status</th><th>evidence</th></tr>" + "".join(rows) + "</table>"]
+    dup = prov.get("duplicates")
+    if dup is not None and dup.status == "present" and "reference" in dup.images:
+        ref = Image.fromarray(np.ascontiguousarray(dup.images["reference"])).convert("RGB")
+        x0, y0, x1, y1 = dup.facts.get("box_in_reference", [0, 0, 0, 0])
+        ImageDraw.Draw(ref).rectangle([x0, y0, x1, y1], outline=(230, 25, 75), width=max(2, round(max(ref.size) / 250)))
+        diff = (np.clip(dup.images["difference"], 0, 1) * 255).astype(np.uint8)
+        out += [f"<h3>Near-duplicate: {_e(dup.summary)}</h3><div class='imgs'>",
+                f"<img alt='reference with the matched box' style='max-width:48%' src='{data_uri(ref, 600)}'> ",
+                f"<img alt='difference map' style='max-width:48%' src='{data_uri(np.stack([diff] * 3, -1), 600)}'></div>",
+                "<p class='meta'>Left: the reference, the box is where this image lies in it. Right: the absolute difference "
+                "after alignment and smoothing (black = same, white = 64 grey levels or more).</p>"]
+    return out
+
 def _image_section(img: LoadedImage, detections, res: CaseResult, panels: bool) -> list[str]:
     "The photograph with every hot region drawn, and the composite panels of the detectors the judge saw."
     kept = [k for k, a in res.audits.items() if a.keep] if res.audits else list(detections)
@@ -165,7 +261,6 @@ def _image_section(img: LoadedImage, detections, res: CaseResult, panels: bool) 
            + (f" ({leg})" if leg else " (none)") + ("; white: faces found" if faces else "") + ".</p>"]
     maps = {k: detections[k] for k in kept if detections[k].status == "ok" and detections[k].heatmap is not None}
     if panels and maps:
-        from forensicslab.triage.agents import composite_images
         over, raw = composite_images(img, maps)
         who = "the kept detectors only: what the judge sees" if res.audits else "every map detector"
         out += [f"<h3>Composite map panels ({who})</h3><div class='imgs'>",
@@ -175,18 +270,23 @@ def _image_section(img: LoadedImage, detections, res: CaseResult, panels: bool) 
 
 def case_report_html(image, detections: dict[str, Detection], cards: dict[str, ToolCard], res: CaseResult,
                      title: str = "case", truth: Optional[str] = None, panels: bool = True,
-                     offline: Optional[bool] = None) -> str:
-    "The HTML text of a case report (self-contained: images embedded); `offline` (default: no model call) adds the baseline note."
+                     offline: Optional[bool] = None, provenance: dict[str, ProvenanceEvidence] | None = None,
+                     backends: str | None = None) -> str:
+    """The HTML text of a case report (self-contained: images embedded, no script); `offline` (default: no model call) adds
+    the baseline note; `provenance`: the evidence of `forensicslab.provenance.evidence.gather`; `title`: the name to show."""
     img = load_image(image)
     offline = res.usage.calls == 0 if offline is None else offline
+    ff = file_facts(img)
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)} - forensicslab triage</title>",
              f"<style>{_CSS}</style></head><body>",
              f"<h1>Triage case report: {_e(title)}</h1>",
-             f"<div class='meta'>configuration <b>{_e(res.config)}</b> &middot; image {img.width}x{img.height} "
-             f"{_e(img.format or '')} &middot; {len(detections)} detectors &middot; {res.seconds:.2f} s"
+             f"<div class='meta'>configuration <b>{_e(res.config)}</b>" + (f" ({_e(backends)})" if backends else "")
+             + f" &middot; {len(detections)} detectors &middot; {res.seconds:.2f} s"
              + (f" &middot; truth: <b>{_e(truth)}</b>" if truth else "") + "</div>",
              f"<p class='note'>{OFFLINE_NOTE}</p>" if offline else "",
-             _verdict_html(res, cards), *_image_section(img, detections, res, panels),
+             _file_section(img, title, ff),
+             _verdict_html(res, cards, detections), *_image_section(img, detections, res, panels),
+             *_provenance_section(provenance),
              "<h2>Stage 0: detector dispatch</h2>",
              "<p class='meta'>score = normalised manipulation score in [0, 1]; fired = score &gt; threshold (0.5).</p>",
              _dispatch_rows(detections, cards, res)]
@@ -195,18 +295,16 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
         for k, a in res.audits.items():
             d = detections.get(k)
             sc = "" if d is None or d.score is None else f" &middot; score {d.score:.3f}{' fired' if d.fired else ''}"
-            parts.append(f"<div class='aud'><b><code>{_e(k)}</code></b> <span class='pill {a.audit_verdict}'>{_e(a.audit_verdict)}</span>"
+            parts.append(f"<div class='aud'><b><code>{_e(k)}</code></b> <span class='pill {_e(a.audit_verdict)}'>{_e(a.audit_verdict)}</span>"
                          f"{sc}<div class='reason'>{_e(a.reasoning)}</div>")
             if panels and d is not None and d.status == "ok" and d.heatmap is not None:
-                from forensicslab.triage.agents import two_panel_image
                 parts.append(f"<details><summary>two-panel image this auditor saw</summary><div class='imgs'>"
                              f"<img alt='two-panel map of {_e(k)}' src='{data_uri(two_panel_image(img, d), 900)}'></div>{COLOUR_SCALE}</details>")
             parts.append("</div>")
     else:
         parts.append("<h2>Stage 1: auditors</h2><p class='meta'>This configuration has no per-detector auditors.</p>")
-    parts += ["<h2>Stage 2: verdict</h2>", _verdict_html(res, cards)]
+    parts += ["<h2>Stage 2: verdict</h2>", _verdict_html(res, cards, detections)]
     if res.details:
-        import json
         parts.append(f"<h3>Details</h3><pre class='reason'>{_e(json.dumps(res.details, indent=1, default=str)[:6000])}</pre>")
     if res.facts is not None:
         f = res.facts
@@ -226,9 +324,12 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
     return "\n".join(parts)
 
 def write_case_report(path: str | Path, image, detections: dict[str, Detection], cards: dict[str, ToolCard],
-                      res: CaseResult, title: str = "case", truth: Optional[str] = None, panels: bool = True) -> Path:
-    "Write the case report to `path` (parent folders created); returns the path."
+                      res: CaseResult, title: str = "case", truth: Optional[str] = None, panels: bool = True,
+                      provenance: dict[str, ProvenanceEvidence] | None = None, backends: str | None = None) -> Path:
+    "Write the case report to `path` (parent folders created, written atomically); returns the path."
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(case_report_html(image, detections, cards, res, title, truth, panels), encoding="utf-8")
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(case_report_html(image, detections, cards, res, title, truth, panels, provenance=provenance, backends=backends), encoding="utf-8")
+    tmp.replace(p)
     return p
