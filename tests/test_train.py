@@ -14,7 +14,8 @@ pytest.importorskip("trl")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 torch.set_num_threads(1)
 
-from forensicslab.core import Box, EvidenceItem  # noqa: E402
+from forensicslab.core import Box, EvidenceItem, Sample  # noqa: E402
+from forensicslab.zoom.records import zoom  # noqa: E402
 from forensicslab.zoom.train import (HybridReward, ZoomTrainConfig, ZoomEnv, load_checkpoint, load_policy,  # noqa: E402
                                 read_curves, run_grpo, run_sft, save_checkpoint)
 from forensicslab.zoom.rewards import RewardConfig  # noqa: E402
@@ -410,3 +411,79 @@ def test_grpo_quick_config_across_seeds_and_threads(tmp_path, monkeypatch, seed,
     assert g.state.global_step == 3 and len(seen) == 3
     for b in seen: assert b["runs"] == b["images"] and b["grids"] == sum(b["images"]), b
     assert sum(cuts) > 0, f"no rollout was cut after a crop ({cuts}): the test no longer reaches the path it guards"
+
+
+def test_forensic_tool_set_reaches_sft_grpo_and_evaluation_alike(tmp_path):
+    from forensicslab.imageio import load_image
+    from forensicslab.zoom.agents import Episode
+    from forensicslab.zoom.pipeline import episode_views
+    from forensicslab.zoom.records import ZoomConfigError
+    from forensicslab.zoom.rules import ForensicViews, tool_views
+    from forensicslab.zoom.train import HFZoomPolicy, sft_dataset, zoom_env_factory
+    trajs, samples = smoke_task(tmp_path / "data", n=3)
+    with pytest.raises(ZoomConfigError, match="unknown tool set"): ZoomTrainConfig.smoke(tools="crop+xray")
+    views = tool_views(ZoomTrainConfig.smoke(tools="forensic").tools)
+    # SFT: the tool turn shows the crop, the forensic maps beside it and one readout line per view
+    tool = [m for m in sft_dataset(trajs, "o3", 1, views=views)[0]["messages"] if m["role"] == "tool"][0]
+    assert [p["type"] for p in tool["content"]] == ["image", "image", "text"]
+    sft_text = tool["content"][-1]["text"]
+    assert "noise residual" in sft_text and "copy-move" in sft_text and "cues:" in sft_text
+    crop_only = [m for m in sft_dataset(trajs, "o3", 1)[0]["messages"] if m["role"] == "tool"][0]
+    assert [p["type"] for p in crop_only["content"]] == ["image", "text"]          # the paper's crop-only tool
+    # GRPO: the environment returns the same readouts for the same box
+    step = [s for s in trajs[0]["steps"] if s.kind == "crop"][0]
+    box = [int(v) for v in step.bbox]
+    env = zoom_env_factory(views)()
+    env.reset(image=load_image(trajs[0]["image"]).pil(), sample=samples[0].model_dump_json())
+    blocks = env.crop(box)
+    assert [b["type"] for b in blocks] == ["image", "image", "text"] and blocks[-1]["text"] == sft_text
+    # evaluation: the same views; shuffled, another image's views (the control), never the episode's own
+    ep = Episode(image=load_image(samples[0].image), variant="o3", max_turns=3, sample_id=samples[0].id)
+    own, shuffled = episode_views(samples, views)(ep), episode_views(samples, views, shuffle=True)(ep)
+    assert own.text(box) == ForensicViews(samples[0].image, views).text(box)
+    others = {s.id: ForensicViews(s.image, views).readouts(box) for s in samples[1:]}
+    assert shuffled.readouts(box) in others.values() and shuffled.readouts(box) != own.readouts(box)
+    pol = HFZoomPolicy(None, None, views_for=episode_views(samples, views))
+    ep.crops.append(zoom(ep.image, box))
+    ep.steps.append(step)
+    assert pol.messages(ep)[-1]["content"][-1]["text"] == sft_text
+    # the oracle view reads the true flaw box and says so
+    oracle = ForensicViews(samples[0].image, ("oracle",), flaw_boxes=[b.box.as_list() for b in samples[0].boxes if b.box])
+    assert "ORACLE" in oracle.text(box) and oracle.readouts(box)["oracle"] > 0
+
+
+def test_reward_components_are_named_functions_whose_weighted_sum_is_the_total():
+    from forensicslab.zoom.records import ZoomAnswer
+    from forensicslab.zoom.agents import render_turn
+    smp = Sample(
+        id="s", image="x.png", label=1, boxes=[EvidenceItem(text="overall"), EvidenceItem(text="a bright square", box=Box(x1=10, y1=10, x2=40, y2=40))])
+    rgb = np.zeros((64, 64, 3), np.uint8)
+    fake = render_turn("", answer=ZoomAnswer(verdict="fake", evidence=[{"bbox": None, "text": "odd"},
+                                                                       {"bbox": [12, 12, 40, 40], "text": "a bright square"}]))
+    real = render_turn("", answer=ZoomAnswer(verdict="real", evidence=[{"bbox": None, "text": "fine"}]))
+    comps = [[{"role": "assistant", "content": t}] for t in (fake, real, "no answer here")]
+    cfg = RewardConfig(alpha_m=0.3)
+    r = HybridReward(lambda image, items: [0.9] * len(items), cfg)
+    names = [f.__name__ for f in r.funcs()]
+    assert names == ["format", "classification", "evidence_rule", "evidence_verifier"]
+    kw = dict(image=[rgb] * 3, sample=[smp.model_dump_json()] * 3)
+    cols = np.array([f(comps, **kw) for f in r.funcs()])
+    total = np.array(r.weights()) @ cols
+    assert np.allclose(total, r(comps, **kw))                         # TRL's weighted sum is R_total
+    assert cols[0].tolist() == [0.0, 0.0, -1.0] and cols[1].tolist() == [1.0, 0.0, 0.0]
+    assert cols[2][0] > 0 and cols[3][0] > 0 and r.weights() == [1.0, 1.0, 0.7, 0.3]
+    assert r.calls == 2                                               # one scoring pass for the four functions
+
+
+def test_csv_logger_keeps_earlier_rows_when_resuming(tmp_path):
+    from types import SimpleNamespace
+    from forensicslab.zoom.train import CSVLogger
+    p = tmp_path / "grpo_log.csv"
+    a = CSVLogger(p, "grpo")
+    for s in (1, 2): a.on_log(None, SimpleNamespace(global_step=s), None, logs={"loss": 0.5 * s})
+    b = CSVLogger(p, "grpo", append=True)                             # a resumed run
+    b.on_log(None, SimpleNamespace(global_step=3), None, logs={"loss": 1.5, "reward": 0.1})
+    df = read_curves(p)
+    assert df["step"].tolist() == [1, 2, 3] and df["reward"].isna().tolist() == [True, True, False]
+    CSVLogger(p, "grpo").on_log(None, SimpleNamespace(global_step=1), None, logs={"loss": 9.0})   # a fresh run starts over
+    assert read_curves(p)["step"].tolist() == [1]

@@ -20,14 +20,14 @@ from ..chat.models import repair_json
 from ..chat.prompts import fence, load_prompt, render_prompt
 from ..core import Box, ChatFailure, ChatMessage, EvidenceItem
 from ..imageio import LoadedImage, load_image
-from .records import (JudgeVerdict, Rating, SplitItems, ZoomAnswer, ZoomCrop, ZoomEvidence, ZoomResult, ZoomStep,
+from .records import (ZoomInputError, JudgeVerdict, Rating, SplitItems, ZoomAnswer, ZoomCrop, ZoomEvidence, ZoomResult, ZoomStep,
                                        box_ints, pixel_box, zoom)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Action', 'parse_action', 'render_tool_call', 'render_answer',
-           'render_turn', 'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages', 'to_chat',
-           'steps_from_plan', 'Episode', 'ZoomPolicy', 'run_zoom', 'turn_pattern', 'LLMZoomPolicy', 'evidence_text',
-           'marked', 'LLMEvidenceJudge', 'split_explanation']
+           'render_turn', 'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages', 'tool_result',
+           'to_chat', 'steps_from_plan', 'Episode', 'ZoomPolicy', 'run_zoom', 'turn_pattern', 'LLMZoomPolicy',
+           'evidence_text', 'marked', 'LLMEvidenceJudge', 'split_explanation']
 
 # %% ../../nbs/08a_zoom.agents.ipynb #a31cc390
 VARIANTS = ("direct", "cot", "o3")
@@ -66,7 +66,7 @@ def _json(s: str, what: str, fixed: list | None = None):
     except json.JSONDecodeError as e:
         err = e
     try: out = json.loads(repair_json(s))
-    except json.JSONDecodeError: raise ValueError(f"{what} is not valid JSON ({err.msg} at char {err.pos})") from None
+    except json.JSONDecodeError: raise ZoomInputError(f"{what} is not valid JSON ({err.msg} at char {err.pos})") from None
     if fixed is not None: fixed.append(what)
     return out
 
@@ -78,7 +78,7 @@ def _errmsg(e: Exception) -> str:
 
 def parse_action(text: str, variant: str = "o3", size: tuple[int, int] | None = None) -> Action:
     "Parse one policy turn strictly; `size` = (width, height) clips boxes to the image."
-    if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; use one of {VARIANTS}")
+    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
     if not isinstance(text, str): return _invalid(f"the turn is {type(text).__name__}, not text")
     think = "\n".join(t.strip() for t in _THINK.findall(text)).strip()
     rest = _THINK.sub(" ", text)
@@ -98,17 +98,17 @@ def parse_action(text: str, variant: str = "o3", size: tuple[int, int] | None = 
         try:
             call = _json(tools[0], "the tool call", fixed)
             if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
-                raise ValueError('a tool call must be {"name": ..., "arguments": {...}}')
-            if call["name"] != TOOL_NAME: raise ValueError(f"unknown tool {call['name']!r}; the only tool is {TOOL_NAME!r}")
+                raise ZoomInputError('a tool call must be {"name": ..., "arguments": {...}}')
+            if call["name"] != TOOL_NAME: raise ZoomInputError(f"unknown tool {call['name']!r}; the only tool is {TOOL_NAME!r}")
             args = call["arguments"]
             if isinstance(args, str): args = _json(args, "the tool arguments", fixed)
             if not isinstance(args, dict) or set(args) != {"bbox"}:
-                raise ValueError(f'the crop tool takes exactly one argument "bbox", got {args!r}')
+                raise ZoomInputError(f'the crop tool takes exactly one argument "bbox", got {args!r}')
             return Action(kind="crop", think=think, bbox=pixel_box(args["bbox"], w, h), repaired=bool(fixed))
         except ValueError as e: return _invalid(f"bad tool call: {_errmsg(e)}", think)
     try:
         obj = _json(answers[0], "the answer", fixed)
-        if not isinstance(obj, dict): raise ValueError("the answer must be a JSON object")
+        if not isinstance(obj, dict): raise ZoomInputError("the answer must be a JSON object")
         ans = ZoomAnswer.model_validate(obj)
         if size is not None and len(ans.evidence) > 1:
             ans = ZoomAnswer(verdict=ans.verdict, evidence=[ans.evidence[0]] + [
@@ -127,14 +127,14 @@ def render_answer(answer: ZoomAnswer) -> str:
 
 def render_turn(think: str = "", bbox=None, answer: ZoomAnswer | None = None) -> str:
     "One assistant turn: optional `<think>` then a tool call (`bbox`) or the `answer`."
-    if (bbox is None) == (answer is None): raise ValueError("a turn has exactly one action: give bbox or answer")
+    if (bbox is None) == (answer is None): raise ZoomInputError("a turn has exactly one action: give bbox or answer")
     head = f"<think>{think.strip()}</think>\n" if think.strip() else ""
     return head + (render_tool_call(bbox) if bbox is not None else render_answer(answer))
 
 # %% ../../nbs/08a_zoom.agents.ipynb #55c253ca
 def system_prompt(variant: str = "o3", max_zooms: int = 5) -> str:
     "The system prompt of a variant (`direct`, `cot`, `o3`)."
-    if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; use one of {VARIANTS}")
+    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
     return render_prompt("zoom", f"system_{variant}", cues=load_prompt("zoom", "cues").strip(), max_zooms=max_zooms).strip()
 
 def user_prompt(width: int, height: int) -> str:
@@ -152,15 +152,29 @@ def prompt_messages(variant: str, width: int, height: int, max_zooms: int = 5) -
     return [{"role": "system", "content": [{"type": "text", "text": system_prompt(variant, max_zooms)}]},
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user_prompt(width, height)}]}]
 
+def tool_result(crop: ZoomCrop, views=None) -> tuple[list[dict], list]:
+    """The crop tool's reply: `(content blocks with image placeholders, images)`: the magnified crop, then, when
+    `views` (a `zoom.rules.ForensicViews` or anything with `picture(box)` and `text(box)`) is given, the forensic
+    maps of the same box and their readouts under the caption. SFT chats, GRPO rollouts and evaluation share it."""
+    content, images = [{"type": "image"}], [crop.image]
+    text = observation_text(crop.box, crop.scale)
+    if views is not None:
+        pic = views.picture(crop.box)
+        if pic is not None:
+            content.append({"type": "image"})
+            images.append(pic)
+        text += "\n" + views.text(crop.box)
+    return content + [{"type": "text", "text": text}], images
+
 def to_chat(image, steps: list[ZoomStep], variant: str = "o3", max_zooms: int = 5, structured: bool = True,
-            crop_kw: dict | None = None) -> dict:
-    "An episode as `{'messages': [...], 'images': [...]}` for SFT (crops regenerated from the steps' boxes)."
+            crop_kw: dict | None = None, views=None) -> dict:
+    "An episode as `{'messages': [...], 'images': [...]}` for SFT (crops, and forensic `views` when given, regenerated from the steps' boxes)."
     img = load_image(image)
     msgs, images = prompt_messages(variant, img.width, img.height, max_zooms), [img.pil()]
     for i, s in enumerate(steps):
-        if s.kind == "invalid": raise ValueError(f"step {i} is invalid ({s.error}); only valid trajectories become chats")
+        if s.kind == "invalid": raise ZoomInputError(f"step {i} is invalid ({s.error}); only valid trajectories become chats")
         if s.kind == "crop":
-            if variant != "o3": raise ValueError(f"a {variant!r} trajectory cannot hold crop steps")
+            if variant != "o3": raise ZoomInputError(f"a {variant!r} trajectory cannot hold crop steps")
             c = zoom(img, s.bbox, **(crop_kw or {}))
             call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"bbox": box_ints(s.bbox)}}}
             if structured:
@@ -168,13 +182,13 @@ def to_chat(image, steps: list[ZoomStep], variant: str = "o3", max_zooms: int = 
                 msgs.append({"role": "assistant", "content": [{"type": "text", "text": think}], "tool_calls": [call]})
             else:
                 msgs.append({"role": "assistant", "content": [{"type": "text", "text": s.text}]})
-            msgs.append({"role": "tool", "name": TOOL_NAME, "content": [
-                {"type": "image"}, {"type": "text", "text": observation_text(c.box, c.scale)}]})
-            images.append(c.image)
+            content, imgs = tool_result(c, views)
+            msgs.append({"role": "tool", "name": TOOL_NAME, "content": content})
+            images += imgs
         else:
-            if i != len(steps) - 1: raise ValueError("the answer must be the last step")
+            if i != len(steps) - 1: raise ZoomInputError("the answer must be the last step")
             msgs.append({"role": "assistant", "content": [{"type": "text", "text": s.text}]})
-    if not steps or steps[-1].kind != "answer": raise ValueError("a trajectory must end with an answer step")
+    if not steps or steps[-1].kind != "answer": raise ZoomInputError("a trajectory must end with an answer step")
     return {"messages": msgs, "images": images}
 
 def steps_from_plan(plan: list[tuple[str, Any]], answer: ZoomAnswer, final_think: str = "") -> list[ZoomStep]:
@@ -223,8 +237,8 @@ def _ask_turn(policy, ep: Episode, size) -> tuple[str, Action, float]:
 def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,
              crop_kw: dict | None = None, reask: int = 1) -> ZoomResult:
     "Run one episode of `policy` on `image`; an unusable turn is asked again `reask` times before `invalid_format`."
-    if variant not in VARIANTS: raise ValueError(f"unknown variant {variant!r}; use one of {VARIANTS}")
-    if max_turns < 1: raise ValueError("max_turns must be at least 1")
+    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
+    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
     img = load_image(image)
     ep = Episode(image=img, variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=sample_id)
     t0 = time.perf_counter()
@@ -352,7 +366,7 @@ class LLMEvidenceJudge:
         return self._ask(load_prompt("zoom", "judge_prior"), load_image(image).pil(), "Here is the image.", JudgeVerdict).verdict
 
     def persuaded(self, image, item, level):
-        if level not in (1, 2, 3): raise ValueError("persuasion level must be 1, 2 or 3")
+        if level not in (1, 2, 3): raise ZoomInputError("persuasion level must be 1, 2 or 3")
         im = load_image(image)
         cues = {"cues": load_prompt("zoom", "cues").strip()} if level > 1 else {}
         sys_ = render_prompt("zoom", f"persuade_{level}", **cues) if level > 1 else load_prompt("zoom", "persuade_1")

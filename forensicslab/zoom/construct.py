@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import zlib
 from pathlib import Path
 from typing import Literal, Optional, Sequence
@@ -19,14 +20,15 @@ from pydantic import BaseModel, Field, field_validator
 from ..chat.prompts import load_prompt, render_prompt
 from ..core import ChatMessage, EvidenceItem, Sample
 from ..imageio import load_image
-from .records import ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box
+from .records import ZoomInputError, ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box
 from .agents import render_turn
 from .records import where_phrase
 
 # %% auto #0
-__all__ = ['Truth', 'SIM_ERROR', 'TrajStep', 'Candidate', 'Annotation', 'RuleProposer', 'LLMProposer', 'LLMRewriter',
-           'simulate_votes', 'read_votes', 'soft_labels', 'rewrite_rule', 'annotation_answer', 'trajectory_steps',
-           'Constructed', 'load_trajectories', 'random_items', 'construct', 'grounding_negatives']
+__all__ = ['Truth', 'SIM_ERROR', 'TEXT_MODES', 'TrajStep', 'Candidate', 'Annotation', 'RuleProposer', 'LLMProposer',
+           'LLMRewriter', 'simulate_votes', 'read_votes', 'soft_labels', 'rewrite_rule', 'annotation_answer',
+           'trajectory_steps', 'Constructed', 'load_trajectories', 'random_items', 'construct', 'place_text',
+           'grounding_negatives']
 
 # %% ../../nbs/08e_zoom.construct.ipynb #1a010e7d
 Truth = Literal["valid", "wrong_box", "contradiction", "non_specific"]
@@ -51,7 +53,7 @@ class Annotation(BaseModel):
     @field_validator("evidence")
     @classmethod
     def _global_first(cls, v):
-        if not v or v[0].bbox is not None: raise ValueError("the first evidence item must have bbox null")
+        if not v or v[0].bbox is not None: raise ZoomInputError("the first evidence item must have bbox null")
         return v
 
     @property
@@ -159,7 +161,7 @@ class LLMRewriter:
         out = out if isinstance(out, Annotation) else Annotation.model_validate(out)
         want = [e.text for e, k in zip(ann.key, keep) if k]
         if out.verdict != ann.verdict or len(out.key) != len(want):
-            raise ValueError(f"{sample.id}: the rewrite changed the verdict or kept {len(out.key)} items instead of {len(want)}")
+            raise ZoomInputError(f"{sample.id}: the rewrite changed the verdict or kept {len(out.key)} items instead of {len(want)}")
         return out
 
 # %% ../../nbs/08e_zoom.construct.ipynb #3a14871d
@@ -171,7 +173,7 @@ def simulate_votes(ann: Annotation, M: int = 3, seed: int = 0, error: dict = SIM
     rng = np.random.default_rng([seed, zlib.crc32(key.encode())])
     out = []
     for c in ann.key:
-        if c.truth is None: raise ValueError("simulated annotators need offline candidates (truth set); import real votes instead")
+        if c.truth is None: raise ZoomInputError("simulated annotators need offline candidates (truth set); import real votes instead")
         p_valid = 1 - error["valid"] if c.truth == "valid" else error[c.truth]
         out.append([int(rng.random() < p_valid) for _ in range(M)])
     return out
@@ -184,10 +186,10 @@ def read_votes(path: str | Path) -> dict[str, list[list[int]]]:
         rd = csv.DictReader(f)
         need = {"sample_id", "item", "annotator", "vote"}
         if not rd.fieldnames or not need <= set(rd.fieldnames):
-            raise ValueError(f"{path}: the votes CSV needs columns {sorted(need)}, found {rd.fieldnames}")
+            raise ZoomInputError(f"{path}: the votes CSV needs columns {sorted(need)}, found {rd.fieldnames}")
         for i, row in enumerate(rd, 2):
             v = row["vote"].strip().lower()
-            if v not in yes | no: raise ValueError(f"{path}, line {i}: vote must be 1/0, valid/invalid or true/false, got {row['vote']!r}")
+            if v not in yes | no: raise ZoomInputError(f"{path}, line {i}: vote must be 1/0, valid/invalid or true/false, got {row['vote']!r}")
             table.setdefault(row["sample_id"], {}).setdefault(int(row["item"]), {})[row["annotator"]] = int(v in yes)
     return {sid: [list(items[k].values()) for k in sorted(items)] for sid, items in table.items()}
 
@@ -200,7 +202,7 @@ _CLEARED = "Looking closer at this region, there is nothing here that a real pho
 
 def rewrite_rule(sample: Sample, ann: Annotation, keep: Sequence[bool]) -> Annotation:
     "Remove rejected key items (`keep[i]` False) and rewrite the thoughts that relied on them."
-    if len(keep) != len(ann.key): raise ValueError(f"{len(keep)} review marks for {len(ann.key)} key items")
+    if len(keep) != len(ann.key): raise ZoomInputError(f"{len(keep)} review marks for {len(ann.key)} key items")
     dropped = [c.text for c, k in zip(ann.key, keep) if not k]
     kept = [c for c, k in zip(ann.key, keep) if k]
     traj = []
@@ -231,7 +233,7 @@ def trajectory_steps(sample: Sample, ann: Annotation, variant: str = "o3") -> li
     if variant == "cot":
         th = " ".join(thoughts)
         return [ZoomStep(text=render_turn(th, answer=answer), think=th, kind="answer")]
-    if variant != "o3": raise ValueError(f"unknown variant {variant!r}")
+    if variant != "o3": raise ZoomInputError(f"unknown variant {variant!r}")
     steps, pending = [], []
     for st in ann.exploration_trajectory:
         if st.bbox is None:
@@ -296,10 +298,10 @@ def construct(samples: Sequence[Sample], proposer=None, votes: dict | None = Non
     for s in samples:
         ann = proposer.propose(s)
         if ann.verdict != ("fake" if s.label else "real"):
-            raise ValueError(f"{s.id}: the proposer's verdict {ann.verdict!r} contradicts the label {s.label}")
+            raise ZoomInputError(f"{s.id}: the proposer's verdict {ann.verdict!r} contradicts the label {s.label}")
         if votes is not None:
             v = votes.get(s.id, [])
-            if len(v) != len(ann.key): raise ValueError(f"{s.id}: {len(v)} voted items for {len(ann.key)} key candidates")
+            if len(v) != len(ann.key): raise ZoomInputError(f"{s.id}: {len(v)} voted items for {len(ann.key)} key candidates")
         else: v = simulate_votes(ann, M, seed, key=s.id)
         soft = soft_labels(v)
         keep = [m / mm > 0.5 for m, mm, _ in soft]
@@ -324,8 +326,22 @@ def construct(samples: Sequence[Sample], proposer=None, votes: dict | None = Non
     return out
 
 # %% ../../nbs/08e_zoom.construct.ipynb #aa940038
-def grounding_negatives(records: Sequence[dict], samples: Sequence[Sample], seed: int = 0, per_item: int = 1) -> list[dict]:
-    "Wrong-box copies (soft label 0) of the accepted verifier records: same image and text, a box away from every flaw."
+_PLACE = re.compile(r"\s*\b(?:in the (?:upper|lower) (?:left|right|middle)|on the (?:left|right)|at the centre)\b", re.I)
+TEXT_MODES = ("copy", "own", "none")
+
+def place_text(text: str, box, width: int, height: int, mode: str = "copy") -> str:
+    """`text` with its location phrases kept (`copy`), replaced by the phrase of `box` itself (`own`, so a check of
+    text against box location agrees), or removed (`none`)."""
+    if mode not in TEXT_MODES: raise ZoomInputError(f"unknown text mode {mode!r}; use one of {TEXT_MODES}")
+    if mode == "copy": return text
+    new = _PLACE.sub((" " + where_phrase(box, width, height)) if mode == "own" else "", text)
+    return re.sub(r"\s+([,.;])", r"\1", new).strip()
+
+def grounding_negatives(records: Sequence[dict], samples: Sequence[Sample], seed: int = 0, per_item: int = 1,
+                        text_modes: Sequence[str] = ("copy",)) -> list[dict]:
+    """Wrong-box copies (soft label 0) of the accepted verifier records: same image and claim, a box away from every flaw.
+    Negative `i` words its place by `text_modes[i % len]` (`place_text`): `copy` keeps the reference's place (the
+    location rule alone flags it), `own` names the new box's place and `none` names none (only the pixels can)."""
     by = {s.id: s for s in samples}
     rng, out = np.random.default_rng([seed, 7]), []
     for r in records:
@@ -334,5 +350,7 @@ def grounding_negatives(records: Sequence[dict], samples: Sequence[Sample], seed
         im = load_image(s.image)
         avoid = [b.box.as_list() for b in s.boxes if b.box is not None] + [list(r["box"])]
         for _ in range(per_item):
-            out.append(dict(r, box=_random_box(rng, im.width, im.height, avoid), m=0, soft_label=0.0, kind="wrong_box_aug"))
+            box, mode = _random_box(rng, im.width, im.height, avoid), text_modes[len(out) % len(text_modes)]
+            out.append(dict(r, box=box, text=place_text(r["text"], box, im.width, im.height, mode), m=0, soft_label=0.0,
+                            kind="wrong_box_aug", text_mode=mode))
     return out

@@ -23,7 +23,7 @@ from ..core import Box, EvidenceItem, Sample, load_samples, save_samples
 from ..runs import config_hash, project_root
 from ..data.datasets import load_folder   # the one folder loader (real/ + fake/)
 from ..imageio import load_image
-from .records import ZoomAnswer, norm_to_box, where_phrase
+from .records import ZoomInputError, ZoomAnswer, norm_to_box, where_phrase
 from .agents import steps_from_plan
 
 # %% auto #0
@@ -321,7 +321,7 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
     man = root / "manifest.json"
     if not force and man.exists() and json.loads(man.read_text()).get("config_hash") == h: return root
     for n in cfg["n"].values():
-        if n < 2 or n % 2: raise ValueError(f"split sizes must be even and >= 2 (balanced real/fake), got {cfg['n']}")
+        if n < 2 or n % 2: raise ZoomInputError(f"split sizes must be even and >= 2 (balanced real/fake), got {cfg['n']}")
     if root.exists():
         for s in SPLITS: shutil.rmtree(root / s, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -332,7 +332,7 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
 # %% ../../nbs/08c_zoom.data.ipynb #e3a4c17c
 def load_artifacts(split: str, root: str | Path | None = None) -> list[Sample]:
     "The samples of `split` (`train`, `test`, `ood`) with absolute image paths; builds the benchmark if needed."
-    if split not in SPLITS: raise ValueError(f"unknown split {split!r}; use one of {list(SPLITS)}")
+    if split not in SPLITS: raise ZoomInputError(f"unknown split {split!r}; use one of {list(SPLITS)}")
     root = Path(root) if root else artifacts_root()
     if not (root / f"{split}.jsonl").exists(): ensure_artifacts(root)
     return [s.model_copy(update={"image": str(s.image_path(root).resolve())}) for s in load_samples(root / f"{split}.jsonl")]
@@ -340,8 +340,8 @@ def load_artifacts(split: str, root: str | Path | None = None) -> list[Sample]:
 # %% ../../nbs/08c_zoom.data.ipynb #d9f265d5
 def extra_train(k: int, n: int = 200, seed: int = 0, root: str | Path | None = None) -> list[Sample]:
     "`k` extra draws of `n` train-split images each (seeds seed+1..seed+k), built once under `root/extra/`."
-    if not 0 <= k < 1000: raise ValueError(f"k must be in [0, 1000) so the draws stay clear of the test split's seeds, got {k}")
-    if n < 2 or n % 2: raise ValueError(f"n must be even and >= 2, got {n}")
+    if not 0 <= k < 1000: raise ZoomInputError(f"k must be in [0, 1000) so the draws stay clear of the test split's seeds, got {k}")
+    if n < 2 or n % 2: raise ZoomInputError(f"n must be even and >= 2, got {n}")
     root = Path(root) if root else artifacts_root()
     out = []
     for j in range(seed + 1, seed + k + 1):
@@ -368,7 +368,7 @@ def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", sp
         if split is not None and r.get("split") != split: continue
         lab = r.get("label")
         lab = {"fake": 1, "real": 0, 1: 1, 0: 0, "1": 1, "0": 0}.get(lab)
-        if lab is None: raise ValueError(f"{where}: label must be real/fake or 1/0, got {r.get('label')!r}")
+        if lab is None: raise ZoomInputError(f"{where}: label must be real/fake or 1/0, got {r.get('label')!r}")
         img = root / r["image"]
         if not img.exists(): raise FileNotFoundError(f"{where}: image {img} not found")
         im = load_image(img)
@@ -387,8 +387,8 @@ def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, se
     if spec == "artifacts": samples = load_artifacts(split)
     elif spec.startswith("groundfake:"): samples = load_groundfake(spec.split(":", 1)[1], split=split)
     elif spec.startswith("folder:"): samples = load_folder(spec.split(":", 1)[1], family="synthesis")
-    else: raise ValueError(f"unknown data spec {spec!r}; use artifacts, groundfake:<folder> or folder:<root>")
-    if not samples: raise ValueError(f"data {spec!r} split {split!r} holds no samples")
+    else: raise ZoomInputError(f"unknown data spec {spec!r}; use artifacts, groundfake:<folder> or folder:<root>")
+    if not samples: raise ZoomInputError(f"data {spec!r} split {split!r} holds no samples")
     if n and n < len(samples):
         rng = np.random.default_rng(seed)
         by = {l: [s for s in samples if s.label == l] for l in (0, 1)}

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from ..core import EvidenceItem
-from .records import ZoomResult
+from .records import ZoomInputError, ZoomResult
 
 # %% auto #0
 __all__ = ['answer_items', 'judge_protocol']
@@ -25,7 +25,7 @@ def answer_items(result: ZoomResult) -> list[EvidenceItem]:
 
 def judge_protocol(judge, cases: Sequence[tuple[str, object, list[EvidenceItem]]], levels=(1, 2, 3)) -> dict:
     "Quality Score, Prior-Acc, Hit@Img and Hit@Evi (per prompt and mean) over `(id, image, items)` of fake images."
-    if not cases: raise ValueError("the judge protocol needs at least one fake image")
+    if not cases: raise ZoomInputError("the judge protocol needs at least one fake image")
     qs, prior, n_items, rows = [], [], [], []
     hit_img = {l: [] for l in levels}
     hit_evi = {l: [] for l in levels}

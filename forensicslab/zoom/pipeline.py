@@ -20,7 +20,8 @@ import torch
 from ..core import Sample
 from .checkpoint import WriteAside
 from .tinyvlm import load_vlm
-from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint,
+from .rules import tool_views
+from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, sample_views,
                                      load_policy, run_grpo, run_sft, save_checkpoint, snap_trajectory)
 from accelerate import PartialState
 from .construct import RuleProposer, construct, grounding_negatives
@@ -29,7 +30,7 @@ from .study import evaluate_policy
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
-__all__ = ['pipeline_data', 'evaluate_checkpoint', 'run_pipeline']
+__all__ = ['pipeline_data', 'episode_views', 'evaluate_checkpoint', 'run_pipeline']
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #6d03267d
 def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
@@ -39,7 +40,9 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
     pool = train + (extra_train(cfg.extra_train, seed=seed) if cfg.extra_train and cfg.data == "artifacts" else [])
     built = construct(pool, variants=(cfg.variant,), seed=seed)
     sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed) if cfg.curriculum else built
-    trajs = [snap_trajectory(t, cfg.box_grid) for t in sft.trajectories if t["variant"] == cfg.variant]
+    by_id = {s.id: s for s in pool}
+    trajs = [{**snap_trajectory(t, cfg.box_grid), "sample": by_id[t["sample_id"]].model_dump_json()}   # the oracle view reads its boxes
+             for t in sft.trajectories if t["variant"] == cfg.variant]
     evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
     return dict(train=train, pool=pool, trajectories=trajs, verifier_items=built.verifier_items, eval=evals)
 
@@ -66,10 +69,28 @@ def _pipeline_verifier(cfg: ZoomTrainConfig, base_path: Path, data: dict, out: P
     return ver
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #c184bc89
-def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: ZoomTrainConfig, device: str = "auto") -> dict:
-    "Table 1 metrics of a checkpoint on `samples` through the zoom agent (greedy; one re-ask per bad turn)."
+def episode_views(samples: Sequence[Sample], views: Sequence[str], shuffle: bool = False, seed: int = 0) -> Callable | None:
+    """`views_for(episode)` for `HFZoomPolicy`: each episode's forensic views (None for the crop-only tool set).
+    With `shuffle` (a control) every image is shown the views of another image of `samples` (a random derangement)."""
+    if not views: return None
+    by_id, ids = {s.id: s for s in samples}, [s.id for s in samples]
+    other = dict(zip(ids, ids))
+    if shuffle:
+        if len(ids) < 2: raise ZoomConfigError("shuffled tool outputs need at least two samples")
+        perm = np.random.default_rng([seed, 11]).permutation(len(ids))
+        other = {ids[perm[i]]: ids[perm[(i + 1) % len(ids)]] for i in range(len(ids))}
+    def views_for(ep):
+        if ep.sample_id not in by_id: raise ZoomConfigError(f"episode {ep.sample_id!r} is not one of the evaluated samples")
+        s, src = by_id[ep.sample_id], by_id[other[ep.sample_id]]
+        return sample_views(ep.image, views, src if shuffle else s, views_image=src.image if shuffle else None)
+    return views_for
+
+def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: ZoomTrainConfig, device: str = "auto",
+                        shuffle_views: bool = False) -> dict:
+    "Table 1 metrics of a checkpoint on `samples` through the zoom agent (greedy; one re-ask per bad turn), with `cfg.tools`' views (another image's with `shuffle_views`)."
     m, p = load_checkpoint(folder, device=device)
-    pol = HFZoomPolicy(m, p, max_new_tokens=cfg.max_completion_length, max_zooms=cfg.max_zooms, name=Path(folder).name)
+    pol = HFZoomPolicy(m, p, max_new_tokens=cfg.max_completion_length, max_zooms=cfg.max_zooms, name=Path(folder).name,
+                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed))
     ev = evaluate_policy(pol, samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1)
     res = ev.pop("results")
     ev["first_try_valid"] = float(np.mean([r.valid and not r.reasked for r in res])) if res else float("nan")
@@ -90,10 +111,12 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     base_path = out / "base" if cfg.base == "tiny" else Path(cfg.base)
     texts = [s["text"] if isinstance(s, dict) else s.text for t in data["trajectories"] for s in t["steps"]]
     texts += [r["text"] for r in data["verifier_items"]]
-    with state.main_process_first():
+    with state.main_process_first():   # the tiny base is built once (seconds); a real base is only read
         if cfg.base == "tiny" and not (base_path / "config.json").exists():
             load_policy(cfg, texts=texts, save_to=base_path, vision_samples=data["pool"])
-        verifier = _pipeline_verifier(cfg, base_path, data, out, log) if {"verifier", "grpo"} & set(stages) else None
+    # every rank trains (or loads) the same verifier (same seed, same items): no rank waits at a barrier through
+    # verifier training, which at GroundFake scale outlasts the process group's timeout; the main rank saves it
+    verifier = _pipeline_verifier(cfg, base_path, data, out, log) if {"verifier", "grpo"} & set(stages) else None
     run_cfg = replace(cfg, base=str(base_path))
     if "sft" in stages and not (resume and (out / "sft" / "zoom_train.json").exists()):
         model, proc = load_vlm(base_path, device=cfg.device, dtype=cfg.dtype, max_pixels=cfg.max_pixels)
@@ -112,7 +135,9 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     if "eval" in stages and _is_main():
         for stage in ("sft", "grpo"):
             if (out / stage / "zoom_train.json").exists():
-                result[stage] = evaluate_checkpoint(out / stage, data["eval"], cfg, device=cfg.device)
-                log(f"eval {stage}: " + ", ".join(f"{k} {v:.3f}" for k, v in result[stage].items() if isinstance(v, float)))
+                runs = [(stage, False)] + ([(f"{stage}_shuffled_views", True)] if tool_views(cfg.tools) and stage == "grpo" else [])
+                for name, shuffled in runs:   # the control: the final policy shown another image's forensic views
+                    result[name] = evaluate_checkpoint(out / stage, data["eval"], cfg, device=cfg.device, shuffle_views=shuffled)
+                    log(f"eval {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in result[name].items() if isinstance(v, float)))
         (out / "eval.json").write_text(json.dumps(result, indent=2))
     return result

@@ -19,9 +19,10 @@ from ..core import Box, EvidenceItem, ForensicsLabError
 from ..imageio import load_image
 
 # %% auto #0
-__all__ = ['MIN_CROP_SIDE', 'ZOOM_TARGET_SIDE', 'MAX_ZOOM', 'Status', 'BoxError', 'ZoomConfigError', 'pixel_box', 'norm_to_box',
-           'box_to_norm', 'box_ints', 'ZoomCrop', 'crop_box', 'zoom', 'crop', 'ZoomEvidence', 'ZoomAnswer',
-           'where_phrase', 'ZoomStep', 'ZoomResult', 'Rating', 'JudgeVerdict', 'SplitItems', 'Judge']
+__all__ = ['MIN_CROP_SIDE', 'ZOOM_TARGET_SIDE', 'MAX_ZOOM', 'Status', 'BoxError', 'ZoomConfigError', 'ZoomInputError',
+           'pixel_box', 'norm_to_box', 'box_to_norm', 'box_ints', 'ZoomCrop', 'crop_box', 'zoom', 'crop',
+           'ZoomEvidence', 'ZoomAnswer', 'where_phrase', 'ZoomStep', 'ZoomResult', 'Rating', 'JudgeVerdict',
+           'SplitItems', 'Judge']
 
 # %% ../../nbs/08_zoom.records.ipynb #aa1f9168
 class BoxError(ForensicsLabError, ValueError):
@@ -29,6 +30,9 @@ class BoxError(ForensicsLabError, ValueError):
 
 class ZoomConfigError(ForensicsLabError, ValueError):
     "A zoom training configuration that cannot run (unknown keys, inconsistent sizes, missing config for a real base)."
+
+class ZoomInputError(ForensicsLabError, ValueError):
+    "Bad input to a zoom function (a sample, record, trajectory, evidence item or score out of its range): one line, no traceback."
 
 def pixel_box(value, width: int | None = None, height: int | None = None) -> Box:
     "Validate a pixel box `[x1, y1, x2, y2]` (or a `Box`); clip it to a `width` x `height` image when given."
@@ -123,7 +127,7 @@ class ZoomEvidence(BaseModel):
     @field_validator("text")
     @classmethod
     def _text(cls, v):
-        if not v.strip(): raise ValueError("evidence text must not be empty")
+        if not v.strip(): raise ZoomInputError("evidence text must not be empty")
         return v.strip()
 
     @field_validator("bbox")
@@ -139,12 +143,12 @@ class ZoomAnswer(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self):
-        if not self.evidence: raise ValueError("evidence must hold at least the global item (bbox null)")
-        if self.evidence[0].bbox is not None: raise ValueError("the first evidence item must have bbox null (global evidence)")
+        if not self.evidence: raise ZoomInputError("evidence must hold at least the global item (bbox null)")
+        if self.evidence[0].bbox is not None: raise ZoomInputError("the first evidence item must have bbox null (global evidence)")
         if any(e.bbox is None for e in self.evidence[1:]):
-            raise ValueError("only the first evidence item may have bbox null; key evidence needs a box")
+            raise ZoomInputError("only the first evidence item may have bbox null; key evidence needs a box")
         if self.verdict == "real" and len(self.evidence) > 1:
-            raise ValueError("a 'real' verdict carries only the global evidence item, no key evidence")
+            raise ZoomInputError("a 'real' verdict carries only the global evidence item, no key evidence")
         return self
 
     @property
@@ -240,7 +244,7 @@ class Rating(BaseModel):
     @field_validator("rating")
     @classmethod
     def _range(cls, v):
-        if not 1 <= v <= 10: raise ValueError(f"rating must be an integer from 1 to 10, got {v}")
+        if not 1 <= v <= 10: raise ZoomInputError(f"rating must be an integer from 1 to 10, got {v}")
         return v
 
 class JudgeVerdict(BaseModel):

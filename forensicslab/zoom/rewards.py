@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Callable, Optional, Sequence
 
 from ..core import Box, EvidenceItem, Sample
-from .records import ZoomAnswer, pixel_box
+from .records import ZoomInputError, ZoomAnswer, pixel_box
 from .agents import parse_action
 
 # %% auto #0
@@ -32,7 +32,7 @@ def _ngrams(toks, n): return Counter(tuple(toks[i:i + n]) for i in range(len(tok
 
 def bleu(candidate: str, reference: str, n: int = 2) -> float:
     "Sentence BLEU-`n` of `candidate` against one `reference` (uniform weights, add-one smoothing for orders >= 2)."
-    if n < 1: raise ValueError("n must be >= 1")
+    if n < 1: raise ZoomInputError("n must be >= 1")
     c, r = tokens(candidate), tokens(reference)
     if not c or not r: return 0.0
     logs = []
@@ -105,8 +105,8 @@ class RewardConfig:
     r_fail: float = -1.0
 
     def __post_init__(self):
-        if not 0 <= self.alpha_m <= 1: raise ValueError(f"alpha_m must be in [0, 1], got {self.alpha_m}")
-        if not 0 <= self.tau < 1: raise ValueError(f"tau must be in [0, 1), got {self.tau}")
+        if not 0 <= self.alpha_m <= 1: raise ZoomInputError(f"alpha_m must be in [0, 1], got {self.alpha_m}")
+        if not 0 <= self.tau < 1: raise ZoomInputError(f"tau must be in [0, 1), got {self.tau}")
 
 @dataclass
 class RewardBreakdown:
@@ -126,7 +126,7 @@ class RewardBreakdown:
 
 def item_reward(score: float, cfg: RewardConfig = RewardConfig()) -> float:
     "Verifier score -> item reward: -C_invalid below tau, else C_valid (s - tau) / (1 - tau)."
-    if not (0.0 <= score <= 1.0) or math.isnan(score): raise ValueError(f"verifier scores must be in [0, 1], got {score}")
+    if not (0.0 <= score <= 1.0) or math.isnan(score): raise ZoomInputError(f"verifier scores must be in [0, 1], got {score}")
     return -cfg.c_invalid if score < cfg.tau else cfg.c_valid * (score - cfg.tau) / (1 - cfg.tau)
 
 def aggregate_model_reward(item_rewards: Sequence[float], beta: float = 0.5) -> float:
@@ -148,16 +148,16 @@ def rule_reward(answer: ZoomAnswer, label: int, reference: Sequence[EvidenceItem
 def zoom_reward(answer: Optional[ZoomAnswer], label: int, reference: Sequence[EvidenceItem] = (),
                 image=None, verifier: Optional[VerifierFn] = None, cfg: RewardConfig = RewardConfig()) -> RewardBreakdown:
     "R_total of one final output; `answer=None` means an invalid format. `reference` = the sample's evidence items."
-    if label not in (0, 1): raise ValueError(f"label must be 0 (real) or 1 (fake), got {label!r}")
+    if label not in (0, 1): raise ZoomInputError(f"label must be 0 (real) or 1 (fake), got {label!r}")
     if answer is None: return RewardBreakdown(total=cfg.r_fail, valid_format=False)
     r_cls = float(answer.label == label)
     if answer.verdict != "fake": return RewardBreakdown(total=r_cls, r_cls=r_cls)
     r_rule, iou, b2 = rule_reward(answer, label, reference, cfg)
     items, scores, rewards, r_model = answer.key_items, [], [], 0.0
     if items and cfg.alpha_m > 0:
-        if verifier is None: raise ValueError("alpha_m > 0 needs a verifier(image, items) -> list[float]; pass one or set alpha_m=0")
+        if verifier is None: raise ZoomInputError("alpha_m > 0 needs a verifier(image, items) -> list[float]; pass one or set alpha_m=0")
         scores = [float(s) for s in verifier(image, items)]
-        if len(scores) != len(items): raise ValueError(f"the verifier returned {len(scores)} scores for {len(items)} items")
+        if len(scores) != len(items): raise ZoomInputError(f"the verifier returned {len(scores)} scores for {len(items)} items")
         rewards = [item_reward(s, cfg) for s in scores]
         r_model = aggregate_model_reward(rewards, cfg.beta)
     r_evi = (1 - cfg.alpha_m) * r_rule + cfg.alpha_m * r_model

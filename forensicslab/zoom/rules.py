@@ -7,23 +7,26 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.rules.html.md"""
 # %% ../../nbs/08b_zoom.rules.ipynb #5aca4eb3
 from __future__ import annotations
 
+import io
 import json
 import re
 import zlib
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage as ndi
 
 from ..core import EvidenceItem
+from ..detectors.pool import get_detector
 from ..imageio import load_image, luma
-from .records import ZoomAnswer, box_ints, pixel_box, where_phrase
+from .records import ZoomInputError, ZoomAnswer, ZoomConfigError, box_ints, pixel_box, where_phrase
 from .agents import Episode, render_turn, run_zoom
 
 # %% auto #0
-__all__ = ['CUES', 'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'cue_scores', 'duplicate_regions', 'candidates',
-           'region_cue', 'fit_rule_thresholds', 'RulePolicy', 'specificity', 'RuleEvidenceJudge']
+__all__ = ['CUES', 'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'VIEW_NAMES', 'TOOL_SETS', 'POOL_VIEWS',
+           'cue_scores', 'duplicate_regions', 'candidates', 'region_cue', 'fit_rule_thresholds', 'RulePolicy',
+           'tool_views', 'ForensicViews', 'instrument_features', 'specificity', 'RuleEvidenceJudge']
 
 # %% ../../nbs/08b_zoom.rules.ipynb #8c026f10
 CUES = ("dup", "smooth", "light", "text")
@@ -227,7 +230,7 @@ def fit_rule_thresholds(real_images, quantile: float = 0.95, view_side: int = 22
         for c in candidates(rgb, {k: 1.0 for k in CUES}, view_side):
             best[c["cue"]] = max(best[c["cue"]], c["score"])
         for c in CUES: per[c].append(best[c])
-    if not per["dup"]: raise ValueError("fit_rule_thresholds needs at least one real image")
+    if not per["dup"]: raise ZoomInputError("fit_rule_thresholds needs at least one real image")
     return {c: float(max(np.quantile(per[c], quantile), 1e-3)) for c in CUES}
 
 # %% ../../nbs/08b_zoom.rules.ipynb #4d5d90f6
@@ -288,6 +291,118 @@ class RulePolicy:
         kinds = ", ".join(sorted({c["cue"] for c in hits}))
         return ZoomAnswer.build("fake", f"The image is photographic overall, but local measurements flag {kinds} in {len(hits)} region(s).", items)
 
+# %% ../../nbs/08b_zoom.rules.ipynb #zv0ex001
+VIEW_NAMES = ("residual", "ela", "copymove", "cues", "pool", "oracle")
+TOOL_SETS = {"crop": (), "forensic": ("residual", "ela", "copymove", "cues"),
+             "forensic_pool": ("residual", "ela", "copymove", "cues", "pool"), "oracle": ("oracle",)}
+"Named tool sets: `crop` is the paper's crop-only agent; `oracle` shows the true flaw boxes and is a control, never a detector."
+POOL_VIEWS = ("inpaint_net",)
+
+def tool_views(spec: str) -> tuple[str, ...]:
+    "The forensic views of a tool-set spec: a name of `TOOL_SETS`, or views joined by `+` (e.g. `crop+ela+cues`)."
+    if spec in TOOL_SETS: return TOOL_SETS[spec]
+    names = tuple(n for n in spec.split("+") if n and n != "crop")
+    bad = [n for n in names if n not in VIEW_NAMES]
+    if bad or not spec: raise ZoomConfigError(f"unknown tool set {spec!r}: use one of {sorted(TOOL_SETS)} or views joined by '+' from {list(VIEW_NAMES)}")
+    return names
+
+def _to_u8(a: np.ndarray, hi: float) -> np.ndarray: return np.clip(a / max(hi, 1e-6) * 255, 0, 255).astype(np.uint8)
+
+def _ela_map(rgb: np.ndarray, quality: int = 90) -> np.ndarray:
+    "Mean absolute difference per pixel between the image and its JPEG re-save at `quality` (an error-level view)."
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=quality)
+    again = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"), dtype=np.float32)
+    return np.abs(rgb.astype(np.float32) - again).mean(-1)
+
+class ForensicViews:
+    """Forensic views of any crop of one image, beside its pixels: each a small image and a numeric readout.
+
+    Maps are measured once on the full image (noise residual, JPEG error level, copy-move blocks, the rule cues,
+    the detector pool's heatmaps, or, as a labelled oracle control, the true flaw boxes) and cut per crop.
+    Readouts compare the crop with the whole image (log ratios), so they mean the same at any image size."""
+    def __init__(self, image, views: Sequence[str], flaw_boxes: Sequence = (), pool: Sequence[str] = POOL_VIEWS,
+                 tile: int = 96):
+        self.image, self.views, self.tile = load_image(image), tuple(views), tile
+        bad = [v for v in self.views if v not in VIEW_NAMES]
+        if bad: raise ZoomConfigError(f"unknown forensic views {bad}; known: {list(VIEW_NAMES)}")
+        rgb, g = self.image.rgb, luma(self.image.rgb)
+        self.maps, H, W = {}, *g.shape
+        if "residual" in self.views: self.maps["residual"] = np.abs(g - ndi.median_filter(g, 3))
+        if "ela" in self.views: self.maps["ela"] = _ela_map(rgb)
+        if "copymove" in self.views:
+            view, s = _resize_long(rgb, 224)
+            self.dup_n, b = duplicate_regions(view)
+            m = np.zeros((H, W), np.float32)
+            if b is not None:
+                x1, y1, x2, y2 = (int(v / s) for v in b)
+                m[y1:y2, x1:x2] = 1.0
+            self.maps["copymove"] = m
+        if "cues" in self.views: self.ratio = _detail_ratio(g)
+        if "pool" in self.views:
+            for d in pool:
+                h = get_detector(d).detect(self.image).heatmap
+                self.maps[f"pool_{d}"] = np.zeros((H, W), np.float32) if h is None else np.asarray(
+                    Image.fromarray(np.asarray(h, np.float32)).resize((W, H)), np.float32)
+        if "oracle" in self.views:
+            m = np.zeros((H, W), np.float32)
+            for b in flaw_boxes:
+                x1, y1, x2, y2 = box_ints(b)
+                m[max(0, y1):y2, max(0, x1):x2] = 1.0
+            self.maps["oracle"] = m
+        self.whole = {k: float(v.mean()) for k, v in self.maps.items()}
+
+    def readouts(self, box) -> dict[str, float]:
+        "The numbers for `box` (pixel `[x1, y1, x2, y2]`): crop against whole image for each view."
+        H, W = self.image.height, self.image.width
+        x1, y1, x2, y2 = box_ints(box)
+        x1, y1, x2, y2 = max(0, x1), max(0, y1), min(W, max(x2, x1 + 1)), min(H, max(y2, y1 + 1))
+        out = {}
+        for k, m in self.maps.items():
+            inside = float(m[y1:y2, x1:x2].mean()) if y2 > y1 and x2 > x1 else 0.0
+            if k in ("residual", "ela"): out[k] = float(np.log((inside + 0.5) / (self.whole[k] + 0.5)))
+            elif k == "copymove": out["copymove"] = inside * self.dup_n
+            else: out[k] = inside - (self.whole[k] if k.startswith("pool_") else 0.0)
+        if "cues" in self.views: out.update(cue_scores(self.image.rgb[y1:y2, x1:x2], self.ratio))
+        return {k: round(v, 3) for k, v in out.items()}
+
+    def text(self, box) -> str:
+        "The readouts as one short line per view."
+        r, lines = self.readouts(box), []
+        if "residual" in r: lines.append(f"noise residual: {r['residual']:+.2f} (log ratio crop/image; < 0 smoother than the image)")
+        if "ela" in r: lines.append(f"error level: {r['ela']:+.2f} (log ratio crop/image of JPEG re-save error)")
+        if "copymove" in r: lines.append(f"copy-move: {r['copymove']:.1f} (repeated blocks x share of the crop inside them)")
+        if "smooth" in r: lines.append(f"cues: smooth {r['smooth']:+.2f}, light {r['light']:.2f}, text {r['text']:.2f}")
+        lines += [f"{k[5:]} heatmap: {v:+.2f} (crop mean minus image mean)" for k, v in r.items() if k.startswith("pool_")]
+        if "oracle" in r: lines.append(f"ORACLE true flaw share of the crop: {r['oracle']:.2f}")
+        return "\n".join(lines)
+
+    def picture(self, box) -> Optional[Image.Image]:
+        "The maps of `box` side by side (one `tile`-pixel square each), or None when no view has a map."
+        keys = list(self.maps)
+        if not keys: return None
+        x1, y1, x2, y2 = box_ints(box)
+        H, W = self.image.height, self.image.width
+        x1, y1, x2, y2 = max(0, x1), max(0, y1), min(W, max(x2, x1 + 1)), min(H, max(y2, y1 + 1))
+        strip = np.zeros((self.tile, self.tile * len(keys)), np.uint8)
+        for i, k in enumerate(keys):
+            m = self.maps[k]
+            hi = 1.0 if k in ("copymove", "oracle") or k.startswith("pool_") else float(np.quantile(m, 0.99)) + 1e-6
+            t = Image.fromarray(_to_u8(m[y1:y2, x1:x2], hi)).resize((self.tile, self.tile), Image.Resampling.NEAREST)
+            strip[:, i * self.tile:(i + 1) * self.tile] = np.asarray(t)
+        return Image.fromarray(strip).convert("RGB")
+
+def instrument_features(image, views: Sequence[str] = TOOL_SETS["forensic"], flaw_boxes: Sequence = (),
+                        grid: int = 3) -> dict[str, float]:
+    "Image-level readouts for an instrument-only baseline: max and min of each readout over a `grid` x `grid` of half-size windows."
+    fv = ForensicViews(image, views, flaw_boxes)
+    W, H = fv.image.width, fv.image.height
+    w, h = W // 2, H // 2
+    rows = [fv.readouts([int(x), int(y), int(x) + w, int(y) + h])
+            for y in np.linspace(0, H - h, grid) for x in np.linspace(0, W - w, grid)]
+    return {f"{k}_{f.__name__}": float(f([r[k] for r in rows])) for k in rows[0] for f in (max, min)}
+
+
 # %% ../../nbs/08b_zoom.rules.ipynb #c80488d8
 _SPECIFIC = re.compile(r"letter|lettering|text|sign|glyph|word|read|repeat|duplicat|identical|twice|copy|copies|mirror|"
                        r"swirl|twist|warp|distort|deform|missing|erase|smear|melt|glow|light|shadow|bright|dark|source|"
@@ -302,7 +417,7 @@ def specificity(text: str) -> float:
 class RuleEvidenceJudge:
     "Offline judge that measures the claimed region (see above); `thresholds` are the rule policy's cue thresholds."
     def __init__(self, thresholds: dict | None = None, view_side: int = 224, prior: str = "real"):
-        if prior not in ("real", "rules"): raise ValueError("prior must be 'real' or 'rules'")
+        if prior not in ("real", "rules"): raise ZoomInputError("prior must be 'real' or 'rules'")
         self.thresholds = dict(DEFAULT_THRESHOLDS, **(thresholds or {}))
         self.policy, self.prior_mode = RulePolicy(self.thresholds, view_side), prior
         self.judge_id = f"rule-judge:v1:prior-{prior}"

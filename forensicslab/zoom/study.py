@@ -11,27 +11,34 @@ import io
 import json
 import time
 import zlib
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from PIL import Image, ImageFilter
 
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from ..chat.backends import UnsafeWeightsError, check_safe_weights
 from ..chat.models import get_model
 from ..core import EvidenceItem, Sample
 from ..imageio import load_image
-from ..metrics import binary_metrics
+from ..metrics import binary_metrics, roc_auc
 from ..runs import Case, Run
-from .records import ZoomResult
+from .records import ZoomInputError, ZoomResult
 from .agents import LLMZoomPolicy, run_zoom
-from .rules import RulePolicy, fit_rule_thresholds
+from .rules import TOOL_SETS, RulePolicy, fit_rule_thresholds, instrument_features
 from .data import ensure_artifacts, load_study_data
 from .rewards import bleu, rouge_l, union_iou
 from .checkpoint import checkpoint_info
+from ..runs import resolve_portable
 
 # %% auto #0
 __all__ = ['PERTURBATIONS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'perturb_image', 'throughput',
-           'fitted_thresholds', 'make_policy']
+           'fitted_thresholds', 'make_policy', 'instrument_baseline']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -55,7 +62,7 @@ def table1_metrics(results: Sequence[ZoomResult], samples: Sequence[Sample]) -> 
     "Acc, F1, BLEU-1, BLEU-2, ROUGE-L, IoU (and validity, evidence and zoom counts) of results on samples."
     by = {s.id: s for s in samples}
     if len(results) != len(samples) or any(r.sample_id not in by for r in results):
-        raise ValueError("results and samples must match one to one by sample_id")
+        raise ZoomInputError("results and samples must match one to one by sample_id")
     y = [by[r.sample_id].label for r in results]
     p = [r.prediction if r.valid else 1 - by[r.sample_id].label for r in results]
     m = binary_metrics(y, p)
@@ -106,7 +113,7 @@ def perturb_image(image, kind: str) -> np.ndarray:
     if kind == "blur1": return np.asarray(im.filter(ImageFilter.GaussianBlur(radius=1)))
     if kind == "resize0.5":
         return np.asarray(im.resize((max(1, round(im.width * 0.5)), max(1, round(im.height * 0.5))), Image.Resampling.BICUBIC))
-    raise ValueError(f"unknown perturbation {kind!r}; use one of {PERTURBATIONS}")
+    raise ZoomInputError(f"unknown perturbation {kind!r}; use one of {PERTURBATIONS}")
 
 # %% ../../nbs/08k_zoom.study.ipynb #e445432e
 def throughput(policy, images: Sequence, variant: str = "o3", max_turns: int = 6, warmup: int = 1) -> dict:
@@ -139,8 +146,37 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
         from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint   # the one lazy import: the `train` extra (transformers, trl, peft) loads only for a checkpoint
         folder = Path(spec[5:])
         info = checkpoint_info(folder)
+        for p in (folder, resolve_portable(info.get("base_path", folder), folder)):   # refuse pickles before anything unpickles
+            try: check_safe_weights(p)
+            except UnsafeWeightsError as e: raise UnsafeWeightsError(str(e).replace("hf:", "ckpt:", 1)) from None
         model, proc = load_checkpoint(folder)
         stamp = f"{folder.resolve()}|{(folder / 'zoom_train.json').stat().st_mtime_ns}"     # unique per checkpoint and save
         return HFZoomPolicy(model, proc, max_new_tokens=max_new_tokens, max_zooms=info["config"].get("max_zooms", max_zooms),
                             name=f"{folder.name}@{zlib.crc32(stamp.encode()):08x}")
     return LLMZoomPolicy(get_model(spec, **model_kw))
+
+# %% ../../nbs/08k_zoom.study.ipynb #zins0ex1
+@lru_cache(maxsize=4096)
+def _instrument_row(image: str, views: tuple, boxes: tuple) -> tuple:
+    return tuple(sorted(instrument_features(image, views, [list(b) for b in boxes]).items()))
+
+def instrument_baseline(train: Sequence[Sample], test: Sequence[Sample], views: Sequence[str] = TOOL_SETS["forensic"],
+                        shuffle: bool = False, seed: int = 0) -> dict:
+    """The instrument-only control: a logistic regression over the tools' image-level readouts (`instrument_features`),
+    fitted on `train` and scored on `test` (accuracy, F1, AUC). With `shuffle` each test image is scored on another
+    test image's readouts (the shuffled-tools control: it should fall to chance). `views=("oracle",)` reads the true
+    flaw boxes: an oracle row, never a detector."""
+    def feats(samples):
+        rows = [dict(_instrument_row(str(s.image), tuple(views), tuple(tuple(b.box.as_list()) for b in s.boxes if b.box is not None)
+                                     if s.label == 1 else ())) for s in samples]     # measured once per image and view set
+        keys = sorted(rows[0])
+        return np.array([[r[k] for k in keys] for r in rows]), keys
+    ytr, yte = [s.label for s in train], [s.label for s in test]
+    if len(set(ytr)) < 2 or len(set(yte)) < 2: raise ZoomInputError("the instrument baseline needs real and fake images in both splits")
+    (Xtr, keys), (Xte, _) = feats(train), feats(test)
+    if shuffle: Xte = Xte[np.random.default_rng([seed, 13]).permutation(len(Xte))]
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000)).fit(Xtr, ytr)
+    p = clf.predict_proba(Xte)[:, 1]
+    m = binary_metrics(yte, (p > 0.5).astype(int))
+    return {"accuracy": m["accuracy"], "f1": m["f1"], "auc": roc_auc(p, yte), "n": len(yte), "features": keys}
+

@@ -26,6 +26,8 @@ from importlib import resources
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from huggingface_hub import snapshot_download
 from transformers import AutoImageProcessor, AutoTokenizer
+from .records import ZoomInputError
+
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'VLM_FAMILIES', 'qwen3_vl_chat_template', 'base_corpus', 'train_tokenizer',
@@ -73,7 +75,7 @@ def base_corpus() -> list[str]:
 
 def train_tokenizer(texts: Iterable[str] = (), vocab_size: int = 2048, split_digits: bool = False) -> PreTrainedTokenizerFast:
     "Train a byte-level BPE on `base_corpus() + texts` and wrap it with the Qwen tags, template and padding conventions; `split_digits`: one token per digit, as Qwen's own tokenizer."
-    if vocab_size < 300: raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 bytes plus the special tokens")
+    if vocab_size < 300: raise ZoomInputError(f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 bytes plus the special tokens")
     tok = Tokenizer(models.BPE())
     digits = Regex(r"[0-9]") if split_digits else Regex(r"[0-9]+")
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(digits, behavior="isolated"),
@@ -156,10 +158,10 @@ class TinyVLMSpec:
 
     def validate(self) -> "TinyVLMSpec":
         "Raise a clear error for sizes Qwen3-VL cannot take."
-        if self.hidden_size % self.num_heads: raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of num_heads {self.num_heads}")
-        if self.num_heads % self.num_kv_heads: raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
-        if self.head_dim % 2 or self.head_dim < 8: raise ValueError(f"head_dim {self.head_dim} must be even and at least 8")
-        if self.vision_hidden_size % self.vision_heads: raise ValueError("vision_hidden_size must be a multiple of vision_heads")
+        if self.hidden_size % self.num_heads: raise ZoomInputError(f"hidden_size {self.hidden_size} must be a multiple of num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads: raise ZoomInputError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.head_dim % 2 or self.head_dim < 8: raise ZoomInputError(f"head_dim {self.head_dim} must be even and at least 8")
+        if self.vision_hidden_size % self.vision_heads: raise ZoomInputError("vision_hidden_size must be a multiple of vision_heads")
         return self
 
 # %% ../../nbs/08h_zoom.tinyvlm.ipynb #3b68d24c
@@ -216,7 +218,7 @@ def resolve_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[str
         else: dt = torch.float32
     else:
         dt = getattr(torch, dtype, None)
-        if not isinstance(dt, torch.dtype): raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+        if not isinstance(dt, torch.dtype): raise ZoomInputError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
     return device, dt
 
 def save_vlm(model, processor, path: str | Path) -> Path:

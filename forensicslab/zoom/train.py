@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from contextlib import nullcontext
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -32,9 +33,10 @@ from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 from ..core import Sample
 from ..imageio import load_image
 from ..runs import portable_path, resolve_portable
-from .records import BoxError, ZoomAnswer, ZoomConfigError, ZoomStep, zoom
-from .agents import (TOOL_NAME, Episode, observation_text, parse_action, prompt_messages, render_turn,
-                                      to_chat)
+from .records import ZoomInputError, BoxError, ZoomAnswer, ZoomConfigError, ZoomStep, zoom
+from .agents import (TOOL_NAME, Episode, parse_action, prompt_messages, render_turn, to_chat,
+                                      tool_result)
+from .rules import ForensicViews, tool_views
 from .rewards import RewardConfig, episode_answer, zoom_reward
 from .checkpoint import WriteAside
 from .tinyvlm import TinyVLMSpec, build_tiny_vlm, load_vlm, resolve_device_dtype, save_vlm
@@ -42,10 +44,11 @@ from .vision import VisionPretrainConfig, pretrain_vision
 from .verifier import TEXT_LORA_TARGETS, VerifierTrainConfig
 
 # %% auto #0
-__all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'ZoomEnv', 'crop_tool_schema', 'fill_images', 'sft_dataset',
-           'snap_box', 'snap_trajectory', 'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves', 'world_size',
-           'run_sft', 'turn_texts', 'HybridReward', 'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo',
-           'save_checkpoint', 'load_checkpoint', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
+__all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_views', 'ZoomEnv', 'zoom_env_factory',
+           'crop_tool_schema', 'fill_images', 'sft_dataset', 'snap_box', 'snap_trajectory', 'ToolVLMCollator',
+           'CSVLogger', 'read_curves', 'plot_curves', 'world_size', 'run_sft', 'turn_texts', 'HybridReward',
+           'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo', 'save_checkpoint', 'load_checkpoint',
+           'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
 @dataclass
@@ -102,12 +105,15 @@ class ZoomTrainConfig:
     n_eval: int = 0                         # evaluation images (balanced subset; 0 = the whole split)
     verifier: dict = field(default_factory=dict)   # VerifierTrainConfig fields (empty: the paper's SFT settings)
     verifier_path: str = ""                 # reuse a trained verifier instead of training one
+    tools: str = "crop"                     # the crop tool's set (zoom.rules.TOOL_SETS): "crop" is the paper's crop-only agent;
+                                            # "forensic" adds noise-residual, error-level, copy-move and cue views with readouts
     notes: dict = field(default_factory=dict)      # free-form provenance (e.g. which settings the paper states)
 
     def __post_init__(self):
         if self.grpo_batch_size % self.num_generations:
             raise ZoomConfigError(f"grpo_batch_size {self.grpo_batch_size} must be a multiple of num_generations {self.num_generations}")
         if self.variant not in ("direct", "cot", "o3"): raise ZoomConfigError(f"unknown variant {self.variant!r}")
+        tool_views(self.tools)   # an unknown tool set is a ZoomConfigError here, not at the first crop
         try:
             RewardConfig(**self.reward)  # validate early
             VerifierTrainConfig(**self.verifier)
@@ -186,7 +192,7 @@ def load_policy(cfg: ZoomTrainConfig, texts: Sequence[str] = (), save_to: str | 
         model, proc = build_tiny_vlm(cfg.tiny_spec, texts=texts)
         with WriteAside(save_to) if save_to else nullcontext() as tmp:   # `save_to` replaced once the tower is trained and saved
             if cfg.vision:
-                if not vision_samples: raise ValueError("cfg.vision is set: pass vision_samples (images with flaw boxes) to pretrain the tower")
+                if not vision_samples: raise ZoomInputError("cfg.vision is set: pass vision_samples (images with flaw boxes) to pretrain the tower")
                 log = tmp / "vision_log.csv" if tmp else None
                 pretrain_vision(model, proc, vision_samples, VisionPretrainConfig(**{"seed": cfg.seed, **cfg.vision}), log)
             if tmp: save_vlm(model, proc, tmp)
@@ -201,15 +207,33 @@ def lora_config(cfg: ZoomTrainConfig):
                       task_type="CAUSAL_LM")
 
 # %% ../../nbs/08l_zoom.train.ipynb #db877171
+@lru_cache(maxsize=512)
+def _file_views(path: str, views: tuple, boxes: tuple) -> ForensicViews:
+    return ForensicViews(path, views, flaw_boxes=[list(b) for b in boxes])
+
+def sample_views(image, views: Sequence[str], sample=None, views_image=None) -> Optional[ForensicViews]:
+    """The forensic views of one episode (None for the crop-only tool set): measured on `views_image` when given
+    (the shuffled-tools control: another image's views) else on `image`; the oracle view reads `sample`'s flaw boxes.
+    Views of an image file are measured once per process (SFT rebuilds its rows every epoch, GRPO every rollout)."""
+    if not views: return None
+    if isinstance(sample, str): sample = Sample.model_validate_json(sample)
+    if "oracle" in views and sample is None: raise ZoomConfigError("the oracle view needs the sample's flaw boxes")
+    boxes = tuple(tuple(b.box.as_list()) for b in sample.boxes if b.box is not None) if sample is not None and sample.label == 1 else ()
+    src = views_image if views_image is not None else image
+    if not isinstance(src, (str, Path)) and views_image is None and sample is not None: src = sample.image   # the row's image is the sample's
+    if isinstance(src, (str, Path)): return _file_views(str(src), tuple(views), boxes)
+    return ForensicViews(src, views, flaw_boxes=[list(b) for b in boxes])
+
 class ZoomEnv:
-    "One rollout's zoom environment: `reset(**row)` takes the row's image; `crop(bbox)` returns the magnified region."
-    def __init__(self, crop_kw: dict | None = None):
-        self.image, self.crops, self.crop_kw = None, [], crop_kw or {}
+    "One rollout's zoom environment: `reset(**row)` takes the row's image; `crop(bbox)` returns the magnified region (and the forensic views of `views`)."
+    def __init__(self, crop_kw: dict | None = None, views: Sequence[str] = ()):
+        self.image, self.crops, self.crop_kw, self.views, self.fv = None, [], crop_kw or {}, tuple(views), None
 
     def reset(self, **row) -> None:
         img = row.get("image")
-        if img is None: raise ValueError("the GRPO row has no 'image' column; the crop tool needs the full image")
+        if img is None: raise ZoomInputError("the GRPO row has no 'image' column; the crop tool needs the full image")
         self.image, self.crops = load_image(img), []
+        self.fv = sample_views(self.image, self.views, row.get("sample"), row.get("views_image"))
 
     def crop(self, bbox: list[int]) -> list:
         """Cut a region out of the full image and return it magnified.
@@ -219,9 +243,15 @@ class ZoomEnv:
         """
         if self.image is None: raise RuntimeError("crop called before reset")
         try: c = zoom(self.image, bbox, **self.crop_kw)
-        except (BoxError, ValueError, TypeError) as e: raise ValueError(f"bad box {bbox!r}: {e}") from None
+        except (BoxError, ValueError, TypeError) as e: raise ZoomInputError(f"bad box {bbox!r}: {e}") from None
         self.crops.append(c.box.as_list())
-        return [{"type": "image", "image": c.image}, {"type": "text", "text": observation_text(c.box, c.scale)}]
+        content, images = tool_result(c, self.fv)
+        it = iter(images)
+        return [{**p, "image": next(it)} if p["type"] == "image" else p for p in content]
+
+def zoom_env_factory(views: Sequence[str] = (), crop_kw: dict | None = None) -> Callable[[], ZoomEnv]:
+    "An `environment_factory` for TRL (called with no arguments) whose environments show `views` (not a method: TRL turns an environment's public methods into tools)."
+    return lambda: ZoomEnv(crop_kw, views)
 
 def crop_tool_schema() -> dict:
     "The JSON schema TRL derives from `ZoomEnv.crop` (used verbatim in SFT and evaluation prompts)."
@@ -238,22 +268,23 @@ def fill_images(messages: list[dict], images: Sequence) -> list[dict]:
             for p in c:
                 if isinstance(p, dict) and p.get("type") == "image" and "image" not in p:
                     try: p = {**p, "image": next(it)}
-                    except StopIteration: raise ValueError(f"more image placeholders than the {len(images)} images given") from None
+                    except StopIteration: raise ZoomInputError(f"more image placeholders than the {len(images)} images given") from None
                     used += 1
                 new.append(p)
             m = {**m, "content": new}
         out.append(m)
-    if used != len(images): raise ValueError(f"{len(images)} images for {used} placeholders")
+    if used != len(images): raise ZoomInputError(f"{len(images)} images for {used} placeholders")
     return out
 
-def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: int = 5):
-    "A `datasets.Dataset` of chats built lazily from `[{'image': ..., 'steps': [ZoomStep, ...]}, ...]`."
+def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: int = 5, views: Sequence[str] = ()):
+    "A `datasets.Dataset` of chats built lazily from `[{'image': ..., 'steps': [ZoomStep, ...]}, ...]`; tool turns show the forensic `views` (an optional `sample` key gives the oracle view its boxes)."
     trajs = list(trajectories)
-    if not trajs: raise ValueError("no trajectories to train on")
+    if not trajs: raise ZoomInputError("no trajectories to train on")
     for i, t in enumerate(trajs):
-        if "image" not in t or "steps" not in t: raise ValueError(f"trajectory {i} needs 'image' and 'steps' keys, got {sorted(t)}")
+        if "image" not in t or "steps" not in t: raise ZoomInputError(f"trajectory {i} needs 'image' and 'steps' keys, got {sorted(t)}")
     def build(batch):
-        chats = [to_chat(trajs[i]["image"], [ZoomStep.model_validate(s) for s in trajs[i]["steps"]], variant, max_zooms)
+        chats = [to_chat(trajs[i]["image"], [ZoomStep.model_validate(s) for s in trajs[i]["steps"]], variant, max_zooms,
+                         views=sample_views(trajs[i]["image"], views, trajs[i].get("sample")) if views else None)
                  for i in batch["idx"]]
         return {"messages": [fill_images(c["messages"], c["images"]) for c in chats], "images": [[] for _ in chats]}
     ds = Dataset.from_dict({"idx": list(range(len(trajs)))})
@@ -312,9 +343,11 @@ class ToolVLMCollator(DataCollatorForVisionLanguageModeling):
 
 # %% ../../nbs/08l_zoom.train.ipynb #52987a66
 class CSVLogger(TrainerCallback):
-    "A `TrainerCallback` writing each log record as a CSV row (`stage`, `step`, then every logged key)."
-    def __init__(self, path: str | Path, stage: str):
+    "A `TrainerCallback` writing each log record as a CSV row (`stage`, `step`, then every logged key); with `append` (a resumed run) the rows already in `path` are kept."
+    def __init__(self, path: str | Path, stage: str, append: bool = False):
         self.path, self.stage, self.rows = Path(path), stage, []
+        if append and self.path.exists() and self.path.stat().st_size:
+            self.rows = [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(open(self.path, newline=""))]
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def on_log(self, args, state, control, logs=None, **kw):
@@ -344,7 +377,7 @@ def plot_curves(path: str | Path, out: str | Path | None = None, title: str = ""
     df = read_curves(path)
     panels = {t: [k for k in ks if k in df and df[k].notna().any()] for t, ks in CURVES.items()}
     panels = {t: ks for t, ks in panels.items() if ks}
-    if not panels: raise ValueError(f"{path} has none of the curve columns {sorted({k for v in CURVES.values() for k in v})}")
+    if not panels: raise ZoomInputError(f"{path} has none of the curve columns {sorted({k for v in CURVES.values() for k in v})}")
     fig = Figure(figsize=(3.6 * len(panels), 3))      # no pyplot: no global backend switch, no figure registry
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (t, ks) in zip(axes[0], panels.items()):
@@ -393,9 +426,9 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
                      per_device_train_batch_size=cfg.sft_per_device(world_size()), gradient_accumulation_steps=cfg.sft_grad_accum,
                      learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
                      assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True}, **{**_common_args(cfg), **save_kw})
-    ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms)
+    ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools))
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
-                         peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft"), *callbacks])
+                         peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft", append=resume is not None), *callbacks])
     trainer.data_collator = ToolVLMCollator(processor=processor, max_length=None, completion_only_loss=False,
                                             assistant_only_loss=True, chat_template=trainer.chat_template,
                                             tools=[crop_tool_schema()])
@@ -424,13 +457,42 @@ class HybridReward:
     __name__ = "hybrid"
 
     def __init__(self, verifier: Optional[Callable] = None, cfg: RewardConfig = RewardConfig(), variant: str = "o3"):
-        if verifier is None and cfg.alpha_m > 0: raise ValueError("alpha_m > 0 needs a verifier; pass one or set alpha_m=0")
+        if verifier is None and cfg.alpha_m > 0: raise ZoomInputError("alpha_m > 0 needs a verifier; pass one or set alpha_m=0")
         self.verifier, self.cfg, self.variant, self.calls, self.verifier_calls = verifier, cfg, variant, 0, 0
 
     def bind(self, trainer) -> "HybridReward":
-        "Move the verifier to the trainer's device."
-        if self.verifier is not None and hasattr(self.verifier, "to"): self.verifier.to(trainer.accelerator.device)
+        "Move the verifier to the trainer's device, in bf16 on a GPU (it only scores: an 8B verifier kept in fp32 holds about 35 GB)."
+        if self.verifier is None or not hasattr(self.verifier, "to"): return self
+        device = torch.device(trainer.accelerator.device)
+        self.verifier.to(device)
+        if device.type == "cuda" and isinstance(getattr(self.verifier, "model", None), torch.nn.Module):
+            self.verifier.model.to(torch.bfloat16)
         return self
+
+    COMPONENTS = ("format", "classification", "evidence_rule", "evidence_verifier")
+    "The reward functions GRPO sees (each logged as `rewards/<name>/mean`); `weights()` makes their weighted sum R_total."
+
+    def weights(self) -> list[float]:
+        "`reward_weights` for `GRPOConfig`: 1 for format and classification, 1 - alpha_m for the rule part, alpha_m for the verifier part."
+        return [1.0, 1.0, 1.0 - self.cfg.alpha_m, self.cfg.alpha_m]
+
+    def funcs(self) -> list[Callable]:
+        "One named reward function per component (TRL's `reward_funcs`), all reading one scoring pass per batch."
+        keys = {"format": "r_format", "classification": "r_cls", "evidence_rule": "r_rule", "evidence_verifier": "r_model"}
+        def make(name):
+            def f(completions, **kw):
+                return [p[keys[name]] for p in self._parts(completions, **kw)]
+            f.__name__ = name
+            return f
+        return [make(n) for n in self.COMPONENTS]
+
+    def _parts(self, completions, sample=None, **kw) -> list[dict]:
+        "The batch's reward parts, computed once for all the component functions of one step."
+        key = json.dumps([[turn_texts(c) for c in completions], list(sample or [])], default=str)
+        if getattr(self, "_key", None) != key:
+            self(completions, sample=sample, **kw)
+            self._key = key
+        return self.last_parts
 
     def _counting_verifier(self, image, items):
         self.verifier_calls += 1
@@ -438,7 +500,7 @@ class HybridReward:
 
     def __call__(self, completions, image=None, sample=None, log_metric=None, **kw) -> list[float]:
         self.calls += 1
-        if sample is None: raise ValueError("the GRPO dataset needs a 'sample' column (Sample JSON) for the reward")
+        if sample is None: raise ZoomInputError("the GRPO dataset needs a 'sample' column (Sample JSON) for the reward")
         images = image if isinstance(image, list) else [image] * len(completions)
         totals, parts = [], []
         for comp, img, s in zip(completions, images, sample):
@@ -450,6 +512,7 @@ class HybridReward:
             n_crops = sum(len(m.get("tool_calls") or []) for m in comp if isinstance(m, dict) and m.get("role") == "assistant")
             totals.append(b.total)
             parts.append({**{k: getattr(b, k) for k in ("r_cls", "r_evi", "r_rule", "r_model", "iou")},
+                          "r_format": 0.0 if b.valid_format else b.total,
                                                    "valid_format": float(b.valid_format), "crops": float(n_crops),
                                                    "correct": float(answer is not None and answer.label == smp.label)})
         if log_metric is not None:
@@ -486,14 +549,14 @@ class ZoomGRPOTrainer(GRPOTrainer):
 
 # %% ../../nbs/08l_zoom.train.ipynb #c5af0748
 def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int = 5):
-    "A `datasets.Dataset` with `prompt`, `image` (PIL) and `sample` (JSON) columns for GRPO."
-    if not samples: raise ValueError("no samples for GRPO")
+    "A `datasets.Dataset` with `prompt`, `image` (PIL) and `sample` (JSON) columns for GRPO (the zoom environment reads `image` and `sample`)."
+    if not samples: raise ZoomConfigError("no samples for GRPO")
     imgs = [load_image(s.image).pil() for s in samples]
     return Dataset.from_dict({"prompt": [prompt_messages(variant, im.width, im.height, max_zooms) for im in imgs],
                               "image": imgs, "sample": [s.model_dump_json() for s in samples]})
 
 def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], reward: HybridReward,
-             out_dir: str | Path, callbacks: Sequence = (), env_factory: Callable = ZoomEnv,
+             out_dir: str | Path, callbacks: Sequence = (), env_factory: Callable | None = None,
              trainer_root: str | Path | None = None):
     "GRPO (DAPO settings) with the crop tool in the rollouts; returns the trainer. Curves go to `out_dir/grpo_log.csv`, trainer checkpoints as in `run_sft`."
     out_dir = Path(out_dir)
@@ -510,10 +573,13 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
                       temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
                       epsilon_high=cfg.epsilon_high, mask_truncated_completions=cfg.mask_truncated_completions,
                       use_vllm=cfg.use_vllm, lr_scheduler_type="constant", **vllm, **{**_common_args(cfg), **save_kw})
+    args.reward_weights = reward.weights()          # one named reward function per component, weighted as R_total
     peft_config = None if hasattr(model, "peft_config") else lora_config(cfg)
-    trainer = ZoomGRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=processor,
-                              train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms), environment_factory=env_factory,
-                              peft_config=peft_config, callbacks=[CSVLogger(out_dir / "grpo_log.csv", "grpo"), *callbacks])
+    trainer = ZoomGRPOTrainer(model=model, reward_funcs=reward.funcs(), args=args, processing_class=processor,
+                              train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms),
+                              environment_factory=env_factory or zoom_env_factory(tool_views(cfg.tools)),
+                              peft_config=peft_config,
+                              callbacks=[CSVLogger(out_dir / "grpo_log.csv", "grpo", append=resume is not None), *callbacks])
     reward.bind(trainer)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -554,8 +620,10 @@ def load_checkpoint(path: str | Path, device: str = "auto", dtype: str = "auto",
 class HFZoomPolicy:
     "A `ZoomPolicy` backed by a local transformers model and its processor (greedy by default)."
     def __init__(self, model, processor, max_new_tokens: int = 256, max_zooms: int = 5, name: str = "hf",
-                 do_sample: bool = False, temperature: float = 1.0):
+                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None):
+        "`views_for(episode)` gives the episode's `ForensicViews` (None: the crop-only tool), as the training tool set did."
         self.model, self.processor, self.max_new_tokens, self.max_zooms = model, processor, max_new_tokens, max_zooms
+        self.views_for = views_for
         self.do_sample, self.temperature, self.policy_id = do_sample, temperature, f"hf:{name}"
         self.tools = [crop_tool_schema()]
 
@@ -564,12 +632,14 @@ class HFZoomPolicy:
         msgs = prompt_messages(ep.variant, ep.image.width, ep.image.height, self.max_zooms)
         msgs = fill_images(msgs, [ep.image.pil()])
         crops = iter(ep.crops)
+        if self.views_for is not None and "views" not in ep.scratch: ep.scratch["views"] = self.views_for(ep)
+        fv = ep.scratch.get("views")
         for s in ep.steps:
             if s.kind != "crop": continue
             c = next(crops)  # the turn as the model wrote it (same tokens a GRPO rollout continues from)
             msgs.append({"role": "assistant", "content": [{"type": "text", "text": s.text}]})
-            msgs.append({"role": "tool", "name": TOOL_NAME, "content": [{"type": "image", "image": c.image},
-                                                                      {"type": "text", "text": observation_text(c.box, c.scale)}]})
+            content, images = tool_result(c, fv)
+            msgs += fill_images([{"role": "tool", "name": TOOL_NAME, "content": content}], images)
         return msgs
 
     @torch.no_grad()
@@ -591,7 +661,7 @@ class HFZoomPolicy:
 def grpo_phase_means(csv_path: str | Path, frac: float = 0.2) -> dict:
     "Mean logged reward over the first and the last `frac` of GRPO steps (at least one step each)."
     df = read_curves(csv_path)
-    if "reward" not in df or df["reward"].notna().sum() == 0: raise ValueError(f"{csv_path} has no reward column")
+    if "reward" not in df or df["reward"].notna().sum() == 0: raise ZoomInputError(f"{csv_path} has no reward column")
     r = df["reward"].dropna().to_numpy()
     k = max(1, int(round(len(r) * frac)))
     return {"steps": len(r), "k": k, "first": float(r[:k].mean()), "last": float(r[-k:].mean())}

@@ -24,7 +24,7 @@ from ..core import Box, EvidenceItem
 from ..runs import portable_path, resolve_portable
 from .checkpoint import WriteAside
 from .tinyvlm import load_vlm
-from .records import where_phrase
+from .records import ZoomInputError, where_phrase
 from ..imageio import load_image
 from peft import LoraConfig, inject_adapter_in_model
 
@@ -39,18 +39,18 @@ def to_pil(image) -> Image.Image:
     if isinstance(image, Image.Image): return image.convert("RGB")
     if hasattr(image, "rgb"): return Image.fromarray(np.asarray(image.rgb, dtype=np.uint8))
     if isinstance(image, np.ndarray):
-        if image.ndim != 3 or image.shape[2] != 3: raise ValueError(f"expected an HxWx3 array, got shape {image.shape}")
+        if image.ndim != 3 or image.shape[2] != 3: raise ZoomInputError(f"expected an HxWx3 array, got shape {image.shape}")
         return Image.fromarray(image.astype(np.uint8))
     if isinstance(image, (str, Path)):
         return Image.fromarray(load_image(image).rgb)
     raise TypeError(f"cannot read an image from {type(image).__name__}")
 
 def _xyxy(box) -> list[float]:
-    if box is None: raise ValueError("a verifier item needs a box; global evidence (box None) is not scored")
+    if box is None: raise ZoomInputError("a verifier item needs a box; global evidence (box None) is not scored")
     if isinstance(box, Box): return box.as_list()
     if isinstance(box, dict): box = box.get("bbox", box.get("box"))
     b = [float(v) for v in box]
-    if len(b) != 4: raise ValueError(f"a box is [x1, y1, x2, y2], got {box}")
+    if len(b) != 4: raise ZoomInputError(f"a box is [x1, y1, x2, y2], got {box}")
     return b
 
 @dataclass
@@ -64,7 +64,7 @@ class VerifierItem:
     def __post_init__(self):
         self.box = _xyxy(self.box)
         if self.label is not None and not 0.0 <= float(self.label) <= 1.0:
-            raise ValueError(f"soft label must lie in [0, 1], got {self.label}")
+            raise ZoomInputError(f"soft label must lie in [0, 1], got {self.label}")
 
 def verifier_crop(image: Image.Image, box: Sequence[float], min_side: int = 8) -> Image.Image:
     "The region `box` of `image`, clipped to the image; degenerate boxes grow to at least `min_side` pixels."
@@ -95,7 +95,7 @@ def items_from_records(records: Iterable[dict], with_labels: bool = True) -> lis
     out = []
     for i, r in enumerate(records):
         missing = {"image", "box", "text"} - set(r)
-        if missing: raise ValueError(f"record {i} lacks {sorted(missing)}; expected construct's verifier_items format")
+        if missing: raise ZoomInputError(f"record {i} lacks {sorted(missing)}; expected construct's verifier_items format")
         lab = r.get("soft_label")
         if lab is None and r.get("M"): lab = r["m"] / r["M"]
         out.append(VerifierItem(r["image"], r["box"], r["text"], float(lab) if (with_labels and lab is not None) else None))
@@ -151,7 +151,7 @@ class EvidenceVerifier(nn.Module):
         idx = last_token_index(attention_mask)
         pooled = h[torch.arange(h.shape[0], device=h.device), idx]
         if self.grounding:
-            if location is None: raise ValueError("a grounding verifier needs the `location` agreement of each item (collate_items gives it)")
+            if location is None: raise ZoomInputError("a grounding verifier needs the `location` agreement of each item (collate_items gives it)")
             crop = self.crop_features(multimodal["pixel_values"], multimodal["image_grid_thw"])
             pooled = torch.cat([pooled, crop.to(pooled.dtype), location[:, None].to(pooled.dtype)], -1)
         return self.score(pooled.to(self.score.weight.dtype)).squeeze(-1)
@@ -171,13 +171,13 @@ def add_lora(verifier: EvidenceVerifier, r: int = 16, alpha: int = 32, dropout: 
     return verifier
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #6760a38f
-def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None) -> dict:
-    "Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's `location` agreement."
+def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None, location: bool = True) -> dict:
+    "Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's `location` agreement (all 0 when `location` is off: the verifier without its location rule)."
     msgs = [verifier_messages(i.image, i.box, i.text) for i in items]
     batch = processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
                                           processor_kwargs={"padding": True}, add_generation_prompt=False)
     batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
-    batch["location"] = torch.tensor([location_agreement(i.text, i.box, *to_pil(i.image).size) for i in items])
+    batch["location"] = torch.tensor([location_agreement(i.text, i.box, *to_pil(i.image).size) if location else 0.0 for i in items])
     if device is not None: batch = {k: v.to(device) for k, v in batch.items()}
     if dtype is not None and "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(dtype)
     return batch
@@ -218,9 +218,9 @@ def train_verifier(verifier: EvidenceVerifier, processor, items: Sequence[Verifi
     "Fit `verifier` on labelled `items` with soft-label BCE; returns the per-step training losses."
     cfg = cfg or VerifierTrainConfig()
     items = list(items)
-    if not items: raise ValueError("no verifier items to train on")
+    if not items: raise ZoomInputError("no verifier items to train on")
     missing = sum(i.label is None for i in items)
-    if missing: raise ValueError(f"{missing} items have no soft label (m/M); the verifier trains on labelled items only")
+    if missing: raise ZoomInputError(f"{missing} items have no soft label (m/M); the verifier trains on labelled items only")
     device, dtype = next(verifier.parameters()).device, next(verifier.backbone.parameters()).dtype
     if cfg.freeze_vision and hasattr(verifier.backbone, "visual"):
         for p in verifier.backbone.visual.parameters(): p.requires_grad_(False)
@@ -267,8 +267,16 @@ def _box_text(item) -> tuple[list[float], str]:
 
 class Verifier:
     "A trained evidence verifier: `verifier(image, items) -> list[float]`, one validity score in [0, 1] per item."
-    def __init__(self, model: EvidenceVerifier, processor, batch_size: int = 16, meta: dict | None = None):
+    def __init__(self, model: EvidenceVerifier, processor, batch_size: int = 16, meta: dict | None = None,
+                 location: bool = True):
+        "`location=False` scores without the text-box location rule (its input held at 0), to measure what the pixels carry."
         self.model, self.processor, self.batch_size, self.meta = model.eval(), processor, batch_size, meta or {}
+        self.location = location
+
+    @property
+    def location_weight(self) -> Optional[float]:
+        "The head's weight on the location rule (None when the head has none): how much of a score the rule can move."
+        return float(self.model.score.weight[0, -1]) if self.model.grounding else None
 
     @property
     def device(self): return next(self.model.parameters()).device
@@ -283,7 +291,7 @@ class Verifier:
         "Validity probabilities for fully specified items (each with its own image)."
         out, dtype = [], next(self.model.backbone.parameters()).dtype
         for s in range(0, len(items), self.batch_size):
-            batch = collate_items(self.processor, items[s:s + self.batch_size], self.device, dtype)
+            batch = collate_items(self.processor, items[s:s + self.batch_size], self.device, dtype, location=self.location)
             out += torch.sigmoid(self.model(**batch).float()).tolist()
         return out
 
@@ -328,6 +336,6 @@ def load_verifier(path: str | Path, device: str = "auto", dtype: str = "auto", b
     model, proc = new_verifier(base_path or resolve_portable(meta["base_path"], path), cfg, device=device, dtype=dtype)
     state = load_file(str(path / "trainable.safetensors"))
     missing = set(state) - {n for n, _ in model.named_parameters()}
-    if missing: raise ValueError(f"saved tensors {sorted(missing)[:3]}... do not match the base model at {meta['base_path']}")
+    if missing: raise ZoomInputError(f"saved tensors {sorted(missing)[:3]}... do not match the base model at {meta['base_path']}")
     model.load_state_dict(state, strict=False)
     return Verifier(model.to(next(model.backbone.parameters()).device), proc, meta=meta)
