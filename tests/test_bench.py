@@ -35,7 +35,15 @@ def test_counts_and_labels(tiny):
         assert x.label == 0 or x.family == GROUPS[x.provenance["group"]]
     ood_fams = [x.family for x in s["ood"] if x.label]
     assert {f: ood_fams.count(f) for f in set(ood_fams)} == {f: SIZES.ood_per_family for f in FAMILIES}
-    assert sum(1 - x.label for x in s["ood"]) == SIZES.ood_authentic + SIZES.ood_processed
+    assert sum(1 - x.label for x in s["ood"]) == SIZES.ood_authentic + SIZES.ood_processed + SIZES.ood_hard
+    hard = [x for x in s["ood"] if x.provenance["domain"].startswith("hard_")]
+    assert {x.provenance["domain"] for x in hard} == {f"hard_{k}" for k in bench.HARD_AUTHENTIC} and len(hard) == SIZES.ood_hard
+    assert all(x.label == 0 and x.family is None and x.mask is None for x in hard)
+    for x in hard:   # the beauty filter and portrait mode run on the OOD portrait; a chain of 3-4 JPEG generations
+        k = x.provenance["domain"][len("hard_"):]
+        assert x.provenance["recipe"] == f"authentic_{k}" and (x.provenance["format"] == "PNG") == (k == "app_ui"), x.id
+        if k in ("beauty", "bokeh"): assert x.provenance["sources"][0]["photo"] == "grace_hopper"
+        if k == "generations": assert len(x.provenance["params"]["qualities"]) in (3, 4)
     proc = [x for x in s["ood"] if x.provenance["domain"].startswith("processed_")]
     assert len(proc) == SIZES.ood_processed and all(x.label == 0 and x.family is None for x in proc)
     assert {x.provenance["domain"] for x in proc} == {f"processed_{k}" for k in bench.PROCESSINGS}
@@ -124,11 +132,11 @@ def test_cli_build_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_full_build_counts(tmp_path):
-    "The default build from nothing, counts as in the paper (240 = 135 + 105, 200 = 5 x 20 + 100) plus 70 processed authentic OOD images."
+    "The default build from nothing, counts as in the paper (240 = 135 + 105, 200 = 5 x 20 + 100) plus 70 processed and 60 harder authentic OOD images."
     root = ensure_bench(tmp_path / "full", seed=0)
     idc, ood = load_bench("id", root), load_bench("ood", root)
     assert (len(idc), sum(s.label for s in idc)) == (240, 135)
-    assert (len(ood), sum(s.label for s in ood)) == (270, 100)
+    assert (len(ood), sum(s.label for s in ood)) == (330, 100)
     tr = load_bench("train", root)
     assert sum(s.family == "synthesis" for s in tr) >= 60 and sum(s.family == "gen_inpaint" for s in tr) >= 60
 
@@ -161,7 +169,7 @@ a, b = np.ascontiguousarray(ph["astronaut"][:128, :128]), np.ascontiguousarray(p
 hole = np.zeros((128, 128), bool); hole[40:80, 30:90] = True
 sha = lambda x: hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
 raw = {n: sha(synthesize(g, a, b, 0.2, 0.8, seed=5) if n.startswith("vae") else fill_hole(g, a, hole)) for n, g in gens.items()}
-sizes = BenchSizes(id_manipulated=0, id_authentic=0, ood_per_family=1, ood_authentic=0, ood_processed=0,
+sizes = BenchSizes(id_manipulated=0, id_authentic=0, ood_per_family=1, ood_authentic=0, ood_processed=0, ood_hard=0,
                    train_manipulated={"spectral": 1, "npr": 1, "inpaint_net": 2}, train_authentic={}, image=128)
 root = build_bench(sys.argv[2], sizes=sizes, log=lambda m: None)
 built = {s.id: load_image(s.image).hash for c in ("train", "ood") for s in load_bench(c, root, build=False)}
@@ -209,3 +217,24 @@ def test_generator_weights_pinned_and_recorded(tiny, tmp_path):
     p = tmp_path / "vae_bilinear.safetensors"
     p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1]))
     with pytest.raises(bench.BenchError, match="is not the pinned"): bench.load_generators(tmp_path)
+
+
+def test_user_authentic_photos(tiny, tmp_path):
+    "--authentic-dir: the folder's photos join id and ood as authentic images, bytes unchanged; the rest of the build is the same."
+    d = tmp_path / "mine"; d.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (96, 80, 3), dtype=np.uint8)).save(d / f"IMG_{i}.jpg", quality=90)
+    (d / "notes.txt").write_text("not a photo")
+    root = ensure_bench(tmp_path / "b", seed=0, sizes=SIZES, log=lambda m: None, authentic_dir=d)
+    user = {c: [x for x in load_bench(c, root) if x.provenance["recipe"] == "user_authentic"] for c in COLLECTIONS}
+    assert [len(user[c]) for c in COLLECTIONS] == [0, 2, 1]
+    assert all(x.label == 0 and x.provenance["format"] == "JPEG" and "/" not in x.provenance["sources"][0]["file"] for c in COLLECTIONS for x in user[c])
+    assert open(user["id"][0].image, "rb").read() == (d / "IMG_0.jpg").read_bytes()
+    base = {x.id: x.provenance["hash"] for x in load_bench("ood", tiny)}
+    assert {x.id: x.provenance["hash"] for x in load_bench("ood", root) if x.id in base} == base
+    assert json.loads((root / "bench.json").read_text())["user_authentic"]["files"] == 3
+    with pytest.raises(ValueError, match="force=True"): ensure_bench(root, seed=0, sizes=SIZES)   # another benchmark now
+    from forensicslab.cli import app
+    r = CliRunner().invoke(app, ["bench", "build", "--tiny", "--out", str(tmp_path / "cli"), "--authentic-dir", str(tmp_path / "none")])
+    assert r.exit_code == 2 and "no such folder" in r.output

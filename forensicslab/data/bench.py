@@ -30,12 +30,13 @@ from ..imageio import load_image
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'GENERATORS', 'GENERATOR_SHA256',
-           'BENCH_VERSION', 'DATASET', 'COLLECTIONS', 'BenchError', 'BenchMissing', 'lfw_faces', 'Crop', 'random_crop',
-           'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice', 'face_edit',
-           'jpeg_roundtrip', 'camera_demosaic', 'process_authentic', 'BenchSizes', 'spread', 'weights_dir',
-           'load_generators', 'train_generators', 'default_root', 'contact_sheet', 'shortcut_checks', 'write_card',
-           'build_bench', 'bench_info', 'ensure_bench', 'load_bench', 'mask_leak', 'publish_card']
+__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'HARD_AUTHENTIC', 'GENERATORS',
+           'GENERATOR_SHA256', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS', 'BenchError', 'BenchMissing', 'lfw_faces',
+           'Crop', 'random_crop', 'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice',
+           'face_edit', 'jpeg_roundtrip', 'camera_demosaic', 'process_authentic', 'process_hard', 'BenchSizes',
+           'spread', 'weights_dir', 'load_generators', 'train_generators', 'default_root', 'user_photos', 'user_digest',
+           'contact_sheet', 'shortcut_checks', 'write_card', 'build_bench', 'bench_info', 'ensure_bench', 'load_bench',
+           'mask_leak', 'publish_card']
 
 # %% ../../nbs/03_data.bench.ipynb #3373238e
 ID_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "motorcycle_left", "motorcycle_right", "hubble")
@@ -393,7 +394,101 @@ def process_authentic(rgb: np.ndarray, rng: np.random.Generator, kind: str) -> t
         out = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)
         p.update(clahe_clip=round(clip, 3), saturation=round(sat, 3))
         q = int(rng.integers(85, 96))
-    else: raise ValueError(f"unknown processing {kind!r}; use one of {PROCESSINGS}")
+    else: raise BenchError(f"unknown processing {kind!r}; use one of {PROCESSINGS}")
+    if q is not None: p.update(quality=q)
+    return np.ascontiguousarray(out, dtype=np.uint8), p, ("JPEG" if q is not None else "PNG"), q
+
+# %% ../../nbs/03_data.bench.ipynb #44b61aee
+HARD_AUTHENTIC = ("beauty", "bokeh", "moire", "app_ui", "meme", "generations")
+"Harder authentic cases of the `ood` collection: local smoothing or blur, periodic texture, interface, captions, JPEG chains."
+
+_MEME = ("WHEN THE", "NOBODY:", "ME", "MONDAY", "TFW", "BE LIKE", "POV:", "THIS IS FINE")
+
+def _soft_ellipse(h: int, w: int, centre, axes, feather: int) -> np.ndarray:
+    "A uint8 mask (255 inside) of an ellipse, feathered by an 8-bit Gaussian blur."
+    m = np.zeros((h, w), np.uint8)
+    cv2.ellipse(m, (int(centre[0]), int(centre[1])), (max(2, int(axes[0])), max(2, int(axes[1]))), 0, 0, 360, 255, -1)
+    k = 2 * max(1, feather) + 1
+    return cv2.GaussianBlur(m, (k, k), 0)
+
+def _mix(a: np.ndarray, b: np.ndarray, m: np.ndarray) -> np.ndarray:
+    "`a` where `m` is 255, `b` where it is 0, in integers (rounded)."
+    mm = m.astype(np.int32)[..., None]
+    return ((a.astype(np.int32) * mm + b.astype(np.int32) * (255 - mm) + 127) // 255).astype(np.uint8)
+
+def process_hard(rgb: np.ndarray, rng: np.random.Generator, kind: str, face_box=None) -> tuple[np.ndarray, dict, str, Optional[int]]:
+    "Apply one `HARD_AUTHENTIC` change to an authentic image (`face_box` `(x, y, w, h)` for `beauty` and `bokeh`): (pixels, params, format, quality)."
+    h, w = rgb.shape[:2]
+    out, p = np.ascontiguousarray(rgb).copy(), {"processing": kind}
+    if kind in ("beauty", "bokeh"):
+        if face_box is None: raise BenchError(f"{kind} needs the face box of a portrait")
+        fx, fy, fw, fh = (int(round(v)) for v in face_box)
+        cx, cy = fx + fw // 2, fy + fh // 2
+    if kind == "beauty":
+        d, sc = int(rng.integers(7, 12)), int(rng.integers(40, 90))
+        smooth = cv2.bilateralFilter(out, d, sc, sc)
+        out = _mix(smooth, out, _soft_ellipse(h, w, (cx, cy), (fw * 0.5, fh * 0.62), max(2, fw // 10)))
+        p.update(diameter=d, sigma_colour=sc)
+        q = int(rng.integers(85, 96))
+    elif kind == "bokeh":
+        k = 2 * int(rng.integers(3, 7)) + 1
+        blur = cv2.GaussianBlur(out, (k, k), 0)
+        blur = cv2.GaussianBlur(blur, (k, k), 0)
+        out = _mix(out, blur, _soft_ellipse(h, w, (cx, cy + fh // 3), (fw * 0.9, fh * 1.5), max(3, fw // 6)))
+        p.update(kernel=k)
+        q = int(rng.integers(88, 97))
+    elif kind == "moire":
+        period, a, b = int(rng.integers(3, 8)), int(rng.integers(1, 4)), int(rng.integers(0, 3))
+        depth = int(rng.integers(25, 55))
+        yy, xx = np.mgrid[0:h, 0:w]
+        stripe = (((a * xx + b * yy) % period) < (period + 1) // 2).astype(np.int16)
+        out = np.clip(out.astype(np.int16) - depth * stripe[..., None], 0, 255).astype(np.uint8)
+        out = cv2.GaussianBlur(out, (3, 3), 0)
+        p.update(period=period, direction=[a, b], depth=depth)
+        q = int(rng.integers(80, 93))
+    elif kind == "app_ui":
+        s = int(rng.integers(55, 72))                        # the photo's share of the width, %
+        canvas = np.full_like(out, int(rng.integers(236, 256)))
+        bar = max(6, h // 12)
+        canvas[:bar] = int(rng.integers(15, 60))
+        pw, ph = w * s // 100, h * s // 100
+        x0, y0 = (w - pw) // 2, bar + max(4, h // 9)
+        canvas[y0:y0 + ph, x0:x0 + pw] = cv2.resize(out, (pw, ph), interpolation=cv2.INTER_AREA)
+        r = max(3, h // 32)
+        cv2.circle(canvas, (x0 + r, bar + r + 2), r, tuple(int(v) for v in rng.integers(60, 200, 3)), -1, cv2.LINE_AA)
+        ts = 0.3 * w / 256
+        cv2.putText(canvas, "user_" + str(int(rng.integers(100, 999))), (x0 + 3 * r, bar + 2 * r), cv2.FONT_HERSHEY_SIMPLEX, ts, (30, 30, 30), 1, cv2.LINE_AA)
+        by = y0 + ph + max(4, h // 30)
+        for j in range(3):                                    # like / comment / share buttons
+            cv2.circle(canvas, (x0 + r + j * 4 * r, by + r), r, (40, 40, 40), max(1, r // 4), cv2.LINE_AA)
+        for j in range(2):                                    # caption lines
+            yl = by + 3 * r + j * (r + 3)
+            if yl < h - 2: canvas[yl:yl + max(1, r // 2), x0:x0 + int(pw * (0.9 - 0.3 * j))] = 120
+        cv2.putText(canvas, "9:4" + str(int(rng.integers(10))), (4, max(8, bar - 2)), cv2.FONT_HERSHEY_SIMPLEX, ts, (255, 255, 255), 1, cv2.LINE_AA)
+        out, q = canvas, None
+        p.update(scale=s / 100)
+    elif kind == "meme":
+        top, bottom = _MEME[int(rng.integers(len(_MEME)))], _MEME[int(rng.integers(len(_MEME)))]
+        sc = float(int(rng.integers(7, 11))) / 10 * w / 256
+        for t, y in ((top, max(12, int(30 * sc))), (bottom, h - max(6, int(10 * sc)))):
+            tw = cv2.getTextSize(t, cv2.FONT_HERSHEY_DUPLEX, sc, max(1, int(2 * sc)))[0][0]
+            org = (max(2, (w - tw) // 2), y)
+            cv2.putText(out, t, org, cv2.FONT_HERSHEY_DUPLEX, sc, (0, 0, 0), max(3, int(6 * sc)), cv2.LINE_AA)
+            cv2.putText(out, t, org, cv2.FONT_HERSHEY_DUPLEX, sc, (255, 255, 255), max(1, int(2 * sc)), cv2.LINE_AA)
+        p.update(text=[top, bottom], scale=round(sc, 3))
+        q = int(rng.integers(70, 90))
+    elif kind == "generations":
+        qs = [int(v) for v in rng.integers(60, 95, int(rng.integers(3, 5)))]
+        at = int(rng.integers(1, len(qs)))                   # resized (and back) before this generation
+        s = int(rng.integers(60, 90))
+        for i, qq in enumerate(qs[:-1]):
+            if i == at:
+                small = cv2.resize(out, (w * s // 100, h * s // 100), interpolation=cv2.INTER_AREA)
+                out = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR)
+            out = jpeg_roundtrip(out, qq)
+        p.update(qualities=qs, resized_before=at, scale=s / 100)
+        q = qs[-1]
+    else: raise BenchError(f"unknown harder authentic kind {kind!r}; use one of {HARD_AUTHENTIC}")
     if q is not None: p.update(quality=q)
     return np.ascontiguousarray(out, dtype=np.uint8), p, ("JPEG" if q is not None else "PNG"), q
 
@@ -409,6 +504,7 @@ class BenchSizes:
     ood_per_family: int = 20
     ood_authentic: int = 100
     ood_processed: int = 70
+    ood_hard: int = 60
     train_manipulated: dict = field(default_factory=lambda: dict(_TRAIN_FAKE))
     train_authentic: dict = field(default_factory=lambda: dict(_TRAIN_REAL))
     image: int = 256
@@ -417,6 +513,7 @@ class BenchSizes:
     def tiny(cls, per_group: int = 1) -> "BenchSizes":
         "A few images per group and family, at 128 px (for tests)."
         return cls(id_manipulated=8 * per_group, id_authentic=8 * per_group, ood_per_family=per_group, ood_authentic=5 * per_group, ood_processed=len(PROCESSINGS) * per_group,
+                   ood_hard=len(HARD_AUTHENTIC) * per_group,
                    train_manipulated={g: per_group for g in GROUPS}, train_authentic={g: per_group for g in GROUPS},
                    image=128)
 
@@ -528,6 +625,12 @@ class _Maker:
             c, host = self._crop(rng, OOD_PHOTOS)
             kind = family[len("processed_"):]
             rgb, params, fmt, q = process_authentic(host, rng, kind)
+            return _Made(rgb, None, fmt, q, f"authentic_{kind}", None, params, [asdict(c)])
+        if family.startswith("hard_"):        # a harder authentic case (local smoothing/blur on portraits, texture, UI, ...)
+            kind = family[len("hard_"):]
+            portrait = kind in ("beauty", "bokeh")
+            c, host = self._crop(rng, ("grace_hopper",) if portrait else OOD_PHOTOS, face=portrait)
+            rgb, params, fmt, q = process_hard(host, rng, kind, c.face_box() if portrait else None)
             return _Made(rgb, None, fmt, q, f"authentic_{kind}", None, params, [asdict(c)])
         if family == "face":
             c, host = self._crop(rng, ("grace_hopper",), face=True)
@@ -655,7 +758,7 @@ def train_generators(out: str | Path | None = None, steps: int = 300, seed: int 
     return sums
 
 # %% ../../nbs/03_data.bench.ipynb #3fa2002d
-BENCH_VERSION = "5"
+BENCH_VERSION = "6"
 DATASET = "forensicslab-bench"
 
 def default_root() -> Path:
@@ -689,14 +792,37 @@ def _plan(coll: str, sizes: BenchSizes) -> list[tuple[str, int, int]]:
         out = [(f, 1, i) for f in fams for i in range(sizes.ood_per_family)]
         out += [(f, 0, i) for f, n in spread(sizes.ood_authentic, fams).items() for i in range(n)]
         proc = spread(sizes.ood_processed, PROCESSINGS)   # last, so the items above are unchanged
-        return out + [(f"processed_{k}", 0, i) for k, n in proc.items() for i in range(n)]
+        out += [(f"processed_{k}", 0, i) for k, n in proc.items() for i in range(n)]
+        hard = spread(sizes.ood_hard, HARD_AUTHENTIC)      # after the processed ones, so those are unchanged too
+        return out + [(f"hard_{k}", 0, i) for k, n in hard.items() for i in range(n)]
     fake = spread(sizes.id_manipulated, GROUPS) if coll == "id" else {g: sizes.train_manipulated.get(g, 0) for g in GROUPS}
     real = spread(sizes.id_authentic, GROUPS) if coll == "id" else {g: sizes.train_authentic.get(g, 0) for g in GROUPS}
     return [(g, 1, i) for g in GROUPS for i in range(fake[g])] + [(g, 0, i) for g in GROUPS for i in range(real[g])]
 
+# %% ../../nbs/03_data.bench.ipynb #b18cecd9
+def user_photos(folder: str | Path) -> list[Path]:
+    "The image files of `folder` (any extension Pillow reads; hidden files skipped), sorted by name; a `BenchError` when none."
+    d = Path(folder).expanduser()
+    if not d.is_dir(): raise BenchError(f"--authentic-dir {d}: no such folder")
+    exts = set(Image.registered_extensions())
+    out = sorted(p for p in d.iterdir() if p.is_file() and p.suffix.lower() in exts and not p.name.startswith("."))
+    if not out: raise BenchError(f"--authentic-dir {d}: no image files in it")
+    return out
+
+def user_digest(paths: list[Path]) -> dict:
+    "How many user photos and a digest of their names and bytes (what `bench.json` records)."
+    h = hashlib.sha256()
+    for p in paths: h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return {"files": len(paths), "sha256": h.hexdigest()}
+
+def _split_user(paths: list[Path] | None) -> dict[str, list[Path]]:
+    "User photos to collections: sorted, alternately `id` and `ood`; none to `train`."
+    paths = list(paths or [])
+    return {"train": [], "id": paths[0::2], "ood": paths[1::2]}
+
 # %% ../../nbs/03_data.bench.ipynb #557e798b
 def _build_collection(tmp: Path, coll: str, seed: int, sizes: BenchSizes, maker: _Maker, references: bool,
-                      log: Callable) -> list[Sample]:
+                      log: Callable, user: list[Path] | None = None) -> list[Sample]:
     d = tmp / coll
     for sub in ("images", "masks") + (("refs",) if references else ()): (d / sub).mkdir(parents=True, exist_ok=True)
     samples, rows, t0 = [], [], time.time()
@@ -722,6 +848,19 @@ def _build_collection(tmp: Path, coll: str, seed: int, sizes: BenchSizes, maker:
                      "image": f"images/{img.name}", "mask": f"masks/{sid}.png" if mask_rel else "", "format": m.fmt, "quality": m.quality or "",
                      "width": li.width, "height": li.height, "sources": ";".join(x.get("photo", f"lfw:{x.get('lfw_index')}") for x in m.sources),
                      "params": json.dumps(m.params, sort_keys=True, default=str), "hash": li.hash})
+    for i, src in enumerate(user or []):      # the user's own photos, bytes unchanged
+        sid = f"{coll}-user-real-{i:04d}"
+        img = d / "images" / f"{sid}{src.suffix.lower()}"
+        shutil.copyfile(src, img)
+        li = load_image(img)
+        fmt = "JPEG" if li.quantization else src.suffix.lower().lstrip(".").upper()
+        prov = {"group" if coll != "ood" else "domain": "user", "recipe": "user_authentic", "sources": [{"file": src.name}],
+                "params": {}, "format": fmt, "quality": None, "seed": seed, "bench_version": BENCH_VERSION, "hash": li.hash}
+        samples.append(Sample(id=sid, image=f"{coll}/images/{img.name}", label=0, family=None, split=coll, dataset=DATASET,
+                              provenance=prov))
+        rows.append({"id": sid, "collection": coll, "group": "user", "label": 0, "family": "", "recipe": "user_authentic",
+                     "image": f"images/{img.name}", "mask": "", "format": fmt, "quality": "", "width": li.width, "height": li.height,
+                     "sources": src.name, "params": "{}", "hash": li.hash})
     save_samples(samples, d / "samples.jsonl")
     with open(d / "manifest.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["id"])
@@ -875,20 +1014,23 @@ Generators: `forensicslab.data.generators`, trained once and shipped in the pack
 COLLECTIONS = ("train", "id", "ood")
 
 def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = None, references: bool = False,
-                log: Callable[[str], None] = print) -> Path:
-    "Build the benchmark into `root` (replacing it): load the shipped generators, make every image, write the card."
+                log: Callable[[str], None] = print, authentic_dir: str | Path | None = None) -> Path:
+    """Build the benchmark into `root` (replacing it): load the shipped generators, make every image, write the card;
+    with `authentic_dir`, that folder's photos join the `id` and `ood` collections as authentic images (`user_photos`)."""
     root = Path(root)
     sizes = (sizes or BenchSizes()).validate()
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.building-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    user = user_photos(authentic_dir) if authentic_dir else []
     tmp.mkdir()
     t0, c0, load0 = time.time(), time.process_time(), os.getloadavg()[0]
     try:
         models, sums = load_generators()
         log(f"generators: {', '.join(f'{k} {v[:12]}' for k, v in sums.items())} (sha256, as pinned)")
         maker, colls = _Maker(models, sizes.image), {}
-        for c in COLLECTIONS: colls[c] = _build_collection(tmp, c, seed, sizes, maker, references, log)
+        split = _split_user(user)
+        for c in COLLECTIONS: colls[c] = _build_collection(tmp, c, seed, sizes, maker, references, log, split[c])
         hashes = {c: {s.provenance["hash"] for s in ss} for c, ss in colls.items()}
         for a in COLLECTIONS:
             for b in COLLECTIONS:
@@ -899,7 +1041,7 @@ def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = N
                 "cpu_s": round(time.process_time() - c0, 1), "cores": os.cpu_count(),
                 "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
                 "counts": {c: {"manipulated": sum(s.label for s in ss), "authentic": sum(1 - s.label for s in ss)} for c, ss in colls.items()},
-                "references": references}
+                "references": references, "user_authentic": user_digest(user) if user else None}
         write_card(tmp, colls, info)
         (tmp / "bench.json").write_text(json.dumps(info, indent=2))
         old = root.parent / f".{root.name}.old-{os.getpid()}"
@@ -918,11 +1060,12 @@ def bench_info(root: str | Path | None = None) -> Optional[dict]:
 
 # %% ../../nbs/03_data.bench.ipynb #d109ca30
 def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[BenchSizes] = None, force: bool = False,
-                 references: bool = False, log: Callable[[str], None] = print) -> Path:
-    "Return the root of a built benchmark with this seed and these sizes, building it first if missing (cached)."
+                 references: bool = False, log: Callable[[str], None] = print, authentic_dir: str | Path | None = None) -> Path:
+    "Return the root of a built benchmark with this seed, these sizes (and these user photos), building it first if missing (cached)."
     root = Path(root or default_root())
     sizes = (sizes or BenchSizes()).validate()
-    want = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes), "generators": GENERATOR_SHA256}
+    want = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes), "generators": GENERATOR_SHA256,
+            "user_authentic": user_digest(user_photos(authentic_dir)) if authentic_dir else None}
     def ok():
         info = bench_info(root)
         if info is None: return False
@@ -939,7 +1082,7 @@ def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[
     with open(root.parent / f".{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same root: wait for it
         try:
-            if not ok() or force: build_bench(root, seed, sizes, references, log)
+            if not ok() or force: build_bench(root, seed, sizes, references, log, authentic_dir)
         finally: fcntl.flock(lock, fcntl.LOCK_UN)
     return root
 

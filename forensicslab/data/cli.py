@@ -35,6 +35,8 @@ def build_cmd(out: Optional[Path] = typer.Option(None, "--out", help="Output fol
               image: int = typer.Option(256, help="Image side in pixels (multiple of 8)."),
               tiny: bool = typer.Option(False, help="A few images per group (a smoke build)."),
               force: bool = typer.Option(False, help="Rebuild even when a benchmark is there."),
+              authentic_dir: Optional[Path] = typer.Option(None, "--authentic-dir", help="A folder of your own camera photos: "
+                                                           "added, bytes unchanged, as authentic images of the id and ood collections."),
               publish: Optional[Path] = typer.Option(None, help="Also copy the card, bench.json and contact sheets here "
                                                              "(the reference copy is outputs/bench)."),
               root: Optional[Path] = typer.Option(None, "--root", hidden=True, help="Deprecated spelling of --out.")):
@@ -47,7 +49,7 @@ def build_cmd(out: Optional[Path] = typer.Option(None, "--out", help="Output fol
                            train_manipulated={k: int(round(v * train_scale)) for k, v in _TRAIN_FAKE.items()},
                            train_authentic={k: int(round(v * train_scale)) for k, v in _TRAIN_REAL.items()})
     t0 = time.time()
-    try: r = ensure_bench(root, seed, sizes, force=force, log=lambda m: typer.echo(f"  {m}"))
+    try: r = ensure_bench(root, seed, sizes, force=force, log=lambda m: typer.echo(f"  {m}"), authentic_dir=authentic_dir)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
