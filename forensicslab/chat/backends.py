@@ -419,20 +419,25 @@ _STRICT_DROP = frozenset({"default", "examples", "minLength", "maxLength", "patt
                           "minContains", "maxContains", "uniqueItems"})
 
 @functools.lru_cache(maxsize=512)
-def strict_schema(schema: type[BaseModel]) -> dict:
-    """The schema in the form OpenAI's strict mode accepts: every object closed (`additionalProperties: false`) with
-    every property required, a `$ref` without siblings, and the keywords strict mode refuses (`default` first among
-    them: some deployments answer HTTP 400) removed. The reply is still validated by pydantic, which keeps them."""
+def strict_schema(schema: type[BaseModel]) -> tuple[dict, bool]:
+    """`(json_schema, strict)`: the schema in the form OpenAI's strict mode accepts: every object closed
+    (`additionalProperties: false`) with every property required, a `$ref` without siblings, and the keywords strict
+    mode refuses (`default` first among them: some deployments answer HTTP 400) removed. `strict` is False when the
+    schema has a free-form object (a `dict` field), which strict mode cannot express: it is then sent non-strict,
+    with the same keywords removed. The reply is still validated by pydantic, which keeps them all."""
+    free = [False]
     def walk(node):
         if isinstance(node, list): return [walk(n) for n in node]
         if not isinstance(node, dict): return node
         if "$ref" in node: return {"$ref": node["$ref"]}
         out = {k: walk(v) for k, v in node.items() if k not in _STRICT_DROP}
-        if out.get("type") == "object" or "properties" in out:
+        if isinstance(out.get("properties"), dict):
             out["additionalProperties"] = False
-            out["required"] = list(out.get("properties") or {})
+            out["required"] = list(out["properties"])
+        elif out.get("type") == "object": free[0] = True
         return out
-    return walk(schema_json(schema))
+    sj = walk(schema_json(schema))
+    return sj, not free[0]
 
 SERVER_FAMILIES = ("openai", "vllm", "llamacpp", "transformers", "generic")
 "The request builders of the OpenAI protocol: OpenAI itself, vLLM, llama.cpp, `transformers serve`, any other server."
@@ -529,7 +534,8 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
     body.update(p)
     if schema is not None:
         if mode in ("json_schema", "json_schema+prompt"):
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": strict_schema(schema), "strict": True}}
+            sj, strict = strict_schema(schema)
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": sj, "strict": strict}}
         elif mode == "json_object": body["response_format"] = {"type": "json_object"}
         elif mode == "constrained" and fam == "vllm": body["structured_outputs"] = {"json": grammar_schema(schema)}
         elif mode == "constrained" and fam == "llamacpp":

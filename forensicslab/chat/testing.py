@@ -12,7 +12,7 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -23,7 +23,8 @@ from starlette.routing import Route
 from ..net import Served
 
 # %% auto #0
-__all__ = ['Fault', 'Delayed', 'Call', 'ServerURL', 'echo_responder', 'openai_server', 'gemini_server']
+__all__ = ['Fault', 'Delayed', 'chat_completion', 'gemini_response', 'Call', 'ServerURL', 'echo_responder', 'openai_server',
+           'gemini_server']
 
 # %% ../../nbs/05d_chat.testing.ipynb #72049217
 @dataclass
@@ -48,6 +49,19 @@ class Fault:
         return cls(200, body=b'{"id": "chatcmpl-x", "choices": [ {oops not json')
 
     @classmethod
+    def gemini_quota(cls, retry_delay: float = 5) -> "Fault":
+        "Gemini's quota error: a 429 whose wait is in the body (`RetryInfo.retryDelay`), with no `Retry-After` header."
+        return cls(429, body={"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+                                        "message": "You exceeded your current quota, please check your plan and billing details.",
+                                        "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []},
+                                                    {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{retry_delay:g}s"}]}})
+
+    @classmethod
+    def bad_utf8(cls) -> "Fault":
+        "A 200 whose body is JSON-shaped but holds bytes that are not UTF-8."
+        return cls(200, body=b'{"choices": [{"message": {"content": "caf\xe9 \xff"}, "finish_reason": "stop"}]}')
+
+    @classmethod
     def truncated(cls) -> "Fault":
         "A 200 whose body is cut off in the middle (the connection closes early)."
         return cls(200, truncate=True)
@@ -57,6 +71,101 @@ class Delayed:
     "Answer `reply` (str or dict) after sleeping `seconds`: models latency or a slow server."
     seconds: float
     reply: Union[str, dict]
+
+def chat_completion(text: Optional[str] = "", *, finish_reason: str = "stop", refusal: Optional[str] = None,
+                    prompt_tokens: int = 10, completion_tokens: int = 5, model: str = "local") -> dict:
+    "A whole chat-completions reply body: for `length` with no text, a refusal, a `content_filter` finish."
+    msg = {"role": "assistant", "content": text, **({"refusal": refusal} if refusal else {})}
+    return {"id": "chatcmpl-local", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": msg, "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+def gemini_response(text: str = "", *, finish_reason: str = "STOP", block_reason: Optional[str] = None,
+                    blocked_category: Optional[str] = None, prompt_tokens: int = 10, candidates_tokens: int = 5,
+                    thoughts_tokens: int = 0, model: str = "gemini-local") -> dict:
+    """A whole `generateContent` reply body: `block_reason` gives a blocked prompt (no candidates, `promptFeedback`);
+    `finish_reason="SAFETY"` with `blocked_category` a blocked reply; `MAX_TOKENS` with thoughts and no text, a
+    reply whose thinking ate the cap."""
+    usage = {"promptTokenCount": prompt_tokens, "candidatesTokenCount": candidates_tokens,
+             "totalTokenCount": prompt_tokens + candidates_tokens + thoughts_tokens,
+             **({"thoughtsTokenCount": thoughts_tokens} if thoughts_tokens else {})}
+    if block_reason: return {"promptFeedback": {"blockReason": block_reason}, "usageMetadata": usage, "modelVersion": model}
+    cand = {"index": 0, "finishReason": finish_reason, "content": {"role": "model", "parts": [{"text": text}] if text else []}}
+    if blocked_category: cand["safetyRatings"] = [{"category": blocked_category, "probability": "HIGH", "blocked": True}]
+    return {"candidates": [cand], "usageMetadata": usage, "modelVersion": model, "responseId": "local"}
+
+# %% ../../nbs/05d_chat.testing.ipynb #722be502
+_REASONING = ("o1", "o3", "o4", "gpt-5")
+_STRICT_REFUSED = ("default", "minLength", "maxLength", "uniqueItems", "patternProperties")
+
+def _strict_problem(node, path="schema") -> Optional[str]:
+    "Why OpenAI's strict mode would refuse a JSON schema node (the checks of its documented subset), or None."
+    if isinstance(node, list):
+        for i, n in enumerate(node):
+            p = _strict_problem(n, f"{path}[{i}]")
+            if p: return p
+        return None
+    if not isinstance(node, dict): return None
+    bad = [k for k in _STRICT_REFUSED if k in node]
+    if bad: return f"Invalid schema for response_format: In context=({path}), '{bad[0]}' is not permitted."
+    if "$ref" in node and len(node) > 1: return f"Invalid schema: ({path}) $ref cannot have keywords {sorted(set(node) - {'$ref'})}."
+    if isinstance(node.get("properties"), dict):
+        if node.get("additionalProperties") is not False:
+            return f"Invalid schema for response_format: In context=({path}), 'additionalProperties' is required to be supplied and to be false."
+        if sorted(node.get("required") or []) != sorted(node["properties"]):
+            return f"Invalid schema for response_format: In context=({path}), 'required' must list every key in 'properties'."
+    for k, v in node.items():
+        p = _strict_problem(v, f"{path}.{k}")
+        if p: return p
+    return None
+
+def _check_openai(req: dict) -> Optional[str]:
+    "What the OpenAI API refuses in a request (the documented refusals the chat layer must avoid), or None."
+    model = str(req.get("model", ""))
+    reasoning = model.startswith(_REASONING) and not model.startswith("gpt-5-chat")
+    if "max_tokens" in req and reasoning:
+        return "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
+    if reasoning and req.get("temperature") not in (None, 1):
+        return f"Unsupported value: 'temperature' does not support {req['temperature']} with this model. Only the default (1) value is supported."
+    if "reasoning_effort" in req and not reasoning: return "Unrecognized request argument supplied: reasoning_effort"
+    rf = req.get("response_format") or {}
+    if rf.get("type") == "json_schema" and (rf.get("json_schema") or {}).get("strict"):
+        return _strict_problem((rf["json_schema"] or {}).get("schema"))
+    for k in ("structured_outputs", "guided_json", "guided_regex", "grammar"):
+        if k in req: return f"Unrecognized request argument supplied: {k}"
+    return None
+
+def _check_vllm(req: dict) -> Optional[str]:
+    "vLLM since 0.12: the `guided_*` keys are gone; `structured_outputs` takes exactly one of json, regex, choice, grammar."
+    old = [k for k in req if k.startswith("guided_")]
+    if old: return f"{old[0]} is no longer supported (removed in vLLM v0.12); use structured_outputs instead"
+    so = req.get("structured_outputs")
+    if so is not None:
+        kinds = [k for k in ("json", "regex", "choice", "grammar", "structural_tag") if so.get(k) is not None] if isinstance(so, dict) else []
+        if len(kinds) != 1: return "structured_outputs must set exactly one of json, regex, choice, grammar"
+    return None
+
+def _check_llamacpp(req: dict) -> Optional[str]:
+    "llama-cpp-python's server: `response_format.type` is `text` or `json_object` (with an optional `schema`)."
+    rf = req.get("response_format")
+    if rf is not None and rf.get("type") not in ("text", "json_object"):
+        return f"response_format.type: Input should be 'text' or 'json_object' (got {rf.get('type')!r})"
+    return None
+
+_FAMILY_CHECKS = {"openai": _check_openai, "vllm": _check_vllm, "llamacpp": _check_llamacpp, "transformers": None, "any": None}
+
+def _check_gemini(req: dict) -> Optional[str]:
+    "What the Gemini API refuses: an empty turn (no parts or only empty text), images in the system instruction, old key names."
+    for i, c in enumerate(req.get("contents") or []):
+        parts = c.get("parts") or []
+        if not parts or all(p.get("text", None) == "" for p in parts):
+            return f"* GenerateContentRequest.contents[{i}].parts: contents.parts must not be empty."
+    if any("inlineData" in p or "inline_data" in p for p in (req.get("systemInstruction") or {}).get("parts", [])):
+        return "* GenerateContentRequest.system_instruction: only text parts are supported."
+    cfg = req.get("generationConfig") or {}
+    if "responseSchema" in cfg and "responseJsonSchema" in cfg: return "responseSchema and responseJsonSchema are mutually exclusive"
+    return None
 
 # %% ../../nbs/05d_chat.testing.ipynb #e138dfd7
 def _approx_tokens(obj) -> int:
@@ -70,6 +179,9 @@ def _approx_tokens(obj) -> int:
 
 class _OpenAIProtocol:
     name = "openai"
+    def __init__(self, family: str = "any"):
+        if family not in _FAMILY_CHECKS: raise ValueError(f"family must be one of {sorted(_FAMILY_CHECKS)}, got {family!r}")
+        self.family, self.check = family, (_FAMILY_CHECKS[family] or (lambda req: None))
     def matches(self, path: str) -> bool: return path.rstrip("/").endswith("/chat/completions")
     def model(self, path: str, req: dict) -> str: return req.get("model", "unknown")
     def wrap(self, text: str, req: dict, path: str, n: int) -> dict:
@@ -84,6 +196,7 @@ class _OpenAIProtocol:
 
 class _GeminiProtocol:
     name = "gemini"
+    check = staticmethod(_check_gemini)
     def matches(self, path: str) -> bool: return ":generateContent" in path
     def model(self, path: str, req: dict) -> str: return path.split("/models/")[-1].split(":")[0]
     def wrap(self, text: str, req: dict, path: str, n: int) -> dict:
@@ -142,6 +255,8 @@ def _app(protocol, responder, calls: list) -> Starlette:
         except json.JSONDecodeError: return JSONResponse(protocol.error(400, "request body is not JSON"), 400)
         calls.append(Call(path, dict(request.headers), req))
         count = len(calls)
+        problem = protocol.check(req)     # what the real service refuses, refused the same way
+        if problem: return JSONResponse(protocol.error(400, problem), 400)
         try: out = await run_in_threadpool(responder, req)
         except Exception as e:  # a bug in the responder is a 500 the client will see
             return JSONResponse(protocol.error(500, f"responder raised {type(e).__name__}: {e}"), 500)
@@ -176,11 +291,16 @@ def echo_responder(request: dict) -> str:
     return " ".join(p.get("text", "") for p in parts if "text" in p)
 
 @contextmanager
-def openai_server(responder: Callable[[dict], Any] = echo_responder) -> Iterator[ServerURL]:
-    "Serve the OpenAI chat-completions protocol on 127.0.0.1; yields the base URL `http://127.0.0.1:PORT/v1`."
-    with _serve(_OpenAIProtocol(), responder, "/v1") as url: yield url
+def openai_server(responder: Callable[[dict], Any] = echo_responder, family: str = "any") -> Iterator[ServerURL]:
+    """Serve the OpenAI chat-completions protocol on 127.0.0.1; yields the base URL `http://127.0.0.1:PORT/v1`.
+    `family` makes it refuse (HTTP 400, with the service's message) what that server family refuses: `openai` (strict
+    schemas outside the strict subset, `max_tokens` or a temperature for reasoning models, unknown keys), `vllm` (the
+    removed `guided_*` keys), `llamacpp` (a `response_format` other than `text` / `json_object`); `transformers`
+    and `any` accept every body."""
+    with _serve(_OpenAIProtocol(family), responder, "/v1") as url: yield url
 
 @contextmanager
 def gemini_server(responder: Callable[[dict], Any] = echo_responder) -> Iterator[ServerURL]:
-    "Serve the Gemini `generateContent` protocol on 127.0.0.1; yields the base URL `http://127.0.0.1:PORT`."
+    """Serve the Gemini `generateContent` protocol on 127.0.0.1; yields the base URL `http://127.0.0.1:PORT`. It refuses
+    (HTTP 400) what the API refuses: an empty turn, an image in the system instruction."""
     with _serve(_GeminiProtocol(), responder, "") as url: yield url
