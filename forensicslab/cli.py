@@ -7,7 +7,12 @@ Docs: https://forensicslab.github.io/forensicslab/cli.html.md"""
 # %% ../nbs/09_cli.ipynb #4326f2d9
 from __future__ import annotations
 
+import errno
+import io
+import json
 import os
+import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -160,6 +165,42 @@ app.add_typer(train_app, name="train")
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:1000] or type(e).__name__
 
+_DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+def _file_in_traceback(e: BaseException, suffixes: tuple[str, ...] = ()) -> Optional[str]:
+    """The file a failing frame was working on, innermost frame first: an open file object's name, or a path (with one
+    of `suffixes` when given; a folder holding a diskcache `cache.db` counts as that file). None when none is found."""
+    tb, frames = e.__traceback__, []
+    while tb is not None: frames.append(tb.tb_frame); tb = tb.tb_next
+    for fr in reversed(frames):
+        for v in list(fr.f_locals.values()):
+            if not suffixes and isinstance(v, io.IOBase) and isinstance(getattr(v, "name", None), str): return v.name
+            if isinstance(v, (str, Path)) and 0 < len(str(v)) < 4096 and ("/" in str(v) or os.sep in str(v)):
+                p = Path(v)
+                if suffixes and p.suffix in suffixes: return str(p)
+                if suffixes and p.name and (p / "cache.db").is_file(): return str(p / "cache.db")
+                if not suffixes and p.suffix and p.parent.is_dir(): return str(p)
+    return None
+
+def _machine_error(e: BaseException) -> Optional[str]:
+    "One line for a failure of the machine rather than the code (disk full, port in use, corrupt cache), naming the file or port; else None."
+    if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+        m = re.search(r"\('([^']*)', (\d+)", str(e))
+        where = f"port {m[2]} on {m[1]}" if m else "the port asked for"
+        return f"{where} is already in use (another server listens there): choose another with --port, or --port 0 for a free one"
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        f = e.filename or _file_in_traceback(e)
+        return (f"no space left on the device{f' while writing {f}' if f else ''}: free disk space (or point --out or "
+                "FORENSICSLAB_CACHE_DIR elsewhere) and run again; finished work is kept")
+    if isinstance(e, sqlite3.DatabaseError):
+        f = _file_in_traceback(e, _DB_SUFFIXES)
+        return (f"{f or 'a cache database'} is corrupt ({_one_line(e)}): delete it (a cache is rebuilt on the next run)"
+                + ("" if f else "; the caches live under FORENSICSLAB_CACHE_DIR or the user cache folder"))
+    if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+        f = _file_in_traceback(e)
+        if f: return f"{f}: not readable ({_one_line(e)}); the file is corrupt: restore or delete it"
+    return None
+
 def main(argv: list[str] | None = None):
     "Entry point of the `forensicslab` console script: typed errors print as one line (exit 2), never a traceback."
     debug = bool(os.environ.get("FORENSICSLAB_DEBUG"))
@@ -174,6 +215,10 @@ def main(argv: list[str] | None = None):
         sys.exit(2)
     except Exception as e:
         if debug: raise
+        known = _machine_error(e)
+        if known:
+            typer.echo(f"error: {known}", err=True)
+            sys.exit(2)
         typer.echo(f"error: unexpected {type(e).__name__}: {_one_line(e)} (a bug: set FORENSICSLAB_DEBUG=1 "
                    "to see the traceback and report it)", err=True)
         sys.exit(1)
