@@ -14,8 +14,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['FAMILIES', 'ForensicsLabError', 'jsonable', 'register_family', 'Box', 'EvidenceItem', 'Sample', 'save_samples',
-           'load_samples', 'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
+__all__ = ['FAMILIES', 'FAMILY_PARENTS', 'ForensicsLabError', 'jsonable', 'register_family', 'family_lineage', 'Box',
+           'EvidenceItem', 'Sample', 'save_samples', 'load_samples', 'ToolCard', 'Detection', 'Detector', 'ChatMessage',
+           'Reply', 'ChatFailure', 'ChatModel']
 
 # %% ../nbs/00_core.ipynb #9839d780
 class ForensicsLabError(Exception):
@@ -44,13 +45,26 @@ FAMILIES: dict[str, str] = {
     "gen_inpaint": "generative inpainting: a learned model fills a region",
     "classic_inpaint": "classic inpainting: diffusion or exemplar-based object removal",
     "splice": "splicing and copy-move: regions pasted from another or the same image",
+    "diffusion_inpaint": "diffusion inpainting: a diffusion model fills a region (a kind of gen_inpaint)",
+    "gan_inpaint": "GAN inpainting: a GAN or other non-diffusion network fills a region (a kind of gen_inpaint)",
 }
 "Default manipulation taxonomy (family id -> description). Extend it with `register_family`."
+FAMILY_PARENTS: dict[str, str] = {"diffusion_inpaint": "gen_inpaint", "gan_inpaint": "gen_inpaint"}
+"Finer families and the broader family each refines: a card whose scope names the parent covers the child."
 
-def register_family(name: str, description: str) -> None:
-    "Add a manipulation family to the taxonomy so cards and samples may name it."
+def register_family(name: str, description: str, parent: Optional[str] = None) -> None:
+    "Add a manipulation family to the taxonomy so cards and samples may name it (`parent`: the broader family it refines)."
     if not name.isidentifier(): raise ValueError(f"family name {name!r} must be a Python identifier, e.g. 'gan_face'")
+    if parent is not None and parent not in FAMILIES: raise ValueError(f"parent family {parent!r} of {name!r} is unknown; known: {sorted(FAMILIES)}")
+    if parent == name or (parent is not None and name in family_lineage(parent)): raise ValueError(f"family {name!r} cannot refine {parent!r}: a loop")
     FAMILIES[name] = description
+    if parent is not None: FAMILY_PARENTS[name] = parent
+
+def family_lineage(family: str) -> list[str]:
+    "The family and the broader families it refines, narrowest first (`gan_inpaint` -> `['gan_inpaint', 'gen_inpaint']`)."
+    out = [family]
+    while out[-1] in FAMILY_PARENTS and FAMILY_PARENTS[out[-1]] not in out: out.append(FAMILY_PARENTS[out[-1]])
+    return out
 
 # %% ../nbs/00_core.ipynb #25d498f1
 class Box(BaseModel):
@@ -163,7 +177,9 @@ class ToolCard(BaseModel):
     @property
     def has_map(self) -> bool: return self.map_reading is not None
 
-    def in_scope(self, family: str | None) -> bool: return family is not None and family in self.scope
+    def in_scope(self, family: str | None) -> bool:
+        "Whether a case of `family` is in the declared scope: the family itself or a broader one it refines (`FAMILY_PARENTS`)."
+        return family is not None and any(f in self.scope for f in family_lineage(family))
 
 class Detection(BaseModel):
     "One detector's output on one image; `heatmap` (HxW float32 in [0, 1]) is excluded from JSON."
