@@ -11,30 +11,42 @@ import contextlib
 import functools
 import inspect
 import os
+import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel
 
 import typer
 
 from .cache import ChatCache, default_cache_path
+from .backends import Blocked
 from .models import ModelControls, get_model
-from .reliability import PriceTable, redact
-from ..core import ChatMessage, ForensicsLabError
+from .reliability import PriceTable, read_trace, redact
+from ..core import ChatFailure, ChatMessage, ForensicsLabError
 
 
 # %% auto #0
-__all__ = ['models_app', 'cache_root', 'controls_from_options', 'model_options', 'ask_cmd', 'cache_info_cmd', 'prices_cmd']
+__all__ = ['models_app', 'CHECK_ROLES', 'cache_root', 'controls_from_options', 'model_options', 'ask_cmd', 'cache_info_cmd',
+           'prices_cmd', 'CheckRole', 'register_check_role', 'check_model', 'check_cmd']
 
 # %% ../../nbs/05e_chat.cli.ipynb #e1b9e39b
 _OPTIONS = [
     ("backend", list[str], [], "--backend", "model spec per role, ROLE=SPEC (repeatable); a bare SPEC is every role"),
     ("max_tokens", Optional[int], None, "--max-tokens", "cap on reply tokens (overrides the roles' own)"),
     ("temperature", Optional[float], None, "--temperature", "sampling temperature (overrides the roles' own)"),
-    ("timeout", Optional[float], None, "--timeout", "total seconds per model exchange, retries included"),
+    ("timeout", Optional[float], None, "--timeout", "time budget of one model exchange: every attempt and wait, rate-limit waits included"),
+    ("attempt_timeout", Optional[float], None, "--attempt-timeout", "total deadline of one attempt (connection and the whole reply); default 120 s, 600 s for reasoning models"),
     ("attempts", Optional[int], None, "--attempts", "attempts per exchange, within the timeout"),
     ("structured", Optional[str], None, "--structured", "auto | json_schema | json_object | prompt | constrained"),
     ("budget_usd", Optional[float], None, "--budget-usd", "stop the run when this much is spent"),
     ("budget_tokens", Optional[int], None, "--budget-tokens", "stop the run after this many tokens"),
+    ("prices", Optional[Path], None, "--prices", "price table (YAML, USD per million tokens) for models prices.yaml does not list"),
+    ("image_detail", Optional[str], None, "--image-detail", "low | high | auto: how finely images are read (and billed); per role in --model-controls"),
+    ("max_image_side", Optional[int], None, "--max-image-side", "downscale images to fit this many pixels a side before sending"),
     ("trace", Optional[Path], None, "--trace", "JSONL trace of every model exchange"),
     ("cache", Optional[str], None, "--cache", "cache mode: rw (read and write) | replay (read only; a miss fails) | off"),
     ("cache_dir", Optional[Path], None, "--cache-dir", "cache folder of this command (default: $FORENSICSLAB_CACHE_DIR or the user cache folder)"),
@@ -65,7 +77,7 @@ def controls_from_options(backend=(), model_controls=None, cache_dir=None, **fla
         if sep and ":" not in role: roles[role.strip()] = spec.strip()
         else: roles["*"] = b.strip()
     flat = {k: (str(v) if isinstance(v, Path) else v) for k, v in flat.items()}
-    return ModelControls.of({**c.model_dump(), "backends": roles}, **flat)
+    return ModelControls.of({**c.model_dump(exclude_unset=True), "backends": roles}, **flat)   # unset stays unset: commands read model_fields_set
 
 def model_options(fn):
     """Decorator for a Typer command: adds the model run-control options (`--backend ROLE=SPEC`,
@@ -113,7 +125,8 @@ def ask_cmd(spec: str = typer.Argument(..., help="e.g. openai:gpt-4o, openai-com
         raise typer.Exit(2)
     typer.echo(r.text)
     for n in r.notes: typer.echo(f"note: {n}", err=True)
-    typer.echo(f"[{r.model_id}] in={r.input_tokens} out={r.output_tokens} cost=${r.cost_usd:.6f} "
+    cost = f"${r.cost_usd:.6f}" if m.priced else "unknown (not in the price table)"
+    typer.echo(f"[{r.model_id}] in={r.input_tokens} out={r.output_tokens} cost={cost} "
                f"latency={r.latency_s:.2f}s attempts={r.attempts} cached={r.cached}", err=True)
 
 @models_app.command("cache-info")
@@ -137,3 +150,94 @@ def prices_cmd():
     for prov, rows in t.table.items():
         for m, r in (rows or {}).items(): typer.echo(f"{prov:18s} {m:26s} in {r['input']:>7.3f}  out {r['output']:>7.3f}")
 
+
+# %% ../../nbs/05e_chat.cli.ipynb #e1b9e3b1
+@dataclass
+class CheckRole:
+    "One role of `models check`: its `schema` (None: free text), a tiny `prompt`, whether it sends an `image`, call `params`."
+    name: str
+    schema: Optional[type[BaseModel]]
+    prompt: str
+    image: bool = False
+    params: dict = field(default_factory=dict)
+
+class _Probe(BaseModel):
+    "The built-in schema probe: reasoning first, then an enum and a number."
+    reasoning: str
+    verdict: Literal["authentic", "manipulated"]
+    confidence: float
+
+CHECK_ROLES: dict[str, CheckRole] = {}
+"The roles `models check` tries, by name (built-in probes first; studies add theirs with `register_check_role`)."
+
+def register_check_role(name: str, schema: Optional[type[BaseModel]], prompt: str, image: bool = False, **params) -> CheckRole:
+    "Add (or replace) a role of `models check`."
+    CHECK_ROLES[name] = CheckRole(name, schema, prompt, image, params)
+    return CHECK_ROLES[name]
+
+register_check_role("probe-schema-vision", _Probe, "Is this small image manipulated? Answer briefly.", image=True)
+register_check_role("probe-free-text", None, "In one short sentence: what does a JPEG quantisation table record?")
+
+def _check_image() -> np.ndarray:
+    "A 64 x 64 test picture (a gradient with a bright square): small, and the same on every run."
+    y, x = np.mgrid[0:64, 0:64]
+    im = np.stack([x * 4, y * 4, (x + y) * 2], -1).astype(np.uint8)
+    im[20:36, 20:36] = 240
+    return im
+
+def check_model(spec: Any, controls: ModelControls, roles: Optional[list[str]] = None, max_tokens: int = 1024,
+                **options) -> list[dict]:
+    """One request per role of `CHECK_ROLES` (or the named `roles`) to model `spec` (`options`: backend options such as
+    `base_url`); a row per role: `accepted`, `validated`, `finish`, `input_tokens`, `output_tokens`, `cost_usd`
+    (None: unpriced), `seconds`, `error`."""
+    names = roles or list(CHECK_ROLES)
+    unknown = [n for n in names if n not in CHECK_ROLES]
+    if unknown: raise ForensicsLabError(f"unknown role(s) {unknown}; known: {sorted(CHECK_ROLES)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "check.jsonl"
+        c = ModelControls.of(controls, trace=str(trace))
+        for n in names:
+            role = CHECK_ROLES[n]
+            m = get_model(c.spec_for(n, spec), c, role=n, **options)
+            parts = [role.prompt] + ([_check_image()] if role.image else [])
+            row = {"role": n, "accepted": True, "validated": False, "finish": None, "input_tokens": 0, "output_tokens": 0,
+                   "cost_usd": None, "seconds": 0.0, "error": ""}
+            t0 = time.perf_counter()
+            try:
+                r = m.chat([ChatMessage.of("user", *parts)], schema=role.schema, case="models-check", role=n,
+                           **{"max_tokens": max_tokens, "temperature": 0.0, **role.params})
+                row.update(validated=True, input_tokens=r.input_tokens, output_tokens=r.output_tokens,
+                           cost_usd=None if not m.priced else r.cost_usd)
+            except ChatFailure as e:
+                status = getattr(e, "status", None)
+                row.update(accepted=not (status is not None and 400 <= status < 500 and status != 429),
+                           input_tokens=e.input_tokens, output_tokens=e.output_tokens,
+                           cost_usd=None if not m.priced else e.cost_usd, error=redact(str(e))[:300],
+                           finish="blocked" if isinstance(e, Blocked) else None)
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            recs = [x for x in read_trace(trace) if x.get("role") == n] if trace.exists() else []
+            if row["finish"] is None and recs: row["finish"] = recs[-1].get("finish_reason")
+            rows.append(row)
+    return rows
+
+# %% ../../nbs/05e_chat.cli.ipynb #e1b9e3b2
+@models_app.command("check")
+@model_options
+def check_cmd(spec: str = typer.Argument(..., help="the model to check, e.g. openai:gpt-5-mini, gemini:gemini-2.5-flash, vllm:http://host:8000/v1#model"),
+              role: list[str] = typer.Option([], "--role", help="check only these roles (repeatable; default: all registered)"),
+              check_tokens: int = typer.Option(1024, "--check-tokens", help="max_tokens of each check request (room for reasoning)"),
+              base_url: Optional[str] = typer.Option(None, help="override the endpoint"),
+              controls: ModelControls = None):
+    "Send one tiny request per role and report, per role, acceptance, validation, finish state, tokens and cost (exit 1 if any failed)."
+    if controls.cache == "rw" and "cache" not in controls.model_fields_set: controls = ModelControls.of(controls, cache="off")
+    try: rows = check_model(spec, controls, role or None, check_tokens, **({"base_url": base_url} if base_url else {}))
+    except (ForensicsLabError, ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {redact(e)}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{'role':24s} {'accepted':8s} {'valid':5s} {'finish':8s} {'in':>6s} {'out':>6s} {'cost $':>9s} {'s':>6s}  error")
+    for r in rows:
+        cost = "unknown" if r["cost_usd"] is None else f"{r['cost_usd']:.5f}"
+        typer.echo(f"{r['role']:24s} {'yes' if r['accepted'] else 'NO':8s} {'yes' if r['validated'] else 'NO':5s} "
+                   f"{str(r['finish'] or '-'):8s} {r['input_tokens']:6d} {r['output_tokens']:6d} {cost:>9s} {r['seconds']:6.1f}  {r['error']}")
+    if not all(r["validated"] for r in rows): raise typer.Exit(1)
