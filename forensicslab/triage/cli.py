@@ -7,26 +7,38 @@ Docs: https://forensicslab.github.io/forensicslab/triage.cli.html.md"""
 # %% ../../nbs/06g_triage.cli.ipynb #5450728e
 from __future__ import annotations
 
+import base64
 import csv
+import hashlib
 import html
 import json
+import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from urllib.parse import quote
 
 import typer
+from PIL import Image
 
 from ..chat.cli import model_options
+from ..chat.models import chat_context
 from ..core import ForensicsLabError
 from ..data.datasets import IMAGE_EXTS
 from ..detectors import pool as D
-from ..imageio import ImageError, load_image
+from ..imageio import ImageError, fit_within, load_image
+from ..provenance.duplicates import ReferenceIndex
+from ..provenance.evidence import evidence_json, gather, provenance_flags
 from ..runs import Case, Run, config_hash
-from .report import write_case_report
-from .study import build_config, preset
+from .report import OFFLINE_NOTE, file_facts, write_case_report
+from .study import build_config, failure_history, preset
 
 # %% auto #0
-__all__ = ['OFFLINE_LINE', 'AnalyzeError', 'pool_cards', 'check_detectors', 'analyze_image', 'stage0_line', 'verdict_lines',
-           'expand_inputs', 'write_index', 'analyze_batch', 'default_out', 'analyze_cmd']
+__all__ = ['OFFLINE_LINE', 'INDEX_SCRIPT', 'INDEX_CSS', 'INDEX_COLUMNS', 'AnalyzeError', 'pool_cards', 'check_detectors',
+           'analyze_image', 'case_provenance', 'stage0_line', 'verdict_lines', 'Inputs', 'collect_inputs',
+           'expand_inputs', 'report_name', 'index_rows', 'write_index', 'run_identity', 'analyze_batch', 'default_out',
+           'analyze_cmd']
 
 # %% ../../nbs/06g_triage.cli.ipynb #ce621ed3
 class AnalyzeError(ForensicsLabError, ValueError):
@@ -58,6 +70,11 @@ def analyze_image(image, config: str = "rules", auditor_backend: str | None = No
     cards = pool_cards(dets)
     runner = build_config(cfg, model_cache=model_cache, controls=None if cfg.offline else controls)
     return img, dets, cards, runner(img, dets, cards)
+
+def case_provenance(img, dets: dict, reference: ReferenceIndex | None = None, trust=None, on: bool = True) -> dict | None:
+    "The provenance evidence of one analysed file (None when off or when the image has no file): reuses the pool's adq detection."
+    if not on or img.path is None: return None
+    return gather(img, reference=reference, trust_anchors=trust, adq=dets.get("adq"))
 
 # %% ../../nbs/06g_triage.cli.ipynb #91e23e0d
 def stage0_line(dets: dict) -> str:
@@ -91,102 +108,286 @@ def verdict_lines(res, dets, cards) -> list[str]:
     return out
 
 # %% ../../nbs/06g_triage.cli.ipynb #ab8f74d6
-def expand_inputs(paths: list[str | Path]) -> list[Path]:
-    "Image files from files and folders (folders searched recursively for known image extensions), in order, unique."
-    out: list[Path] = []
+@dataclass
+class Inputs:
+    "The images to analyse as `(path, name)` (name: relative to the folder given, or the file name) and what was skipped, with why."
+    files: list[tuple[Path, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+def collect_inputs(paths: list[str | Path]) -> Inputs:
+    """Image files from files and folders, in order, unique, each with its display name; folders are walked without following
+    links to folders (no loops), and dangling links, links to folders and folders named like images are listed in `skipped`."""
+    out, seen = Inputs(), set()
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix.lower() in IMAGE_EXTS and not q.name.startswith("."))
-        elif p.exists() or p.is_symlink(): out.append(p)
+            for root, dirs, files in os.walk(p, followlinks=False):
+                dirs.sort(); r = Path(root)
+                for d in list(dirs):
+                    q = r / d
+                    if d.startswith("."): dirs.remove(d)
+                    elif q.is_symlink(): out.skipped.append((q.relative_to(p).as_posix(), "a link to a folder: not followed (it could loop)"))
+                    elif Path(d).suffix.lower() in IMAGE_EXTS: out.skipped.append((q.relative_to(p).as_posix(), "a folder named like an image: searched inside"))
+                for f in sorted(files):
+                    q = r / f
+                    if f.startswith(".") or q.suffix.lower() not in IMAGE_EXTS: continue
+                    if q.is_symlink() and not q.exists(): out.skipped.append((q.relative_to(p).as_posix(), "a dangling link"))
+                    elif q.is_file() and q.resolve() not in seen:
+                        seen.add(q.resolve()); out.files.append((q, q.relative_to(p).as_posix()))
+        elif p.exists() or p.is_symlink():
+            if p.resolve() not in seen: seen.add(p.resolve()); out.files.append((p, p.name))
         else: raise AnalyzeError(f"{p}: no such file or folder")
-    return list(dict.fromkeys(out))
+    names = [n for _, n in out.files]
+    if len(set(names)) < len(names):        # two inputs give the same name: prefix the parent folder, then number
+        count, fixed = {}, []
+        for q, n in out.files:
+            n2 = n if names.count(n) == 1 else f"{q.parent.name}/{n}"
+            count[n2] = count.get(n2, 0) + 1
+            fixed.append((q, n2 if count[n2] == 1 else f"{n2}~{count[n2]}"))
+        out.files = fixed
+    return out
 
-def _report_name(i: int, p: Path) -> str: return f"{i:04d}-{p.stem[:60]}.html"
+def expand_inputs(paths: list[str | Path]) -> list[Path]:
+    "Image files from files and folders (folders searched recursively for known image extensions), in order, unique."
+    return [p for p, _ in collect_inputs(paths).files]
 
-def _case_row(p: Path, i: int, out: Path, config: str, backends: dict, detectors, cache: bool, model_cache: str,
-              history: dict, max_attempts: int, controls=None) -> dict:
-    "Analyse one image of a batch into a results row (failures recorded; model failures marked for a retry)."
-    row = dict(image=str(p), verdict="failed", decisive=None, score=None, region=None, failure=None, report=None)
-    try: img, dets, cards, res = analyze_image(p, config, backends.get("auditor"), backends.get("judge"), detectors, cache, model_cache, controls)
+def report_name(name: str, sha256: str) -> str:
+    "The report file of an image: its relative name made safe for a file name, and a hash of name and content (never a position)."
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:70] or "image"
+    digest = hashlib.sha256((name + "\0" + sha256).encode()).hexdigest()[:10]
+    return f"{slug}-{digest}.html"
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""): h.update(block)
+    return h.hexdigest()
+
+def _case_row(p: Path, name: str, sha: str, out: Path, config: str, backends: dict, detectors, cache: bool, model_cache: str,
+              history: dict, max_attempts: int, controls=None, reference=None, trust=None, provenance: bool = True) -> dict:
+    "Analyse one image of a batch into a results row (failures recorded; model failures and unwritten reports marked for a retry)."
+    row = dict(image=name, sha256=sha, verdict="failed", decisive=None, score=None, region=None, failure=None, report=None)
+    try:
+        with chat_context(case=name):      # traces and errors name the image
+            img, dets, cards, res = analyze_image(p, config, backends.get("auditor"), backends.get("judge"), detectors, cache, model_cache, controls)
     except ImageError as e:
-        row["failure"] = f"ImageError: {e}"
+        row["failure"] = f"ImageError: {e}".replace(str(p), name)     # relative names only: a shared page leaks no folder
         return row
+    ff = file_facts(img)
+    row.update(bytes=ff["bytes"], format=ff["format"], width=ff["width"], height=ff["height"],
+               scores={k: None if d.score is None else round(d.score, 4) for k, d in dets.items()},
+               fired=[k for k, d in dets.items() if d.status == "ok" and d.fired])
+    prov = case_provenance(img, dets, reference, trust, provenance)
+    if prov is not None:
+        row.update(provenance=evidence_json(prov), flags=provenance_flags(prov), c2pa=(prov["c2pa"].facts.get("state") or prov["c2pa"].status))
+        if "duplicates" in prov and prov["duplicates"].status == "present": row["duplicate_of"] = prov["duplicates"].facts["reference"]
     v = res.verdict
     if v is not None:
         row.update(verdict="manipulated" if v.is_manipulated else "authentic", decisive=v.decisive, region=v.region,
                    score=None if v.decisive is None else round(dets[v.decisive].score, 4))
     row["failure"] = res.failure
-    rp = out / "reports" / _report_name(i, p)
+    rp = out / "reports" / report_name(name, sha)
     try:
-        write_case_report(rp, img, dets, cards, res, title=p.name)
-        row["report"] = str(rp.relative_to(out))
-    except OSError as e: row["failure"] = (row["failure"] + "; " if row["failure"] else "") + f"report not written: {e}"
-    past = history.get(str(p), [])
+        (out / "thumbs").mkdir(parents=True, exist_ok=True)
+        th = out / "thumbs" / (rp.stem + ".jpg")
+        Image.fromarray(fit_within(img.rgb, 160)[0]).save(th, format="JPEG", quality=82)
+        row["thumb"] = th.relative_to(out).as_posix()
+        write_case_report(rp, img, dets, cards, res, title=name, provenance=prov,
+                          backends=", ".join(f"{k}={v}" for k, v in backends.items() if v) or None)
+        row["report"] = rp.relative_to(out).as_posix()
+    except OSError as e:
+        row["failure"] = (row["failure"] + "; " if row["failure"] else "") + f"report not written: {e.strerror or e}"
+        row["status"] = "failed"          # retried by the next run
+    past = history.get(f"{name}#{sha[:16]}", [])
     if res.failure and len(past) + 1 < max_attempts: row["status"] = "failed"   # a model failure: retried by a re-run
     row["record"] = json.loads(res.model_dump_json(exclude={"facts"}))
     return row
 
 # %% ../../nbs/06g_triage.cli.ipynb #cdf32e5d
-def write_index(out: Path, rows: list[dict], title: str) -> Path:
-    "`out/results.csv` and `out/index.html` (one line per image, linking its case report)."
-    cols = ["image", "verdict", "decisive", "score", "region", "failure", "report"]
-    with open(out / "results.csv", "w", newline="") as fh:
+INDEX_SCRIPT = """(function(){
+const t=document.getElementById('rows'),b=t.tBodies[0],q=document.getElementById('q'),vf=document.getElementById('vf'),n=document.getElementById('shown');
+function key(c,num){const v=c.dataset.v!==undefined?c.dataset.v:c.textContent;if(!num)return v.toLowerCase();const x=parseFloat(v);return isNaN(x)?-1:x;}
+t.tHead.querySelectorAll('th').forEach(function(th){th.addEventListener('click',function(){
+const d=th.dataset.dir==='asc'?'desc':'asc';th.dataset.dir=d;const i=th.cellIndex,num=th.dataset.num==='1',s=d==='asc'?1:-1;
+const rs=Array.from(b.rows);rs.sort(function(a,c){const x=key(a.cells[i],num),y=key(c.cells[i],num);return (x<y?-1:x>y?1:0)*s;});
+rs.forEach(function(r){b.appendChild(r);});});});
+function f(){const s=q.value.toLowerCase(),v=vf.value;let k=0;Array.from(b.rows).forEach(function(r){
+r.hidden=!(r.textContent.toLowerCase().indexOf(s)>=0&&(!v||r.dataset.verdict===v));if(!r.hidden)k++;});n.textContent=k;}
+q.addEventListener('input',f);vf.addEventListener('change',f);
+})();"""
+"The index page's one script: sort by a click on a column head, filter by text and verdict (DOM text only: no HTML is built from data)."
+
+INDEX_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:20px;color:#1b1b1b}
+h1{font-size:21px;margin:0 0 6px} .banner{background:#eef3fb;border:1px solid #b7c9e8;border-radius:6px;padding:8px 12px;font-size:13.5px;margin:8px 0}
+.banner.offline{background:#fff4d6;border-color:#e5c56b} table{border-collapse:collapse;font-size:12.5px}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top} th{background:#f3f3f3;cursor:pointer;user-select:none}
+th[data-dir=asc]::after{content:' \\25B2'} th[data-dir=desc]::after{content:' \\25BC'}
+tr.manipulated td.v{background:#fde2e1;color:#8a1c17;font-weight:700} tr.authentic td.v{background:#e1f5e4;color:#1d5e2a;font-weight:700}
+tr.failed td.v{background:#fff4d6;color:#7a5400;font-weight:700} td.fired{color:#b3261e;font-weight:700}
+img.t{width:96px;height:auto;display:block} .hash{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px}
+.flag{display:inline-block;margin:1px 3px 1px 0;padding:0 5px;border-radius:4px;background:#fff0d9;color:#6b4200;font-size:11.5px}
+.tools{margin:8px 0;font-size:13px}"""
+
+INDEX_COLUMNS = ["image", "verdict", "decisive", "score", "region", "failure", "report", "sha256", "bytes", "format", "width",
+                 "height", "c2pa", "flags", "duplicate_of", "fired"]
+"The fixed columns of results.csv; one `score:<detector>` column per detector follows."
+
+def index_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    "The flat rows of the index, the CSV and the JSON (one per image, the same in all three) and the detector names."
+    dets = list(dict.fromkeys(k for r in rows for k in (r.get("scores") or {})))
+    flat = []
+    for r in rows:
+        f = {c: r.get(c) for c in INDEX_COLUMNS}
+        f["flags"] = "; ".join(r.get("flags") or []); f["fired"] = ", ".join(r.get("fired") or [])
+        f.update({f"score:{k}": (r.get("scores") or {}).get(k) for k in dets})
+        f["thumb"] = r.get("thumb")
+        flat.append(f)
+    return flat, dets
+
+def write_index(out: Path, rows: list[dict], title: str, about: dict | None = None) -> Path:
+    """`out/results.csv`, `out/results.json` and `out/index.html` from `rows` (one line per image, linking its case report);
+    `about`: what produced them (configuration, backends, pool, provenance, skipped inputs, an early stop) for the banner."""
+    about = about or {}
+    flat, dets = index_rows(rows)
+    cols = INDEX_COLUMNS + [f"score:{k}" for k in dets]
+    with open(out / ".results.csv.tmp", "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, cols, extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(flat)
+    (out / ".results.csv.tmp").replace(out / "results.csv")
+    meta = {k: v for k, v in about.items() if k != "offline_note"}
+    (out / ".results.json.tmp").write_text(json.dumps(dict(about=meta, rows=[{k: v for k, v in f.items()} for f in flat]), indent=1, default=str), encoding="utf-8")
+    (out / ".results.json.tmp").replace(out / "results.json")
     e = lambda x: html.escape("" if x is None else str(x), quote=True)
-    colour = {"manipulated": "#fde2e1", "authentic": "#e1f5e4", "failed": "#fff4d6"}
-    trs = "".join(f"<tr style='background:{colour.get(r['verdict'], '#fff')}'><td>{e(r['image'])}</td><td><b>{e(r['verdict'])}</b></td>"
-                  f"<td>{e(r['decisive'])}</td><td>{e(r['score'])}</td><td>{e(r['region'])}</td><td>{e(r['failure'])}</td>"
-                  f"<td>{'<a href=' + chr(39) + e(r['report']) + chr(39) + '>report</a>' if r.get('report') else ''}</td></tr>" for r in rows)
-    n = {k: sum(r["verdict"] == k for r in rows) for k in colour}
-    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title><style>body{{font-family:system-ui,sans-serif;"
-            f"margin:24px}} td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}} table{{border-collapse:collapse}}</style></head><body>"
-            f"<h1>{e(title)}</h1><p>{len(rows)} images: {n['manipulated']} judged manipulated, {n['authentic']} authentic, {n['failed']} failed.</p>"
-            f"<table><tr><th>image</th><th>verdict</th><th>decisive</th><th>score</th><th>region</th><th>failure</th><th>report</th></tr>{trs}</table>"
-            "</body></html>")
-    (out / "index.html").write_text(page, encoding="utf-8")
+    n = {k: sum(r["verdict"] == k for r in rows) for k in ("manipulated", "authentic", "failed")}
+    head = ("<th>thumbnail</th><th>image</th><th>verdict</th><th>decisive evidence</th>"
+            + "".join(f"<th data-num='1' title='score of {e(k)}; bold red = fired'>{e(k)}</th>" for k in dets)
+            + "<th>provenance</th><th>C2PA</th><th>SHA-256</th><th data-num='1'>size</th><th>failure</th>")
+    trs = []
+    for f, r in zip(flat, rows):
+        link = f"<a href='{e(quote(f['report']))}'>{e(f['image'])}</a>" if f.get("report") else e(f["image"])
+        thumb = f"<img class='t' alt='' src='{e(quote(f['thumb']))}'>" if f.get("thumb") else ""
+        dec = "" if not f.get("decisive") else f"{e(f['decisive'])} {e(f['score'])}" + (f"<br>{e(f['region'])}" if f.get("region") else "")
+        fired = set(r.get("fired") or [])
+        sc = "".join(f"<td class='{'fired' if k in fired else ''}' data-v='{e(f[f'score:{k}'])}'>"
+                     f"{'' if f[f'score:{k}'] is None else format(f[f'score:{k}'], '.2f')}</td>" for k in dets)
+        flags = "".join(f"<span class='flag'>{e(x)}</span>" for x in r.get("flags") or [])
+        size = "" if f.get("bytes") is None else f"{f['bytes'] / 1e3:.0f} kB {e(f['format'])} {e(f['width'])}x{e(f['height'])}"
+        trs.append(f"<tr class='{e(f['verdict'])}' data-verdict='{e(f['verdict'])}'><td>{thumb}</td><td>{link}</td><td class='v'>{e(f['verdict'])}</td>"
+                   f"<td>{dec}</td>{sc}<td>{flags}</td><td>{e(f.get('c2pa'))}</td>"
+                   f"<td class='hash' title='{e(f.get('sha256'))}'>{e((f.get('sha256') or '')[:12])}</td>"
+                   f"<td data-v='{e(f.get('bytes'))}'>{size}</td><td>{e(f.get('failure'))}</td></tr>")
+    skipped = about.get("skipped") or []
+    banner = (f"<div class='banner'><b>Produced by</b> configuration {e(about.get('configuration', '?'))}; "
+              f"backends: {e(about.get('backends') or 'none (offline rule-based agents, no language model)')}; "
+              f"detector pool: {e(about.get('pool', '?'))}; provenance: {e(about.get('provenance', 'not read'))}. "
+              "Each verdict links to its case report; provenance flags are evidence shown beside the verdict, not part of it.</div>")
+    if about.get("offline"): banner += f"<div class='banner offline'>{about.get('offline_note', '')}</div>"
+    if about.get("stopped"): banner += f"<div class='banner offline'><b>The run stopped early</b> ({e(about['stopped'])}): this page lists the images finished so far; run the same command again to resume.</div>"
+    if skipped: banner += ("<div class='banner'><b>Not analysed</b>: " + "; ".join(f"{e(p)} ({e(w)})" for p, w in skipped[:50])
+                           + (f"; and {len(skipped) - 50} more" if len(skipped) > 50 else "") + "</div>")
+    script_hash = base64.b64encode(hashlib.sha256(INDEX_SCRIPT.encode()).digest()).decode()
+    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'\">"
+            f"<title>{e(title)}</title><style>{INDEX_CSS}</style></head><body>"
+            f"<h1>{e(title)}</h1>{banner}<p>{len(rows)} images: {n['manipulated']} judged manipulated, {n['authentic']} authentic, {n['failed']} failed. "
+            "Results also as <a href='results.csv'>CSV</a> and <a href='results.json'>JSON</a>.</p>"
+            "<div class='tools'>filter <input id='q' type='search' placeholder='name, detector, flag...'> verdict <select id='vf'>"
+            "<option value=''>all</option><option>manipulated</option><option>authentic</option><option>failed</option></select> "
+            f"<span id='shown'>{len(rows)}</span> shown; click a column head to sort.</div>"
+            f"<table id='rows'><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
+            f"<script>{INDEX_SCRIPT}</script></body></html>")
+    (out / ".index.html.tmp").write_text(page, encoding="utf-8")
+    (out / ".index.html.tmp").replace(out / "index.html")
     return out / "index.html"
+
+def run_identity(cfg, detectors: list[str] | None, provenance: bool, reference: Path | None, trust) -> dict:
+    "What makes a folder run's results comparable: configuration and backends, the detector pool (names and card versions), provenance settings."
+    names = detectors or D.list_detectors()
+    versions = {}
+    for k in names:
+        try: versions[k] = D.get_card(k).version
+        except Exception: versions[k] = "?"
+    trust_id = None
+    if trust: trust_id = hashlib.sha256(Path(trust).read_bytes()).hexdigest()[:16] if Path(trust).is_file() else str(trust)
+    return dict(kind="analyze", configuration=cfg.model_dump(), detectors=detectors, pool=versions,
+                provenance=dict(on=provenance, reference=str(Path(reference).resolve()) if reference else None, trust=trust_id))
+
+def _claim_out(out: Path, ident: str, label: str):
+    "Record the run identity of `out`, or refuse when the folder already holds another identity's results."
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "analyze.json"
+    if p.is_file():
+        try: old = json.loads(p.read_text())
+        except ValueError: old = {}
+        if old.get("identity") != ident:
+            raise AnalyzeError(f"{out} holds the results of another configuration ({old.get('label', '?')}, identity {old.get('identity', '?')}); "
+                               "use another --out, or leave --out out to get one folder per configuration")
+        return
+    p.write_text(json.dumps(dict(identity=ident, label=label), indent=1))
 
 def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules", auditor_backend: str | None = None,
                   judge_backend: str | None = None, detectors: list[str] | None = None, cache: bool = True,
-                  model_cache: str = "off", progress: bool = True, max_attempts: int = 3, controls=None) -> list[dict]:
-    "Analyse every image of `paths` into `out` (resumable): case reports, `results.csv`, `index.html`; returns the rows."
-    from forensicslab.triage.study import failure_history
-    files = expand_inputs(paths)
-    if not files: raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}")
+                  model_cache: str = "off", progress: bool = True, max_attempts: int = 3, controls=None,
+                  provenance: bool = True, reference: str | Path | None = None, trust: str | Path | None = None) -> list[dict]:
+    """Analyse every image of `paths` into `out` (resumable): case reports, thumbnails, `results.csv`, `results.json`, `index.html`;
+    returns the rows. `reference`: a folder to search for near-duplicates (its index is refreshed); `trust`: a PEM trust list for C2PA."""
+    inputs = collect_inputs(paths)
+    if not inputs.files: raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}"
+                                            + (f" ({'; '.join(f'{p}: {w}' for p, w in inputs.skipped[:5])})" if inputs.skipped else ""))
     cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
     detectors = check_detectors(detectors)
     out = Path(out)
-    manifest = dict(kind="analyze", configuration=cfg.model_dump(), detectors=detectors)
-    run = Run(out / "runs" / f"{cfg.name}-{config_hash(manifest)[:8]}", config=manifest, backends=cfg.backends)
+    manifest = run_identity(cfg, detectors, provenance, reference, trust)
+    ident = config_hash(manifest)[:12]
+    _claim_out(out, ident, cfg.label)
+    ref_index = ReferenceIndex.load(reference) if (provenance and reference) else None
+    run = Run(out / "runs" / f"{cfg.name}-{ident[:8]}", config=manifest, backends=cfg.backends)
     history = failure_history(run)
     backends = {"auditor": auditor_backend, "judge": judge_backend}
-    cases = [Case(str(p), (i, p)) for i, p in enumerate(files)]
-    rows = run.execute(cases, lambda ip: _case_row(ip[1], ip[0], out, config, backends, detectors, cache, model_cache,
-                                                   history, max_attempts, controls),
-                       workers=1, desc="analyze", progress=progress)
-    rows = [r if "verdict" in r else dict(image=r["key"], verdict="failed", failure=r.get("error")) for r in rows]
-    write_index(out, rows, f"forensicslab analyze: {cfg.label}")
-    return rows
+    cases = [Case(f"{name}#{sha[:16]}", (p, name, sha)) for p, name in inputs.files for sha in [_sha256(p)]]
+    about = dict(configuration=f"{cfg.label} ({cfg.name})", backends=", ".join(f"{k}={v}" for k, v in cfg.backends.items() if v) or None,
+                 pool=f"{len(manifest['pool'])} detectors ({', '.join(manifest['pool'])})",
+                 provenance=("off" if not provenance else "Content Credentials (offline" + (", trust list given" if trust else ", no trust list")
+                             + "), metadata, JPEG history" + (f", near-duplicates in {Path(reference).name} ({len(ref_index)} images)" if ref_index else "")),
+                 offline=cfg.offline, offline_note=OFFLINE_NOTE, skipped=inputs.skipped, identity=ident)
+    fn = lambda a: _case_row(a[0], a[1], a[2], out, config, backends, detectors, cache, model_cache, history, max_attempts, controls,
+                             ref_index, trust, provenance)
+    title = f"forensicslab analyze: {cfg.label}"
+    try: rows = run.execute(cases, fn, workers=1, desc="analyze", progress=progress)
+    except BaseException as err:            # a spent budget, Ctrl-C, a crash: the finished rows still get their index
+        by_key = {r["key"]: r for r in run.rows()}
+        done = [_row_of(by_key[c.key]) for c in cases if c.key in by_key]
+        write_index(out, done, title, dict(about, stopped=f"{type(err).__name__}: {err}"[:300]))
+        raise
+    write_index(out, [_row_of(r) for r in rows], title, about)
+    return [_row_of(r) for r in rows]
+
+def _row_of(r: dict) -> dict:
+    "A run row as an index row (a case function that raised is a failed row named by its image)."
+    return r if "verdict" in r else dict(image=r["key"].rsplit("#", 1)[0], verdict="failed", failure=r.get("error"))
 
 # %% ../../nbs/06g_triage.cli.ipynb #345400d1
 def _split(names: list[str] | None) -> list[str] | None:
     return [n.strip() for x in names or [] for n in x.split(",") if n.strip()] or None
 
 def default_out(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
-                detectors: list[str] | None = None, root: str | Path = "forensicslab-analyze") -> Path:
-    "The output folder of one configuration: `root/<preset>-<hash of preset, backends and detectors>` (in the working folder)."
+                detectors: list[str] | None = None, root: str | Path = "forensicslab-analyze", provenance: bool = True,
+                reference: str | Path | None = None, trust: str | Path | None = None) -> Path:
+    "The output folder of one run identity: `root/<preset>-<hash of preset, backends, pool and provenance settings>` (in the working folder)."
     cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
-    manifest = dict(kind="analyze", configuration=cfg.model_dump(), detectors=check_detectors(detectors))
-    return Path(root) / f"{cfg.name}-{config_hash(manifest)[:8]}"
+    return Path(root) / f"{cfg.name}-{config_hash(run_identity(cfg, check_detectors(detectors), provenance, reference, trust))[:8]}"
 
 def _single(image: Path, config, auditor_backend, judge_backend, detectors, report, no_cache, as_json, controls=None,
-            out_dir: Path | None = None) -> int:
+            out_dir: Path | None = None, provenance: bool = True, reference: Path | None = None, trust: Path | None = None) -> int:
     "Analyse one image on the terminal (its case report into `out_dir`, or at `report`); returns the exit status."
-    img, dets, cards, res = analyze_image(image, config, auditor_backend, judge_backend, detectors, cache=not no_cache, controls=controls)
+    with chat_context(case=Path(image).name):
+        img, dets, cards, res = analyze_image(image, config, auditor_backend, judge_backend, detectors, cache=not no_cache, controls=controls)
+    prov = case_provenance(img, dets, ReferenceIndex.load(reference) if (provenance and reference) else None, trust, provenance)
     out = Path(report) if report else (out_dir or default_out(config, auditor_backend, judge_backend, detectors)) / f"{Path(image).stem}.triage.html"
-    if as_json: typer.echo(res.model_dump_json(indent=1))
+    if as_json:
+        rec = json.loads(res.model_dump_json())
+        rec.update(file={k: v for k, v in file_facts(img).items()}, provenance=None if prov is None else evidence_json(prov))
+        typer.echo(json.dumps(rec, indent=1, default=str))
     else:
         typer.echo(f"image: {image}\nconfiguration: {res.config}")
         typer.echo("stage 0: " + stage0_line(dets))
@@ -194,10 +395,11 @@ def _single(image: Path, config, auditor_backend, judge_backend, detectors, repo
             typer.echo("stage 1: kept " + (", ".join(k for k, a in res.audits.items() if a.keep) or "none")
                        + "; dropped " + (", ".join(k for k, a in res.audits.items() if not a.keep) or "none"))
         for line in verdict_lines(res, dets, cards): typer.echo(line)
+        for ev in (prov or {}).values(): typer.echo(f"provenance: {ev.line()}")
         if res.usage.calls == 0: typer.echo(OFFLINE_LINE)
     status = 1 if res.verdict is None else 0
     try:
-        write_case_report(out, img, dets, cards, res, title=Path(image).name)
+        write_case_report(out, img, dets, cards, res, title=Path(image).name, provenance=prov)
         if not as_json: typer.echo(f"report: {out}")
     except OSError as e:
         typer.echo(f"error: the case report could not be written to {out}: {e.strerror or e}", err=True)
@@ -217,6 +419,11 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
                                                               "default ./forensicslab-analyze/<configuration>-<hash>, one per configuration."),
                 no_cache: bool = typer.Option(False, "--no-cache", hidden=True, help="Deprecated spelling of --cache off."),
                 as_json: bool = typer.Option(False, "--json", help="Print each case record as JSON (one line per image in a batch)."),
+                reference: Optional[Path] = typer.Option(None, help="Reference folder to search for near-duplicates (crop, recompression, "
+                                                                    "edit of a reference image); index it once with `forensicslab index build`."),
+                trust: Optional[Path] = typer.Option(None, help="PEM file of trust anchors for Content Credentials (default: "
+                                                                "$FORENSICSLAB_C2PA_TRUST, else none: signers reported as not on a trust list)."),
+                no_provenance: bool = typer.Option(False, "--no-provenance", help="Do not read provenance (C2PA, metadata, JPEG history)."),
                 controls=None):
     """Analyse images: the detector pool and a triage configuration, the verdict, and a case report per image.
     The model run controls (`--backend auditor=SPEC`, `--max-tokens`, `--timeout`, ...) apply to every model call."""
@@ -229,23 +436,35 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
             auditor_backend = auditor_backend or controls.backends.get("auditor") or controls.backends.get("*")
         if controls is not None and kind in ("pipeline", "single"):
             judge_backend = judge_backend or controls.backends.get("judge" if kind == "pipeline" else "single") or controls.backends.get("*")
-        files = expand_inputs(paths)
-        target = out or default_out(config, auditor_backend, judge_backend, dets)
-        if len(files) == 1 and not paths[0].is_dir():
-            raise typer.Exit(_single(files[0], config, auditor_backend, judge_backend, dets, report, no_cache, as_json, controls, target))
-        rows = analyze_batch(files, target, config, auditor_backend, judge_backend, dets, cache=not no_cache, progress=not as_json,
-                             controls=controls)
+        if reference is not None and not reference.is_dir(): raise AnalyzeError(f"--reference {reference}: no such folder")
+        inputs = collect_inputs(paths)
+        if not inputs.files:
+            why = "; ".join(f"{p}: {w}" for p, w in inputs.skipped[:5])
+            raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}" + (f" ({why})" if why else ""))
+        target = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust)
+        if len(inputs.files) == 1 and not paths[0].is_dir():
+            raise typer.Exit(_single(inputs.files[0][0], config, auditor_backend, judge_backend, dets, report, no_cache, as_json, controls,
+                                     target, not no_provenance, reference, trust))
+        for p, w in inputs.skipped:
+            if not as_json: typer.echo(f"skipped {p}: {w}", err=True)
+        rows = analyze_batch(paths, target, config, auditor_backend, judge_backend, dets, cache=not no_cache, progress=not as_json,
+                             controls=controls, provenance=not no_provenance, reference=reference, trust=trust)
     except typer.Exit: raise
     except ImageError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     except (ForensicsLabError, KeyError, ValueError) as e:
         typer.echo(f"error: {e.args[0] if e.args else e}", err=True)
+        if out is not None or paths and len(paths) > 1 or paths[0].is_dir():
+            t = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust)
+            if (Path(t) / "index.html").is_file() and "stopped" in (Path(t) / "index.html").read_text(encoding="utf-8"):
+                typer.echo(f"the finished images are in {Path(t) / 'index.html'}; run the same command again to resume", err=True)
         raise typer.Exit(2)
     for r in rows:
-        if as_json: typer.echo(json.dumps({k: r.get(k) for k in ("image", "verdict", "decisive", "score", "region", "failure", "report", "record")}, default=str))
+        if as_json: typer.echo(json.dumps({k: r.get(k) for k in ("image", "verdict", "decisive", "score", "region", "failure", "report", "sha256",
+                                                                 "flags", "provenance", "record")}, default=str))
         else: typer.echo(f"{r['verdict'].upper():12s} {r['image']}" + (f"  ({r['decisive']})" if r.get("decisive") else "")
-                         + (f"  {r['failure']}" if r.get("failure") else ""))
+                         + (f"  [{'; '.join(r['flags'])}]" if r.get("flags") else "") + (f"  {r['failure']}" if r.get("failure") else ""))
     n_failed = sum(r["verdict"] == "failed" or bool(r.get("failure")) for r in rows)
     if not as_json:
         typer.echo(f"{len(rows)} images, {n_failed} failed; results: {target / 'results.csv'}; index: {target / 'index.html'}")
