@@ -525,3 +525,26 @@ def test_auditor_outage_then_recovery_leaves_no_case_on_missing_auditors(tmp_pat
     rows = again[("complete", "id")]
     assert all(r["status"] == "ok" and not r.get("missing_auditors") and r["attempts"] == 2 for r in rows)
     assert all("noise" in r["failure_history"][0] for r in rows) and run_totals(again).iloc[0].missing_auditors == 0
+
+
+def test_event_table_and_decomposition_from_real_rows(tmp_path):
+    "Offline run rows carry the fired detectors; the triage table counts them and the decomposition adds up to Table 4's change."
+    from forensicslab.triage.study import change_decomposition, fire_events, run_grid, table4, triage_table
+    samples, ev = _two_samples(tmp_path), Evidence(tmp_path / "detcache")
+    cfgs = offline_configs()
+    res, _ = run_grid(cfgs, {"id": samples}, ev, tmp_path / "out", progress=False)
+    rows = res[("rules", "id")]
+    fired = {r["sample"]: set(r["fired"]) for r in rows}
+    for s in samples:   # the rows' fired sets are the detections' own
+        _, dets, _, _ = ev(s.image)
+        assert fired[s.id] == {k for k, d in dets.items() if d.status == "ok" and d.fired}
+    e = fire_events(rows)
+    assert len(e) == sum(len(v) for v in fired.values())
+    assert not fire_events(res[("fusion", "id")]).dropped.any()              # no auditors: nothing dropped (the control)
+    t = triage_table(rows, n_boot=20)
+    assert t[t.detector == "all"].events.sum() == len(e)
+    _, raw = table4(res, {c.name: c for c in cfgs}, n_boot=0)
+    d = change_decomposition(rows, res[("fusion", "id")])
+    r = raw.set_index("config")
+    for m in ("specificity", "recall"):
+        assert abs(d[d.metric == m].change_pts.sum() - 100 * (r.loc["rules", m] - r.loc["fusion", m])) < 1e-9
