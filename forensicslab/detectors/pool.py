@@ -32,16 +32,17 @@ from PIL import Image, ImageDraw, ImageFont
 from pydantic import ValidationError
 
 import forensicslab
-from ..core import Detection, Detector, ForensicsLabError, ToolCard, jsonable
+from ..core import FAMILIES, Detection, Detector, ForensicsLabError, ToolCard, jsonable, register_family
 from ..imageio import ImageSource, LoadedImage, fit_within, load_image
 
 # %% auto #0
-__all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'DEFAULT_MAX_SIDE', 'DEFAULT_TIMEOUT', 'CardError',
-           'DetectorNotFound', 'available_cards', 'card_from_dict', 'load_card', 'identity', 'logistic', 'two_sided',
-           'linear', 'parse_normalisation', 'normalise', 'check_heatmap', 'make_detection', 'register', 'unregister',
-           'discover', 'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
-           'DetectionCache', 'cache_version', 'default_cache_dir', 'limit_threads', 'run_pool', 'jet', 'blend',
-           'heatmap_panel', 'composite_panels', 'write_panels']
+__all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'OPT_IN', 'OPT_IN_PACKAGES', 'DEFAULT_MAX_SIDE',
+           'DEFAULT_TIMEOUT', 'CardError', 'DetectorNotFound', 'available_cards', 'card_from_dict', 'load_card',
+           'card_max_side', 'identity', 'logistic', 'two_sided', 'linear', 'parse_normalisation', 'normalise',
+           'check_heatmap', 'make_detection', 'register', 'unregister', 'discover', 'discovery_errors',
+           'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key', 'DetectionCache', 'cache_version',
+           'default_cache_dir', 'limit_threads', 'run_pool', 'jet', 'blend', 'heatmap_panel', 'composite_panels',
+           'write_panels']
 
 # %% ../../nbs/04_detectors.pool.ipynb #0a6ba169
 CARDS_DIR = Path(forensicslab.__file__).parent / "detectors" / "builtin"
@@ -59,11 +60,23 @@ def available_cards(cards_dir: str | Path | None = None) -> list[str]:
     d = Path(cards_dir or CARDS_DIR)
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
+def _card_families(fams, source: str) -> None:
+    "Register the families a card declares (`families: {name: description}` or `{name: {description, parent}}`)."
+    if not isinstance(fams, dict): raise CardError(f"{source}: `families` must map family names to descriptions")
+    for name, v in fams.items():
+        desc, parent = (v.get("description", ""), v.get("parent")) if isinstance(v, dict) else (str(v), None)
+        if name in FAMILIES: continue
+        try: register_family(str(name), desc or str(name), parent)
+        except ValueError as e: raise CardError(f"{source}: family {name!r}: {e}") from None
+
 def card_from_dict(data: dict, source: str = "<dict>") -> ToolCard:
-    "Validate a card mapping (from YAML, JSON or a remote server) into a `ToolCard`; errors name `source`."
+    """Validate a card mapping (from YAML, JSON or a remote server) into a `ToolCard`; errors name `source`.
+    A card may bring new manipulation families (`families: {name: description or {description, parent}}`),
+    registered before its scope is checked, and a working size (`max_side`, read by `card_max_side`)."""
     if not isinstance(data, dict):
         raise CardError(f"{source}: a tool card must be a mapping of fields, got {type(data).__name__}")
-    data = {k: (str(v) if k == "version" and v is not None else v) for k, v in data.items()}
+    if "families" in data: _card_families(data["families"], source)
+    data = {k: (str(v) if k == "version" and v is not None else v) for k, v in data.items() if k not in ("families", "max_side")}
     try: card = ToolCard.model_validate(data)
     except ValidationError as e:
         probs = "; ".join(f"{'.'.join(map(str, er['loc'])) or 'card'}: {er['msg']}" for er in e.errors())
@@ -84,6 +97,18 @@ def load_card(id: str, cards_dir: str | Path | None = None) -> ToolCard:
     card = card_from_dict(data, str(path))
     if card.id != id: raise CardError(f"{path}: the card's id is {card.id!r} but the file is named for {id!r}")
     return card
+
+_UNSET = object()
+
+def card_max_side(data: dict, source: str = "<dict>"):
+    """The working size a card mapping declares: `max_side: N` (long side in pixels the detector wants at most),
+    `max_side: null` (full resolution, never shrunk), or `_UNSET` when it says nothing (the pool's default applies)."""
+    if not isinstance(data, dict) or "max_side" not in data: return _UNSET
+    v = data["max_side"]
+    if v is None: return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 16:
+        raise CardError(f"{source}: max_side must be a whole number of pixels >= 16, or null for full resolution; got {v!r}")
+    return v
 
 # %% ../../nbs/04_detectors.pool.ipynb #47f05a1d
 def identity(x: float) -> float:
@@ -166,9 +191,14 @@ _LOCK = threading.RLock()
 _discovered = False
 DISCOVERY_HOOKS: list[Callable[[], None]] = []
 "Functions `discover` calls last (`forensicslab.detectors.remote` adds the remotes named in the environment)."
+OPT_IN: set[str] = set()
+"Registered ids left out of the default pool (`list_detectors()`): detectors that need the user's downloaded weights."
+OPT_IN_PACKAGES = ("forensicslab.detectors.paper.",)
+"Modules whose detectors register opt-in: the paper's adapters (they join a run by name or through `--pool paper`)."
 
-def register(id: str, *, replace: bool = False):
-    "Class decorator: register a detector class (or zero-argument factory) under `id`."
+def register(id: str, *, replace: bool = False, opt_in: Optional[bool] = None):
+    """Class decorator: register a detector class (or zero-argument factory) under `id`. `opt_in=True` keeps it out of
+    the default pool (default: opt-in when it is defined in one of `OPT_IN_PACKAGES`)."""
     def deco(cls):
         if isinstance(cls, type):
             card = getattr(cls, "card", None)
@@ -187,6 +217,8 @@ def register(id: str, *, replace: bool = False):
                 raise ValueError(f"a detector is already registered as {id!r} ({old!r}); pick another id or pass replace=True")
             _FACTORIES[id] = cls
             _INSTANCES.pop(id, None)
+            if opt_in if opt_in is not None else str(getattr(cls, "__module__", "")).startswith(OPT_IN_PACKAGES): OPT_IN.add(id)
+            else: OPT_IN.discard(id)
         return cls
     return deco
 
@@ -195,6 +227,7 @@ def unregister(id: str) -> None:
     with _LOCK:
         _FACTORIES.pop(id, None)
         _INSTANCES.pop(id, None)
+        OPT_IN.discard(id)
 
 def discover(force: bool = False) -> None:
     "Import every module of `forensicslab/detectors/builtin/` and load the `forensicslab.detectors` entry points."
@@ -222,10 +255,11 @@ def discovery_errors() -> dict[str, str]:
     discover()
     return dict(_ERRORS)
 
-def list_detectors() -> list[str]:
-    "Ids of every registered detector (built-ins, plug-ins and remote ones), sorted."
+def list_detectors(include_opt_in: bool = False) -> list[str]:
+    """Ids of the default pool (built-ins, plug-ins and remote ones), sorted; `include_opt_in` adds the opt-in
+    detectors (`OPT_IN`: the paper's adapters, which need downloaded weights)."""
     discover()
-    return sorted(_FACTORIES)
+    return sorted(k for k in _FACTORIES if include_opt_in or k not in OPT_IN)
 
 def get_detector(name: str) -> Detector:
     "The (shared) instance of the detector registered as `name`."
