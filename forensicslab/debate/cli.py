@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from ..core import ForensicsLabError, Sample
-from .records import STRATEGIES, DebateConfig, DebateResult
+from .records import STRATEGIES, DebateConfig, DebateError, DebateResult
 from .retrieval import LocalIndex, PageHit, make_retriever
 from .data import FETCH, build_teaching_set, fetch_dataset
 from .rules import OfflinePairDebate, teaching_photos
@@ -87,7 +87,7 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
     "Debate whether CAPTION puts IMAGE in a false context; prints the transcript, sources, unresolved flag and total cost."
     mode = "off" if no_cache else cache
     try:
-        if mode not in CACHE_MODES: raise ValueError(f"--cache {mode!r}: use one of {', '.join(CACHE_MODES)} (the folder is --cache-dir)")
+        if mode not in CACHE_MODES: raise DebateError(f"--cache {mode!r}: use one of {', '.join(CACHE_MODES)} (the folder is --cache-dir)")
         load_image(image)
         cfg = DebateConfig(strategy=strategy, retrieval=retrieval != "none", n_agents=agents, max_rounds=rounds, sample=sample)
         with cache_root(cache_dir):

@@ -27,12 +27,15 @@ import forensicslab
 from .retrieval import LocalIndex, PageHit
 
 # %% auto #0
-__all__ = ['DOWNLOADS', 'FETCH_NAMES', 'VERITE_SUBSETS', 'FETCH', 'TEACHING_KINDS', 'LOADERS', 'OOCDataset', 'dataset_root',
-           'load_verite', 'write_verite_fixture', 'article_split', 'load_newsclippings', 'write_newsclippings_fixture',
-           'load_mmfakebench', 'write_mmfakebench_fixture', 'build_source_index', 'FetchError', 'fetch_dataset',
-           'teaching_captions', 'build_teaching_set', 'load_ooc']
+__all__ = ['DOWNLOADS', 'FETCH_NAMES', 'VERITE_SUBSETS', 'FETCH', 'TEACHING_KINDS', 'LOADERS', 'DatasetError', 'OOCDataset',
+           'dataset_root', 'load_verite', 'write_verite_fixture', 'article_split', 'load_newsclippings',
+           'write_newsclippings_fixture', 'load_mmfakebench', 'write_mmfakebench_fixture', 'build_source_index',
+           'FetchError', 'fetch_dataset', 'teaching_captions', 'build_teaching_set', 'load_ooc']
 
 # %% ../../nbs/07b_debate.data.ipynb #1409f321
+class DatasetError(ForensicsLabError, ValueError):
+    "A dataset argument or file that is not what it should be (unknown name, split or subset; missing columns or fields)."
+
 @dataclass
 class OOCDataset:
     "Image-caption pairs with optional row-aligned image and text embeddings (L2-normalised)."
@@ -47,7 +50,7 @@ class OOCDataset:
         for a in ("image_emb", "text_emb"):
             v = getattr(self, a)
             if v is not None and len(v) != len(self.samples):
-                raise ValueError(f"{self.name}: {a} has {len(v)} rows for {len(self.samples)} samples")
+                raise DatasetError(f"{self.name}: {a} has {len(v)} rows for {len(self.samples)} samples")
 
     def __len__(self): return len(self.samples)
 
@@ -115,13 +118,13 @@ _VERITE_FAMILY = {"true": None, "miscaptioned": "miscaptioned", "out-of-context"
 
 def load_verite(root: str | Path | None = None, subset: str = "all", embeddings: bool = True) -> OOCDataset:
     "VERITE pairs as samples; with the CLIP ViT-L/14 embeddings when present (required when the images are absent)."
-    if subset not in VERITE_SUBSETS: raise ValueError(f"unknown VERITE subset {subset!r}; use one of {list(VERITE_SUBSETS)}")
+    if subset not in VERITE_SUBSETS: raise DatasetError(f"unknown VERITE subset {subset!r}; use one of {list(VERITE_SUBSETS)}")
     root = dataset_root("verite", root)
     df = pd.read_csv(_need(root / "VERITE.csv", "verite"), index_col=0)
     missing = {"caption", "image_path", "label"} - set(df.columns)
-    if missing: raise ValueError(f"{root/'VERITE.csv'}: missing columns {sorted(missing)}")
+    if missing: raise DatasetError(f"{root/'VERITE.csv'}: missing columns {sorted(missing)}")
     bad = set(df.label) - set(_VERITE_FAMILY)
-    if bad: raise ValueError(f"{root/'VERITE.csv'}: unknown labels {sorted(bad)}")
+    if bad: raise DatasetError(f"{root/'VERITE.csv'}: unknown labels {sorted(bad)}")
     art = df.image_path.str.extract(r"(true|false)_(\d+)\.")
     samples = [Sample(id=f"verite-{i}", image=r.image_path, caption=r.caption, label=int(r.label != "true"),
                       family=_VERITE_FAMILY[r.label], dataset="verite", split="test",
@@ -158,7 +161,7 @@ def write_verite_fixture(root: str | Path, n_articles: int = 2, dim: int = 8, se
 # %% ../../nbs/07b_debate.data.ipynb #8ebcd97c
 def article_split(ds: OOCDataset, fit_fraction: float = 0.3, seed: int = 0) -> tuple[OOCDataset, OOCDataset]:
     "Split into (fit, test) parts by `provenance['article']` (or the sample id when absent), seeded."
-    if not 0 < fit_fraction < 1: raise ValueError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
+    if not 0 < fit_fraction < 1: raise DatasetError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
     groups = np.array([str(s.provenance.get("article", s.id)) for s in ds.samples])
     uniq = np.unique(groups)
     rng = np.random.default_rng(seed)
@@ -170,12 +173,12 @@ def article_split(ds: OOCDataset, fit_fraction: float = 0.3, seed: int = 0) -> t
 def load_newsclippings(root: str | Path | None = None, split: str = "test", variant: str = "merged_balanced",
                        limit: Optional[int] = None) -> OOCDataset:
     "NewsCLIPpings pairs (default: the merged-balanced test split) over the VisualNews layout."
-    if split not in ("train", "val", "test"): raise ValueError(f"split must be train, val or test, got {split!r}")
+    if split not in ("train", "val", "test"): raise DatasetError(f"split must be train, val or test, got {split!r}")
     root = dataset_root("newsclippings", root)
     ann_path = _need(root / "news_clippings" / "data" / variant / f"{split}.json", "newsclippings")
     vn_path = _need(root / "visual_news" / "origin" / "data.json", "newsclippings")
     try: anns = json.loads(ann_path.read_text())["annotations"]
-    except (json.JSONDecodeError, KeyError) as e: raise ValueError(f"{ann_path}: not a NewsCLIPpings annotation file ({e})") from None
+    except (json.JSONDecodeError, KeyError) as e: raise DatasetError(f"{ann_path}: not a NewsCLIPpings annotation file ({e})") from None
     if limit: anns = anns[:limit]
     vn = {int(e["id"]): e for e in json.loads(vn_path.read_text())}
     origin = vn_path.parent
@@ -183,7 +186,7 @@ def load_newsclippings(root: str | Path | None = None, split: str = "test", vari
     for a in anns:
         cap, img = vn.get(int(a["id"])), vn.get(int(a["image_id"]))
         if cap is None or img is None:
-            raise ValueError(f"{ann_path}: annotation {a} names VisualNews ids missing from {vn_path}")
+            raise DatasetError(f"{ann_path}: annotation {a} names VisualNews ids missing from {vn_path}")
         fals = bool(a["falsified"])
         samples.append(Sample(
             id=f"newsclippings-{split}-{a['id']}-{a['image_id']}", image=str((origin / img["image_path"]).resolve()),
@@ -236,9 +239,9 @@ def load_mmfakebench(root: str | Path | None = None, split: str = "val", limit: 
     samples = []
     for i, r in enumerate(recs):
         try: gt, cls = str(r["gt_answers"]), r["fake_cls"]
-        except KeyError as e: raise ValueError(f"{path}, record {i}: missing field {e}") from None
+        except KeyError as e: raise DatasetError(f"{path}, record {i}: missing field {e}") from None
         if gt not in ("True", "Fake") or cls not in _MMFB_FAMILY:
-            raise ValueError(f"{path}, record {i}: unexpected gt_answers={gt!r} / fake_cls={cls!r}")
+            raise DatasetError(f"{path}, record {i}: unexpected gt_answers={gt!r} / fake_cls={cls!r}")
         rel = str(r["image_path"]).lstrip("/")
         img = next((b / rel for b in (path.parent, root) if (b / rel).exists()), path.parent / rel)
         samples.append(Sample(id=f"mmfakebench-{split}-{i}", image=str(img), caption=r["text"], label=int(gt == "Fake"),
@@ -267,7 +270,7 @@ def build_source_index(ds: OOCDataset, path: str | Path | None = None):
         img = str(s.image_path(ds.root))
         if img in seen: continue
         cap = s.provenance.get("image_source_caption")
-        if cap is None: raise ValueError(f"{ds.name}: sample {s.id} has no source caption in its provenance (NewsCLIPpings only)")
+        if cap is None: raise DatasetError(f"{ds.name}: sample {s.id} has no source caption in its provenance (NewsCLIPpings only)")
         art = s.provenance.get("image_article")
         art_path = (ds.root / "visual_news" / "origin" / art) if art else None
         text = art_path.read_text(errors="replace") if art_path is not None and art_path.is_file() else cap
@@ -415,5 +418,5 @@ LOADERS = {"verite": load_verite, "newsclippings": load_newsclippings, "mmfakebe
 
 def load_ooc(name: str, root: str | Path | None = None, **kw) -> OOCDataset:
     "Load an out-of-context dataset by name (`verite`, `newsclippings`, `mmfakebench`, or the built `teaching` set)."
-    if name not in LOADERS: raise ValueError(f"unknown dataset {name!r}; known: {sorted(LOADERS)}")
+    if name not in LOADERS: raise DatasetError(f"unknown dataset {name!r}; known: {sorted(LOADERS)}")
     return LOADERS[name](root, **kw)

@@ -42,9 +42,9 @@ from ..imageio import load_image, LoadedImage
 # %% auto #0
 __all__ = ['METADATA_HOSTS', 'FACT_CHECK_DOMAINS', 'phash', 'dhash', 'hamming', 'PageHit', 'RetrievalResult', 'extract_text',
            'looks_english', 'split_sentences', 'ExtractiveSummarizer', 'ContextSummary', 'ChatSummarizer',
-           'ReverseImageSearch', 'LocalIndex', 'RetrievalError', 'GoogleVisionWeb', 'BingVisualSearch',
-           'local_web_server', 'UnsafeAddress', 'PageDeadline', 'check_public_url', 'fetch_page', 'ExclusionPolicy',
-           'Retriever', 'EmbeddingArchive', 'ExtractiveQA', 'QAAnswer', 'ChatQA', 'make_retriever']
+           'ReverseImageSearch', 'RetrievalConfigError', 'LocalIndex', 'RetrievalError', 'GoogleVisionWeb',
+           'BingVisualSearch', 'local_web_server', 'UnsafeAddress', 'PageDeadline', 'check_public_url', 'fetch_page',
+           'ExclusionPolicy', 'Retriever', 'EmbeddingArchive', 'ExtractiveQA', 'QAAnswer', 'ChatQA', 'make_retriever']
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #cdb7d248
 def _grey(image) -> Image.Image:
@@ -221,6 +221,9 @@ def _variants(img: Image.Image) -> list[Image.Image]:
 
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #e38da8f5
+class RetrievalConfigError(ForensicsLabError, ValueError):
+    "Retrieval configured wrongly: an unknown spec, a missing index file, embeddings and texts that do not match."
+
 class LocalIndex:
     "Offline reverse image search over a corpus of images and their source pages (pHash + dHash, crop variants)."
     name = "local"
@@ -265,7 +268,7 @@ class LocalIndex:
     @classmethod
     def load(cls, path: str | Path) -> "LocalIndex":
         path = Path(path)
-        if not path.exists(): raise FileNotFoundError(f"no local retrieval index at {path}; build one with LocalIndex().add(...).save(path)")
+        if not path.exists(): raise RetrievalConfigError(f"no local retrieval index at {path}; build one with LocalIndex().add(...).save(path)")
         d = json.loads(path.read_text())
         ix = cls(d["max_phash"], d["max_dhash"])
         ix.entries = d["entries"]
@@ -574,7 +577,7 @@ class EmbeddingArchive:
     def __init__(self, embeddings: np.ndarray, texts: Sequence[str], groups: Sequence[Any] | None = None,
                  urls: Sequence[str] | None = None):
         self.emb = np.asarray(embeddings, np.float32)
-        if len(self.emb) != len(texts): raise ValueError(f"{len(self.emb)} embeddings for {len(texts)} texts")
+        if len(self.emb) != len(texts): raise RetrievalConfigError(f"{len(self.emb)} embeddings for {len(texts)} texts")
         self.texts = list(texts)
         self.groups = np.asarray(groups if groups is not None else np.arange(len(texts)), dtype=object)
         self.urls = list(urls) if urls is not None else [f"archive://{i}" for i in range(len(texts))]
@@ -632,6 +635,6 @@ def make_retriever(spec: str, cache_dir: str | Path | None = None, summarizer=No
     if kind == "local": backend = LocalIndex.load(arg)
     elif kind == "google": backend = GoogleVisionWeb(**({"endpoint": arg} if arg else {}))
     elif kind == "bing": backend = BingVisualSearch(**({"endpoint": arg} if arg else {}))
-    else: raise ValueError(f"unknown retrieval spec {spec!r}; use none, local:<index.json>, google[@url] or bing[@url]")
+    else: raise RetrievalConfigError(f"unknown retrieval spec {spec!r}; use none, local:<index.json>, google[@url] or bing[@url]")
     if summarizer is None and chat is not None: summarizer = ChatSummarizer(chat, temperature=0)
     return Retriever(backend, summarizer=summarizer, cache_dir=cache_dir, k=k)

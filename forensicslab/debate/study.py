@@ -23,7 +23,7 @@ from .rules import OfflineError, OfflineViews
 from .agents import DebateInput, models_from_spec, run_debate
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'BY_CONSTRUCTION', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'debate_case_fn',
+__all__ = ['CONVENTIONS', 'BY_CONSTRUCTION', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'paper_cost', 'debate_case_fn',
            'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'data_spec', 'publish_table',
            'llm_rows', 'compare', 'equal_rows', 'offline_table']
 
@@ -61,17 +61,25 @@ def paper_str(v) -> str:
     "A paper triple as 'acc / prec / rec' (dashes where not reported)."
     return "n/a" if v is None else " / ".join("-" if x is None else f"{x:.1f}" for x in v)
 
+def paper_cost() -> str:
+    "The paper's cost and latency of one sample (`paper/cost.yaml`, read through `paper_numbers`), as one line."
+    c = paper_numbers("debate", "cost")
+    lo, hi = c["latency_s"]
+    return f"${c['usd_per_sample']:.2f} and {lo}-{hi} s per sample with {c['backbone']}"
+
+
 # %% ../../nbs/07f_debate.study.ipynb #f6f5fcd0
 def debate_case_fn(models, config: DebateConfig, retriever=None, image_root=None, judge=None, qa=None) -> Callable[[Sample], dict]:
-    "The case function of a debate run: sample -> results row."
+    "The case function of a debate run: sample -> results row (with the pages retrieval kept out, by cause; a sample's `provenance['own_sources']` are excluded)."
     def fn(sample: Sample) -> dict:
         ctx = None
         if config.retrieval and retriever is not None:
             img = sample.image_path(image_root)
-            ctx = retriever.retrieve(img) if img.exists() else None
+            ctx = retriever.retrieve(img, own_sources=sample.provenance.get("own_sources", ())) if img.exists() else None
         res = run_debate(DebateInput(sample, ctx, image_root), models, config, judge=judge, qa=qa)
+        excl = ctx.exclusions() if ctx else {}
         return res.row(label=sample.label, family=sample.family, dataset=sample.dataset,
-                       retrieved_pages=len(ctx.pages) if ctx else 0)
+                       retrieved_pages=len(ctx.pages) if ctx else 0, excluded_pages=sum(excl.values()), exclusions=excl)
     return fn
 
 def run_llm_setup(ds, models: Sequence[ChatModel] | ChatModel, config: DebateConfig, folder: str | Path, retriever=None,
@@ -157,6 +165,7 @@ def llm_rows(backend: str, ds, setups: Sequence[tuple], runs_dir: str | Path, ca
                           rows, paper(name, cfg) if paper else None, n_boot)
         row["sources (first pair)"] = ("; ".join(rows[0].get("sources") or []) or "-") if rows else "-"
         row["retrieval errors"] = sum(bool(r.get("retrieval_error")) for r in rows)
+        row["paper cost and latency"] = paper_cost()
         out.append(row)
     return out, None
 
