@@ -708,3 +708,21 @@ def test_one_pooled_client_per_endpoint():
         close_clients()
         assert _http_client() is not first and first.is_closed     # a closed client is never handed out again
         assert oai(url).chat("again", schema=Verdict).parsed.verdict == "manipulated"
+
+
+def test_hf_checkpoint_without_a_chat_template_says_so_in_one_line_and_takes_a_named_one(tmp_path):
+    "Issue 33 item 5: a base checkpoint without a template (Gemma 3 270M's GGUF) is one line, fixed by `chat_template=`."
+    from forensicslab.chat.backends import CHAT_TEMPLATES
+    from forensicslab.core import ForensicsLabError
+    folder = _tiny_text_llm(tmp_path / "no-template")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for f in folder.glob("chat_template.*"): f.unlink()
+    with pytest.raises(ForensicsLabError, match="no chat template") as e:
+        gm(f"hf:{folder}", device="cpu", structured="prompt").chat("hi", max_tokens=2)
+    assert "\n" not in str(e.value) and "gemma" in str(e.value)
+    r = gm({"backend": "hf", "model": str(folder), "chat_template": "chatml", "device": "cpu", "structured": "prompt"}).chat("hi", max_tokens=3)
+    assert r.output_tokens <= 3 and set(CHAT_TEMPLATES) >= {"gemma", "chatml"}
+    with pytest.raises(ForensicsLabError, match="neither"):
+        gm({"backend": "hf", "model": str(folder), "chat_template": "nonesuch"})

@@ -462,10 +462,12 @@ def _trace(self: Model, ctx, step, prepared, params, schema, comp: Optional[Comp
 
 @patch
 def _checked_exchange(self: Model, prepared, schema, params, ctx, step):
-    "`_exchange`, tracing a failure (without any reply text) before it propagates."
+    "`_exchange`, tracing a failure (without any reply text, with the time it took) before it propagates."
+    t0 = time.perf_counter()
     try: return self._exchange(prepared, schema, params, ctx, step)
     except (ChatFailure, CacheMiss, BudgetExceeded) as e:
         info = {k: getattr(e, k, 0) for k in ("attempts", "input_tokens", "output_tokens", "cost_usd")}
+        info["latency_s"] = time.perf_counter() - t0
         self._trace(ctx, step, prepared, params, schema, None, {**info, "usage_unknown": getattr(e, "usage_unknown", False)},
                     status="blocked" if isinstance(e, Blocked) else "error", error=redact(f"{type(e).__name__}: {e}"),
                     **({"blocked_reason": e.reason} if isinstance(e, Blocked) else {}))
