@@ -97,6 +97,10 @@ def _pick(src: WeightsSource, path: Path) -> FileSpec:
 
 def _verify(src: WeightsSource, fs: FileSpec, path: Path, unverified: bool) -> tuple[bool, str]:
     if not fs.checksums: return False, "the authors publish no checksum for this file"
+    if fs.download and path.name != fs.download and fs.member and not zipfile.is_zipfile(path):
+        if unverified: return False, f"the user's own file (--unverified); the authors publish a checksum of {fs.download} only"
+        raise WeightsError(f"{src.id}: the authors publish a checksum of {fs.download} only; add that archive to verify it "
+                           f"(download: {fs.url or src.page}), or this file with --unverified")
     got = file_digests(path, tuple(fs.checksums))
     if all(got[a] == v.lower() for a, v in fs.checksums.items()): return True, f"matches the published {', '.join(fs.checksums)}"
     if unverified: return False, "the user's own file (--unverified): does not match the published checksum"
@@ -115,9 +119,10 @@ def add_weights(det_id: str, file: str | Path, unverified: bool = False) -> dict
     target, tmp = folder / fs.name, folder / (fs.name + ".part")
     if fs.member and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
-            if fs.member not in z.namelist():
+            names = [n for n in z.namelist() if n == fs.member or n.endswith("/" + Path(fs.member).name)]
+            if not names:
                 raise WeightsError(f"{det_id}: {path.name} has no member {fs.member}; expected the authors' archive from {src.page}")
-            with z.open(fs.member) as r, open(tmp, "wb") as w: shutil.copyfileobj(r, w)
+            with z.open(names[0]) as r, open(tmp, "wb") as w: shutil.copyfileobj(r, w)
     else: shutil.copyfile(path, tmp)
     try:
         if src.check is not None: src.check(tmp)
@@ -181,4 +186,4 @@ def golden_tensor(key: str, shape, dtype: str, seed: int) -> np.ndarray:
 
 def golden_state(manifest, seed: int) -> dict[str, torch.Tensor]:
     "A state dict from a manifest `[(key, shape, dtype), ...]`, deterministic per (seed, key)."
-    return {k: torch.from_numpy(np.ascontiguousarray(golden_tensor(k, s, d, seed))) for k, s, d in manifest}
+    return {k: torch.from_numpy(np.array(golden_tensor(k, s, d, seed))) for k, s, d in manifest}
