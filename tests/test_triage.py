@@ -484,23 +484,6 @@ def test_analyze_exit_codes_and_unwritable_report(tmp_path):
     assert r.exit_code == 2 and "registered:" in r.output
 
 
-def test_analyze_batch_over_folders(tmp_path):
-    from typer.testing import CliRunner
-    from forensicslab.cli import app
-    (tmp_path / "in" / "sub").mkdir(parents=True)
-    Image.fromarray(skdata.coffee()[:200, :300]).save(tmp_path / "in" / "a.png")
-    Image.fromarray(skdata.chelsea()[:200, :300]).save(tmp_path / "in" / "sub" / "b.jpg")
-    out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["analyze", str(tmp_path / "in"), "--out", str(out), "--detectors", "noise", "--detectors", "spectral", "--json"])
-    assert r.exit_code == 0, r.output
-    lines = [json.loads(l) for l in r.output.splitlines() if l.startswith('{"image"')]
-    assert [Path(x["image"]).name for x in lines] == ["a.png", "b.jpg"] and all(x["verdict"] in ("authentic", "manipulated") for x in lines)
-    assert set(lines[0]["record"]["audits"]) == {"noise", "spectral"}
-    index = (out / "index.html").read_text()
-    assert index.count("report</a>") == 2 and all((out / x["report"]).is_file() for x in lines)
-    assert len((out / "results.csv").read_text().splitlines()) == 3
-
-
 def test_auditor_outage_then_recovery_leaves_no_case_on_missing_auditors(tmp_path):
     "Auditor calls fail (judge fine), then recover: first run marks the cases for retry and counts missing auditors; the resume re-asks them."
     from forensicslab.chat.testing import Fault, openai_server
