@@ -296,7 +296,7 @@ def face_edit(host: np.ndarray, box, rng: np.random.Generator, kind: str, donors
         region = win > 0  # the support of the displacement field (its centre may stay put)
         out = np.where(region[..., None], out, host)
         return Edit(out, region, {"kind": kind, "mode": mode, "amount": a})
-    raise ValueError(f"unknown face edit {kind!r}; use self_blend, swap or warp")
+    raise BenchError(f"unknown face edit {kind!r}; use self_blend, swap or warp")
 
 # %% ../../nbs/03_data.bench.ipynb #760615df
 def jpeg_roundtrip(rgb: np.ndarray, quality: int, subsampling: int = 2) -> np.ndarray:
@@ -520,11 +520,11 @@ class BenchSizes:
     def validate(self):
         for k, v in asdict(self).items():
             vals = v.values() if isinstance(v, dict) else [v]
-            if any((not isinstance(x, int)) or x < 0 for x in vals): raise ValueError(f"BenchSizes.{k} must hold non-negative integers, got {v}")
+            if any((not isinstance(x, int)) or x < 0 for x in vals): raise BenchError(f"BenchSizes.{k} must hold non-negative integers, got {v}")
         for k in ("train_manipulated", "train_authentic"):
             bad = set(getattr(self, k)) - set(GROUPS)
-            if bad: raise ValueError(f"BenchSizes.{k}: unknown groups {sorted(bad)}; known: {list(GROUPS)}")
-        if self.image < 64 or self.image % 8: raise ValueError(f"BenchSizes.image must be a multiple of 8 and >= 64, got {self.image}")
+            if bad: raise BenchError(f"BenchSizes.{k}: unknown groups {sorted(bad)}; known: {list(GROUPS)}")
+        if self.image < 64 or self.image % 8: raise BenchError(f"BenchSizes.image must be a multiple of 8 and >= 64, got {self.image}")
         return self
 
 def spread(total: int, keys) -> dict[str, int]:
@@ -616,7 +616,7 @@ class _Maker:
             cd, donor = self._crop(rng, tuple(p for p in P if p != c.photo))
             e = splice(host, donor, rng, resample=(0.55, 0.85) if rng.random() < 0.5 else (1.2, 1.6))
             return _Made(e.rgb, e.mask, "PNG", None, "splice_no_cfa", fam, {**e.params, "demosaic": method}, [asdict(c), asdict(cd)], host)
-        raise KeyError(f"unknown group {group!r}; known: {list(GROUPS)}")
+        raise BenchError(f"unknown group {group!r}; known: {list(GROUPS)}")
 
     # --- OOD: other photos, parameters and generators, then post-processing ----------------
     def ood_item(self, rng, family: str, label: int) -> _Made:
@@ -678,7 +678,7 @@ class _Maker:
                 cd, donor = self._crop(rng, tuple(p for p in P if p != c.photo))
                 e = splice(host, donor, rng, area=(0.05, 0.14), feather=2.0)
                 m = _Made(e.rgb, e.mask, "PNG", None, "splice", family, {**e.params, **pre}, [asdict(c), asdict(cd)], host)
-        else: raise KeyError(f"unknown family {family!r}; known: {list(FAMILIES)}")
+        else: raise BenchError(f"unknown family {family!r}; known: {list(FAMILIES)}")
         return self._postprocess(m, rng)
 
     def _postprocess(self, m: _Made, rng) -> _Made:

@@ -14,8 +14,10 @@ from typing import Callable, Optional
 import numpy as np
 from PIL import Image
 
+from ..core import ForensicsLabError
+
 # %% auto #0
-__all__ = ['CATEGORIES', 'PHOTOS', 'FACE_BOXES', 'Photo', 'photo', 'shipped_photos', 'photos_in']
+__all__ = ['CATEGORIES', 'PHOTOS', 'FACE_BOXES', 'Photo', 'PhotoError', 'photo', 'shipped_photos', 'photos_in']
 
 # %% ../../nbs/02c_data.photos.ipynb #773b4c17
 def _skimage(name: str, index: int = 0) -> np.ndarray:
@@ -83,10 +85,14 @@ FACE_BOXES: dict[str, tuple[int, int, int, int]] = {n: p.face for n, p in PHOTOS
 
 
 # %% ../../nbs/02c_data.photos.ipynb #e619697e
+class PhotoError(ForensicsLabError, KeyError):
+    "An unknown photograph or category name."
+    def __str__(self): return str(self.args[0]) if self.args else ""
+
 @functools.lru_cache(maxsize=None)
 def photo(name: str) -> np.ndarray:
     "The pixels of shipped photograph `name` (read-only HxWx3 uint8; grey repeated to 3 channels)."
-    if name not in PHOTOS: raise KeyError(f"unknown photograph {name!r}; known: {sorted(PHOTOS)}")
+    if name not in PHOTOS: raise PhotoError(f"unknown photograph {name!r}; known: {sorted(PHOTOS)}")
     v = np.asarray(PHOTOS[name].load())
     v = np.repeat(v[..., None], 3, 2) if v.ndim == 2 else v[..., :3]
     v = np.ascontiguousarray(v, dtype=np.uint8)
@@ -99,5 +105,5 @@ def shipped_photos() -> dict[str, np.ndarray]:
 
 def photos_in(category: str) -> list[str]:
     "Names of the photographs of one category, in table order."
-    if category not in CATEGORIES: raise KeyError(f"unknown category {category!r}; known: {CATEGORIES}")
+    if category not in CATEGORIES: raise PhotoError(f"unknown category {category!r}; known: {CATEGORIES}")
     return [n for n, p in PHOTOS.items() if p.category == category]
