@@ -83,7 +83,7 @@ def one_repeat(calls: int, concurrency: int, latency: float, work: Path) -> dict
     reqs = requests(calls)
     with server_process(latency) as (url, hits):
         spec = f"openai-compatible:{url}#bench-vlm"
-        live = get_model(spec, cache="rw", cache_path=work / "chat.sqlite", concurrency=concurrency, timeout=30)
+        live = get_model(spec, {"cache": "rw", "cache_path": str(work / "chat.sqlite"), "concurrency": concurrency, "timeout": 30})
         # warm-up (untimed): start the worker threads and open the HTTP connections a long run would reuse
         live.chat_many([{"messages": f"warm up connection {i} client", "temperature": 0, "max_tokens": 1}
                         for i in range(concurrency)], workers=concurrency, return_exceptions=False)
@@ -91,7 +91,7 @@ def one_repeat(calls: int, concurrency: int, latency: float, work: Path) -> dict
         first = live.chat_many(reqs, workers=concurrency, return_exceptions=False)
         t_live = time.perf_counter() - t0
     hits_live = hits["n"] - concurrency
-    replay = get_model(spec, cache="replay", cache_path=work / "chat.sqlite", concurrency=concurrency)
+    replay = get_model(spec, {"cache": "replay", "cache_path": str(work / "chat.sqlite"), "concurrency": concurrency})
     passes = []
     for _ in range(REPLAY_PASSES):     # a replay pass takes milliseconds: time several, keep the median
         t0 = time.perf_counter()

