@@ -11,7 +11,6 @@ import email.utils
 import json
 import logging
 import random
-import re
 import socket
 import threading
 import time

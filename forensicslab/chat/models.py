@@ -30,7 +30,7 @@ from .backends import (Backend, Blocked, Capabilities, Completion, GeminiBackend
 from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
 from ..core import ChatFailure, ForensicsLabError, Reply
 from ..net import is_rate_limit
-from .reliability import (BackendError, Budget, BudgetExceeded, PriceTable,
+from .reliability import (Budget, BudgetExceeded, PriceTable,
                                            RetryPolicy, Tracer, call_with_retries, clean_usage, install_log_redaction,
                                            redact)
 
