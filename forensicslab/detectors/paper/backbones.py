@@ -213,6 +213,10 @@ class ClipViT(nn.Module):
             while len(self._cache) > 4: self._cache.popitem(last=False)
             return out
 
+    def clear(self) -> None:
+        "Forget the remembered forward passes."
+        with self._lock: self._cache.clear()
+
     def pooled(self, tokens: torch.Tensor) -> torch.Tensor:
         "`ln_post` of the class token: CLIP's pre-projection image feature."
         return self.ln_post(tokens[:, 0])
@@ -249,7 +253,7 @@ def state_digest(sd: dict) -> str:
     for k in sorted(sd):
         t = sd[k].detach().cpu().contiguous()
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 _SHARED: dict[str, ClipViT] = {}
