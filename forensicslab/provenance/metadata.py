@@ -125,11 +125,13 @@ def read_metadata(path, exiftool: bool = True) -> ProvenanceEvidence:
         except (OSError, ImageCms.PyCMSError, TypeError, ValueError): f["icc"] = "unreadable profile"
     flags, notes = [], []
     try:
+        if fmt not in ("JPEG", "MPO", "TIFF"): raise LookupError    # EXIF thumbnails live in JPEG and TIFF files only
         exifread = optional_import("exifread")
         with open(path, "rb") as fh: tags = exifread.process_file(fh, details=True, extract_thumbnail=True)
         thumb = tags.get("JPEGThumbnail")
         if thumb:
             with Image.open(io.BytesIO(thumb)) as t: f["thumbnail"] = thumbnail_mismatch(np.asarray(t.convert("RGB")), rgb)
+    except LookupError: pass
     except ImportError: notes.append("thumbnail not checked (exifread missing: pip install 'forensicslab[provenance]')")
     except Exception as e: notes.append(f"thumbnail unreadable ({clean_text(type(e).__name__)})")
     if exiftool and (et := exiftool_facts(path)) is not None: f["exiftool"] = et
