@@ -6,7 +6,6 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ pytest.importorskip("imagehash", reason="the provenance extra: pip install -e '.
 
 from forensicslab.cli import app
 from forensicslab.provenance import credentials as C
-from forensicslab.provenance.all import (ReferenceIndex, flip_scan_bytes, gather, jpeg_history, near_duplicates, read_credentials,
+from forensicslab.provenance.all import (ReferenceIndex, flip_scan_bytes, gather, jpeg_history, read_credentials,
                                          read_metadata, sign_image, throwaway_chain)
 from forensicslab.provenance.cli import index_app
 from forensicslab.triage import cli as tcli
