@@ -8,7 +8,13 @@ On a GPU machine (default: CUDA, bfloat16, an 8B-shaped Qwen3-VL with random wei
     python scripts/gpu_check_zoom.py --base /models/Qwen3-VL-8B-Instruct --num-generations 4  # real weights
     python scripts/gpu_check_zoom.py --shape tiny                  # the tiny offline model on the GPU
 
-Sized for one GPU in under 8 minutes with start-up: 4 SFT steps, 3 GRPO steps of 4 completions.
+Sized for one GPU in under 8 minutes with start-up (not yet measured: no GPU was lent to the session that wrote
+this version), in the paper's setting where it can be: LoRA r16/alpha32 on the text backbone only (trainable
+parameters printed beside the paper's 43.6 M), GRPO groups of 16, a 4,096-token completion budget, 768-px images
+(--image-size/--max-pixels; the paper states no resolution, so this is the largest we expect to fit, not the
+paper's), and an evidence verifier of the policy's size in bf16 (its own LoRA and head) scoring every fake answer.
+With random weights the policy does not call the crop tool (the report says how often it did: expect 0 unless
+--base is a real Qwen3-VL-8B folder); nothing is written but a temp folder of the tiny tokenizer.
 
 Dry run on CPU (float32; checks the script itself, its numbers say nothing about a GPU):
 
@@ -97,11 +103,13 @@ def main(argv=None) -> int:
     ap.add_argument("--base", default="tiny", help="'tiny' or a local model folder (e.g. Qwen3-VL-8B-Instruct)")
     ap.add_argument("--sft-steps", type=int, default=4)
     ap.add_argument("--grpo-steps", type=int, default=3)
-    ap.add_argument("--num-generations", type=int, default=4)
-    ap.add_argument("--max-completion-length", type=int, default=256)
-    ap.add_argument("--max-pixels", type=int, default=256 * 256)
-    ap.add_argument("--image-size", type=int, default=256)
-    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--num-generations", type=int, default=16, help="GRPO group size (paper: 16)")
+    ap.add_argument("--max-completion-length", type=int, default=4096, help="paper: 4,096")
+    ap.add_argument("--max-pixels", type=int, default=768 * 768)
+    ap.add_argument("--image-size", type=int, default=768)
+    ap.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                    help="default: on for cuda (as the paper's config), off on cpu")
+    ap.add_argument("--no-verifier", action="store_true", help="a constant stand-in instead of a policy-sized bf16 verifier")
     ap.add_argument("--shape", default=None, choices=["tiny", "8b"],
                     help="model shape built from a config with random weights (default: 8b on cuda, tiny on cpu)")
     ap.add_argument("--config-json", default=None, help="a Qwen3-VL config.json whose sizes to use for --shape 8b")
@@ -120,11 +128,14 @@ def main(argv=None) -> int:
     from forensicslab.zoom.rewards import RewardConfig
 
     tiny = dict(vocab_size=3072, max_pixels=a.max_pixels)
+    gc = a.gradient_checkpointing if a.gradient_checkpointing is not None else a.device.startswith("cuda")
+    # LoRA on the text backbone only: full copies of the embeddings and output layer (modules_to_save) are for the
+    # tiny offline model, whose new tokenizer has no trained embeddings; on an 8B shape they would add 1.2 B parameters
     cfg = ZoomTrainConfig.smoke(base=a.base, device=a.device, dtype=dtype, tiny=tiny, max_pixels=a.max_pixels,
                                 sft_steps=a.sft_steps, grpo_steps=a.grpo_steps, num_generations=a.num_generations,
-                                grpo_batch_size=2 * a.num_generations, max_completion_length=a.max_completion_length,
-                                gradient_checkpointing=a.gradient_checkpointing,
-                                lora_modules_to_save=["lm_head", "embed_tokens"] if a.base == "tiny" else [])
+                                grpo_batch_size=a.num_generations, max_completion_length=a.max_completion_length,
+                                gradient_checkpointing=gc, lora_r=16, lora_alpha=32,
+                                lora_modules_to_save=["lm_head", "embed_tokens"] if shape == "tiny" and a.base == "tiny" else [])
     report = {"device": a.device, "dtype": dtype, "base": a.base, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() and a.device != "cpu" else None}
     t_all = time.perf_counter()
@@ -133,30 +144,41 @@ def main(argv=None) -> int:
         model, proc = load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]],
                                   save_to=d + "/base" if a.base == "tiny" else None)
         if a.base == "tiny" and shape == "8b":
-            model = build_8b_shape(proc, a.config_json, a.device, dtype)
-            model.save_pretrained(d + "/base")       # checkpoints point at the base folder
+            model = build_8b_shape(proc, a.config_json, a.device, dtype)   # in memory only: nothing here reads a saved copy
         report["shape"] = shape if a.base == "tiny" else "checkpoint"
         report["params_total"] = sum(p.numel() for p in model.parameters())
         if torch.cuda.is_available(): torch.cuda.reset_peak_memory_stats()
         t_sft = StepTimer()
         sft = run_sft(cfg, model, proc, trajs, d + "/run", callbacks=[t_sft])
         report["params_trainable"] = sum(p.numel() for p in sft.model.parameters() if p.requires_grad)
+        report["params_trainable_paper"] = 43_600_000      # seed 001: LoRA r16/alpha32 on Qwen3-VL-8B's text backbone
+        report["params_trainable_ratio_to_paper"] = round(report["params_trainable"] / 43.6e6, 3)
         losses = [r["loss"] for r in sft.state.log_history if "loss" in r]
         tok_sft = max((r.get("num_tokens", 0) for r in sft.state.log_history), default=0)
         report["sft"] = {**summary(t_sft.times), "final_loss": losses[-1] if losses else None, "peak_gib": peak_gib(),
                          "tokens": tok_sft, "tokens_per_s": round(tok_sft / sum(t_sft.times), 1) if t_sft.times else None}
         if torch.cuda.is_available(): torch.cuda.reset_peak_memory_stats()
         t_grpo = StepTimer()
-        reward = HybridReward(lambda image, items: [0.7] * len(items), RewardConfig(), cfg.variant)
+        if a.no_verifier: verifier = lambda image, items: [0.7] * len(items)
+        else:                                         # a verifier of the policy's shape: own backbone, LoRA, head, bf16
+            from forensicslab.zoom.verifier import EvidenceVerifier, Verifier, add_lora
+            vb = build_8b_shape(proc, a.config_json, a.device, dtype) if shape == "8b" and a.base == "tiny" else \
+                load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]])[0] if a.base == "tiny" else \
+                load_policy(cfg)[0]
+            verifier = Verifier(add_lora(EvidenceVerifier.from_vlm(vb)), proc)
+            report["verifier_params"] = sum(p.numel() for p in verifier.model.parameters())
+        reward = HybridReward(verifier, RewardConfig(), cfg.variant)
         grpo = run_grpo(cfg, sft.model, proc, samples, reward, d + "/run", callbacks=[t_grpo])
         logs = [r for r in grpo.state.log_history if "reward" in r]
         n_tok = max((r.get("num_tokens", 0) for r in grpo.state.log_history), default=0)
         report["grpo"] = {**summary(t_grpo.times), "peak_gib": peak_gib(),
                           "tool_call_frequency": statistics.mean(r.get("tools/call_frequency", 0) for r in logs) if logs else None,
                           "mean_completion_length": statistics.mean(r.get("completions/mean_length", 0) for r in logs) if logs else None,
-                          "reward_calls": reward.calls, "tokens": n_tok,
+                          "reward_calls": reward.calls, "verifier_calls": reward.verifier_calls, "tokens": n_tok,
                           "tokens_per_s": round(n_tok / sum(t_grpo.times), 1) if t_grpo.times and n_tok else None}
     report["wall_s"] = round(time.perf_counter() - t_all, 2)
+    if not report["grpo"]["tool_call_frequency"]:
+        report["note"] = "no rollout called the crop tool (random weights): the GRPO figures are for answer-only rollouts"
     report["ok"] = True
     print(json.dumps(report, indent=2))
     print("GPU_CHECK_REPORT " + json.dumps(report))  # one line for scripts

@@ -180,30 +180,46 @@ def test_gpu_check_script_dry_run_on_cpu():
     assert rep["ok"] and rep["sft"]["steps"] == 2 and rep["grpo"]["steps"] == 1
 
 
-def test_grounding_verifier_reads_the_box_and_the_location(tmp_path):
+def test_grounding_negatives_that_name_their_own_place_defeat_the_location_rule(tmp_path):
+    """A wrong-box negative whose text names its own box's place is not flagged by the location rule (it agrees), one
+    with no place is neutral; the verifier scored without the rule ignores the text-box agreement entirely."""
+    from forensicslab.zoom.construct import grounding_negatives, place_text
     from forensicslab.zoom.verifier import collate_items, location_agreement, load_verifier, save_verifier
     rgb = np.full((64, 64, 3), 90, np.uint8)
     rgb[4:24, 4:24] = 250
     text = "A bright patch in the upper left has no light source."
-    right, wrong = VerifierItem(rgb, [4, 4, 24, 24], text), VerifierItem(rgb, [40, 40, 60, 60], text)
-    assert location_agreement(text, right.box, 64, 64) == 1.0 and location_agreement(text, wrong.box, 64, 64) == -1.0
+    right, wrong = [4, 4, 24, 24], [40, 40, 60, 60]
+    own, none = place_text(text, wrong, 64, 64, "own"), place_text(text, wrong, 64, 64, "none")
+    assert own == "A bright patch in the lower right has no light source." and none == "A bright patch has no light source."
+    assert [location_agreement(t, wrong, 64, 64) for t in (text, own, none)] == [-1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="unknown text mode"): place_text(text, wrong, 64, 64, "elsewhere")
+    # construct's negatives: a new box away from the flaw, the text worded by each mode in turn
+    trajs, samples = smoke_task(tmp_path / "data", n=2)
+    s0 = samples[0]
+    W, H = __import__("PIL.Image", fromlist=["Image"]).open(s0.image).size
+    flaw = [b.box.as_list() for b in s0.boxes if b.box is not None][0]
+    rec = dict(sample_id=s0.id, image=s0.image, box=flaw, text=f"A bright square {__import__('forensicslab.zoom.records', fromlist=['where_phrase']).where_phrase(flaw, W, H)} has hard edges.",
+               m=3, M=3, soft_label=1.0, kind="valid")
+    negs = grounding_negatives([rec], samples, seed=0, per_item=3, text_modes=("copy", "own", "none"))
+    assert [n["text_mode"] for n in negs] == ["copy", "own", "none"] and all(n["soft_label"] == 0.0 for n in negs)
+    agree = [location_agreement(n["text"], n["box"], W, H) for n in negs]
+    assert agree[1] == 1.0 and agree[2] == 0.0 and all(n["box"] != flaw for n in negs)
+    # the verifier without its location rule: the agreement input is 0 for every item, so it cannot move the score
     vlm, proc = build_tiny_vlm(TinyVLMSpec(vocab_size=600, max_pixels=64 * 64))
     save_vlm(vlm, proc, tmp_path / "base")
     cfg = VerifierTrainConfig(lora=False, grounding=True, freeze_vision=True)
     model, vproc = new_verifier(tmp_path / "base", cfg, device="cpu")
-    hidden = model.backbone.config.get_text_config().hidden_size
-    assert model.score.in_features == 3 * hidden + 1
-    batch = collate_items(vproc, [right, wrong])
-    assert batch["location"].tolist() == [1.0, -1.0]
-    crop = model.crop_features(batch["pixel_values"], batch["image_grid_thw"])
-    assert crop.shape == (2, 2 * hidden) and not torch.allclose(crop[0], crop[1])   # the two crops differ
-    with torch.no_grad():                       # only the location weight: the wrong box must score lower
-        model.score.weight.zero_(); model.score.bias.zero_(); model.score.weight[0, -1] = 3.0
-    s = Verifier(model, vproc)(rgb, [(right.box, text), (wrong.box, text)])
-    assert s[0] > 0.9 and s[1] < 0.1, s
-    save_verifier(Verifier(model, vproc), tmp_path / "ver", tmp_path / "base", cfg)
-    s2 = load_verifier(tmp_path / "ver", device="cpu")(rgb, [(right.box, text), (wrong.box, text)])
-    assert np.allclose(s, s2, atol=1e-5)
+    items = [VerifierItem(rgb, right, text), VerifierItem(rgb, wrong, text)]
+    assert collate_items(vproc, items)["location"].tolist() == [1.0, -1.0]
+    assert collate_items(vproc, items, location=False)["location"].tolist() == [0.0, 0.0]
+    with torch.no_grad(): model.score.weight[0, -1] = 2.0
+    on, off = Verifier(model, vproc), Verifier(model, vproc, location=False)
+    assert on.location_weight == pytest.approx(2.0)
+    s_on, s_off = on(rgb, [(right, text), (wrong, text)]), off(rgb, [(right, text), (wrong, text)])
+    assert s_on[0] - s_on[1] > s_off[0] - s_off[1] + 0.5            # the rule's weight separates them only when on
+    save_verifier(on, tmp_path / "ver", tmp_path / "base", cfg)
+    s2 = load_verifier(tmp_path / "ver", device="cpu")(rgb, [(right, text), (wrong, text)])
+    assert np.allclose(s_on, s2, atol=1e-5)
 
 
 def test_snapped_trajectory_boxes_sit_on_the_grid(tmp_path):
@@ -487,3 +503,61 @@ def test_csv_logger_keeps_earlier_rows_when_resuming(tmp_path):
     assert df["step"].tolist() == [1, 2, 3] and df["reward"].isna().tolist() == [True, True, False]
     CSVLogger(p, "grpo").on_log(None, SimpleNamespace(global_step=1), None, logs={"loss": 9.0})   # a fresh run starts over
     assert read_curves(p)["step"].tolist() == [1]
+
+
+def _groundfake_fixture(root: Path) -> Path:
+    "A GroundFake-format folder made here: 6 train and 4 test images (a bright square on noise marks the fakes), rewritten trajectories and human votes."
+    import json
+    from PIL import Image
+    from forensicslab.zoom.agents import steps_from_plan
+    from forensicslab.zoom.records import ZoomAnswer, box_to_norm
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    ann, trajs, ver = [], [], []
+    for i in range(10):
+        split, fake = ("train" if i < 6 else "test"), i % 2 == 1
+        rgb = rng.normal(110, 25, (96, 96, 3)).clip(0, 255).astype(np.uint8)
+        box = [int(v) for v in (8 + 6 * i, 20, 40 + 6 * i, 52)]
+        if fake: rgb[box[1]:box[3], box[0]:box[2]] = 245
+        Image.fromarray(rgb).save(root / f"im{i}.png")
+        norm = box_to_norm(box, 96, 96)
+        ev = [{"bbox": None, "text": "Generated: a flat patch sits on the noise." if fake else "Camera noise everywhere."}]
+        if fake: ev.append({"bbox": norm, "text": "A flat bright square with hard edges."})
+        ann.append({"id": f"g{i}", "image": f"im{i}.png", "label": "fake" if fake else "real", "split": split, "evidence": ev})
+        answer = ZoomAnswer(verdict="fake" if fake else "real", evidence=[{"bbox": box if e["bbox"] else None, "text": e["text"]} for e in ev])
+        plan = [("The square looks flat; zoom in.", box)] if fake else []
+        steps = steps_from_plan(plan, answer, "GroundFake's rewritten reasoning for g%d." % i)
+        trajs.append({"sample_id": f"g{i}", "variant": "o3", "steps": [s.model_dump() for s in steps]})
+        if fake:
+            ver.append({"sample_id": f"g{i}", "bbox": norm, "text": "A flat bright square with hard edges.", "votes": [1, 1, 0]})
+            ver.append({"sample_id": f"g{i}", "bbox": box_to_norm([60, 60, 90, 90], 96, 96), "text": "A flat bright square.", "votes": [0, 0, 0]})
+    for name, recs in (("annotations.jsonl", ann), ("trajectories.jsonl", trajs), ("verification.jsonl", ver)):
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return root
+
+
+def test_groundfake_trajectories_and_votes_reach_the_pipeline(tmp_path):
+    from forensicslab.zoom.pipeline import pipeline_data
+    from forensicslab.zoom.records import ZoomInputError
+    root = _groundfake_fixture(tmp_path / "gf")
+    cfg = ZoomTrainConfig.smoke(data=f"groundfake:{root}")
+    d = pipeline_data(cfg)
+    assert sorted(s.id for s in d["train"]) == [f"g{i}" for i in range(6)] and len(d["eval"]) == 4
+    texts = [st["text"] for t in d["trajectories"] for st in t["steps"]]
+    assert len(d["trajectories"]) == 6 and sum("GroundFake's rewritten reasoning" in t for t in texts) == 6   # their own, not rule templates
+    assert sorted((r["m"], r["M"], round(r["soft_label"], 3)) for r in d["verifier_items"]) == [(0, 3, 0.0)] * 3 + [(2, 3, 0.667)] * 3
+    assert all(r["kind"] == "groundfake" for r in d["verifier_items"])
+    (root / "verification.jsonl").unlink()
+    with pytest.raises(ZoomInputError, match="verification.jsonl not found"): pipeline_data(cfg)
+
+
+@pytest.mark.slow
+def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
+    import json
+    from forensicslab.zoom.pipeline import run_pipeline
+    root = _groundfake_fixture(tmp_path / "gf")
+    cfg = ZoomTrainConfig.smoke(data=f"groundfake:{root}", tiny=TINY, sft_steps=6, grpo_steps=1, verifier={"epochs": 1})
+    res = run_pipeline(cfg, tmp_path / "run", log=lambda *a: None)
+    assert set(res) == {"sft", "grpo"} and res["grpo"]["n"] == 4
+    meta = json.loads((tmp_path / "run" / "verifier" / "verifier.json").read_text())
+    assert meta["steps"] >= 1 and (tmp_path / "run" / "grpo_log.csv").exists()

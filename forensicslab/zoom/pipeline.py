@@ -24,19 +24,65 @@ from .rules import tool_views
 from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, sample_views,
                                      load_policy, run_grpo, run_sft, save_checkpoint, snap_trajectory)
 from accelerate import PartialState
-from .construct import RuleProposer, construct, grounding_negatives
+from ..imageio import load_image
+from .records import ZoomInputError, norm_to_box
+from .construct import RuleProposer, construct, grounding_negatives, load_trajectories
 from .data import extra_train, load_study_data
 from .study import evaluate_policy
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
-__all__ = ['pipeline_data', 'episode_views', 'evaluate_checkpoint', 'run_pipeline']
+__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'groundfake_training', 'pipeline_data', 'episode_views',
+           'evaluate_checkpoint', 'run_pipeline']
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #6d03267d
+GROUNDFAKE_TRAJECTORIES, GROUNDFAKE_VERIFICATION = "trajectories.jsonl", "verification.jsonl"
+
+def groundfake_training(root: str | Path, samples: Sequence[Sample], variant: str = "o3") -> tuple[list[dict], list[dict]]:
+    """GroundFake's own training data for `samples` (the train split): the rewritten trajectories of `variant`
+    (`trajectories.jsonl`: `sample_id`, `variant`, `steps` as `ZoomStep` records) and the verification records with the
+    human votes (`verification.jsonl`: `sample_id`, `bbox` as [ymin, xmin, ymax, xmax] in 0-1000, `text`, `votes` as a
+    list of 0/1, one per annotator), each turned into a soft label m/M. A missing file is an error: the paper's
+    config never falls back to the offline rule templates or simulated annotators."""
+    root = Path(root)
+    by_id = {s.id: s for s in samples}
+    for name in (GROUNDFAKE_TRAJECTORIES, GROUNDFAKE_VERIFICATION):
+        if not (root / name).exists():
+            raise ZoomInputError(f"{root / name} not found: a GroundFake folder for training needs {GROUNDFAKE_TRAJECTORIES} "
+                                 f"(rewritten trajectories) and {GROUNDFAKE_VERIFICATION} (evidence items with human votes)")
+    trajs = []
+    for i, t in enumerate(load_trajectories(root / GROUNDFAKE_TRAJECTORIES)):
+        if t.get("variant", "o3") != variant or t.get("sample_id") not in by_id: continue
+        s = by_id[t["sample_id"]]
+        trajs.append({"sample_id": s.id, "image": s.image, "label": s.label, "variant": variant,
+                      "steps": [st.model_dump() for st in t["steps"]], "sample": s.model_dump_json()})
+    items = []
+    for i, line in enumerate((root / GROUNDFAKE_VERIFICATION).read_text().splitlines()):
+        if not line.strip(): continue
+        r, where = json.loads(line), f"{root / GROUNDFAKE_VERIFICATION}, line {i + 1}"
+        if r.get("sample_id") not in by_id: continue
+        votes = r.get("votes")
+        if not votes or any(v not in (0, 1) for v in votes): raise ZoomInputError(f"{where}: votes must be a non-empty list of 0/1, got {votes!r}")
+        s = by_id[r["sample_id"]]
+        W, H = load_image(s.image).size
+        m, M = int(sum(votes)), len(votes)
+        items.append(dict(sample_id=s.id, image=s.image, box=norm_to_box(r["bbox"], W, H).as_list(), text=str(r["text"]),
+                          m=m, M=M, soft_label=m / M, kind="groundfake"))
+    if not trajs: raise ZoomInputError(f"{root / GROUNDFAKE_TRAJECTORIES} holds no {variant!r} trajectory of a train-split sample")
+    if not items: raise ZoomInputError(f"{root / GROUNDFAKE_VERIFICATION} holds no item of a train-split sample")
+    return trajs, items
+
 def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
-    "Training samples, SFT trajectories, verifier records and evaluation samples for `cfg` (deterministic)."
+    """Training samples, SFT trajectories, verifier records and evaluation samples for `cfg` (deterministic). With
+    `data: groundfake:<folder>` the trajectories and verifier labels are GroundFake's own (`groundfake_training`);
+    otherwise they are constructed offline (rule proposer, simulated annotators)."""
     seed = cfg.seed if seed is None else seed
     train = load_study_data(cfg.data, "train", seed=seed)
+    if cfg.data.startswith("groundfake:"):
+        trajs, items = groundfake_training(cfg.data.split(":", 1)[1], train, cfg.variant)
+        trajs = [snap_trajectory(t, cfg.box_grid) for t in trajs]
+        evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
+        return dict(train=train, pool=train, trajectories=trajs, verifier_items=items, eval=evals)
     pool = train + (extra_train(cfg.extra_train, seed=seed) if cfg.extra_train and cfg.data == "artifacts" else [])
     built = construct(pool, variants=(cfg.variant,), seed=seed)
     sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed) if cfg.curriculum else built

@@ -276,7 +276,7 @@ class Verifier:
     @property
     def location_weight(self) -> Optional[float]:
         "The head's weight on the location rule (None when the head has none): how much of a score the rule can move."
-        return float(self.model.score.weight[0, -1]) if self.model.grounding else None
+        return float(self.model.score.weight[0, -1].detach()) if self.model.grounding else None
 
     @property
     def device(self): return next(self.model.parameters()).device

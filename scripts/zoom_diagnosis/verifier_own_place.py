@@ -27,7 +27,7 @@ c_train, c_test = construct(pool, variants=("o3",), seed=0), construct(test, var
 valid = [r for r in c_test.verifier_items if r["kind"] == "valid"]
 wrong = [r for r in c_test.verifier_items if r["kind"] == "wrong_box"]
 # more wrong-box test negatives: each valid test item on a box away from every flaw
-extra = grounding_negatives(valid, test, seed=5)
+extra = grounding_negatives(valid, test, seed=5, text_modes=("copy",))
 sizes = {r["sample_id"]: load_image(r["image"]).rgb.shape[1::-1] for r in valid + wrong}
 
 def negatives(mode):
