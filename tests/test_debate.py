@@ -717,6 +717,7 @@ def test_debate_pair_offline_is_out_of_sample_and_shows_sources_and_flags(tmp_pa
         assert "total cost $0.0000" in r.output
     r = CliRunner().invoke(debate_app, ["pair", str(img), OUT_OF_SAMPLE[0][1]])   # no retrieval: no evidence, said so
     assert r.exit_code == 0 and "final: NO VERDICT (no evidence" in r.output and "sources: none" in r.output
+    assert "positions when the debate stopped: context: " in r.output and "each position is the prior alone" in r.output, r.output
 
 
 @pytest.mark.parametrize("content", [b"", b"not an image at all", b"\xff\xd8\xff\xe0\x00\x10JFIF truncated"])
@@ -770,3 +771,45 @@ def test_teaching_set_llm_rows_with_chat_summaries(tmp_path, monkeypatch):
     assert any("SUMMARY-BY-CHAT" in _text(q) for q in reqs if _schema(q) == "DebateAnswer")
     assert all(q.get("max_tokens", q.get("max_completion_tokens")) == 99 for q in reqs)  # the study's run controls reach every call
     assert "total cost $" in table
+
+
+# ---------- the arms a real-model study needs (issue 31 item 2) ----------
+
+def _deterministic(req):
+    "A temperature-0 model stand-in: the answer depends only on the prompt (here, on the lens in the system prompt)."
+    system = req["messages"][0]["content"] if isinstance(req["messages"][0]["content"], str) else json.dumps(req["messages"][0]["content"])
+    yes = "place and time first" in system
+    return json.dumps({"explanation": "the date in the caption does not fit" if yes else "the caption fits", "misinformation": yes})
+
+
+def test_default_llm_debate_diversifies_and_self_consistency_costs_the_same_calls(tmp_path):
+    from forensicslab.debate.study import debate_dynamics, flip_matrix
+    with openai_server(_deterministic) as url:
+        m = get_model(f"openai-compatible:{url}#det")
+        default = run_debate(DebateInput(_sample()), m, DebateConfig(strategy="async_ai", n_agents=2, max_rounds=2))
+        systems = {c.json["messages"][0]["content"] if isinstance(c.json["messages"][0]["content"], str) else json.dumps(c.json["messages"][0]["content"])
+                   for c in url.calls}
+        clones = run_debate(DebateInput(_sample()), m, DebateConfig(strategy="async_ai", n_agents=2, max_rounds=2, diversity="none"))
+        n0 = len(url.calls)
+        sc = run_debate(DebateInput(_sample()), m, DebateConfig(strategy="self_consistency", n_agents=2, max_rounds=2))
+        sc_calls = url.calls[n0:]
+    # the default gives each agent its own lens: two system prompts, and the deterministic model disagrees with itself
+    assert len(systems) == 2 and default.rounds[0] == {"agent1": False, "agent2": True}
+    assert default.converged_round is None and default.n_calls == 2 * (2 + 1)        # never converges: every round runs
+    # clones of a deterministic model agree at once: the debate ends at round 0 (the issue's observation)
+    assert clones.converged_round == 0 and clones.n_calls == 2
+    # self-consistency: as many calls as the debate that ran every round, each sampled (temperature > 0, its own draw)
+    assert sc.n_calls == default.n_calls == len(sc_calls)
+    assert all(c.json.get("temperature", 0) > 0 for c in sc_calls) and sc.final is False
+    dyn = debate_dynamics([default.row(label=1), clones.row(label=1)])
+    assert dyn["round-0 disagreement"] == "50.0% (1 of 2)" and dyn["acc on round-0 disagreed (final / round-0 vote)"] == "0.0 / 0.0"
+    fm = flip_matrix([default.row(label=1)])
+    assert [f["unchanged"] for f in fm] == [2, 2] and all(f["wrong -> right"] == 0 for f in fm)
+
+
+def test_sampled_agents_differ_by_draw(tmp_path):
+    with openai_server(_deterministic) as url:
+        run_debate(DebateInput(_sample()), get_model(f"openai-compatible:{url}#det"),
+                   DebateConfig(strategy="async_ai", n_agents=3, max_rounds=0, diversity="sample", sc_temperature=0.9))
+        temps = [c.json.get("temperature") for c in url.calls]
+    assert len(url.calls) == 3 and temps == [0.9, 0.9, 0.9]

@@ -25,7 +25,7 @@ def _prompt(name: str, **fields) -> str:
     return render_prompt("debate", name, **fields).strip()
 
 # %% auto #0
-__all__ = ['RUN_CONTROLS', 'AgentFailed', 'LLMAgent', 'format_answer', 'DebateInput', 'run_debate', 'models_from_spec']
+__all__ = ['LENSES', 'RUN_CONTROLS', 'AgentFailed', 'LLMAgent', 'format_answer', 'DebateInput', 'run_debate', 'models_from_spec']
 
 # %% ../../nbs/07e_debate.agents.ipynb #df25a589
 class AgentFailed(ForensicsLabError):
@@ -96,7 +96,9 @@ class DebateInput:
 # %% ../../nbs/07e_debate.agents.ipynb #dc0d85c9
 _OPPONENT = {"async_human": "human fact-checker", "async_ai": "AI model", "disambiguation": "AI model", "judged": "opposing debater"}
 _PERSONA = {"async_human": "persona_human", "async_ai": "persona_ai", "disambiguation": "persona_ai", "judged": "persona_ai",
-            "actor_skeptic": "persona_none", "single": "persona_none"}
+            "actor_skeptic": "persona_none", "single": "persona_none", "self_consistency": "persona_none"}
+LENSES = ("lens_people", "lens_place_time", "lens_event")
+"The prompts that give each agent of a `diversity='lens'` debate its own lens (agent i gets `LENSES[i % 3]`)."
 
 def run_debate(inp: DebateInput, models: ChatModel | Sequence[ChatModel], config: DebateConfig | None = None,
                judge: ChatModel | None = None, qa=None) -> DebateResult:
@@ -111,6 +113,7 @@ def run_debate(inp: DebateInput, models: ChatModel | Sequence[ChatModel], config
     t0 = time.perf_counter()
     try:
         if cfg.strategy in ("async_human", "async_ai", "disambiguation", "single"): _async(inp, models, cfg, res, qa or ExtractiveQA())
+        elif cfg.strategy == "self_consistency": _self_consistency(inp, models, cfg, res)
         elif cfg.strategy == "judged": _judged(inp, models, cfg, res, judge or models[0])
         else: _actor_skeptic(inp, models, cfg, res)
     except AgentFailed as e:
@@ -126,8 +129,15 @@ def _system(strategy: str, extra: str = "") -> str:
 def _initial(inp: DebateInput, cfg: DebateConfig) -> str:
     return _prompt("initial", context=inp.context_text(cfg.retrieval), caption=inp.caption_text(), image_note=inp.image_note())
 
-def _agent(name, model, system, cfg, inp) -> LLMAgent:
-    return LLMAgent(name, model, system, cfg.params, inp.sample.id, cfg.strategy, cfg.sample)
+def _agent(name, model, system, cfg, inp, k: Optional[int] = None) -> LLMAgent:
+    "Agent `name`; the k-th of several debaters gets its lens (`diversity='lens'`) or its own sampled draws (`'sample'`)."
+    params, sample = dict(cfg.params), cfg.sample
+    if k is not None and cfg.n_agents > 1:
+        if cfg.diversity == "lens": system = system + "\n" + _prompt(LENSES[k % len(LENSES)])
+        elif cfg.diversity == "sample":
+            params["temperature"] = cfg.sc_temperature
+            sample = cfg.sample * 1000 + k   # another agent, another draw (the sample index is part of the cache key)
+    return LLMAgent(name, model, system, params, inp.sample.id, cfg.strategy, sample)
 
 def _record(res: DebateResult, latest: dict, rnd: int, agent: str, kind: str, ans, rep) -> None:
     latest[agent] = ans
@@ -138,7 +148,7 @@ def _async(inp, models, cfg, res, qa):
     dis = cfg.strategy == "disambiguation"
     schema = DisambiguationAnswer if dis else DebateAnswer
     extra = _prompt("disambiguation") if dis else ""
-    agents = [_agent(f"agent{i+1}", models[i % len(models)], _system(cfg.strategy, extra), cfg, inp) for i in range(cfg.n_agents)]
+    agents = [_agent(f"agent{i+1}", models[i % len(models)], _system(cfg.strategy, extra), cfg, inp, i) for i in range(cfg.n_agents)]
     latest: dict = {}
     for a in agents:  # round 0: independent opinions
         ans, rep = a.ask(_initial(inp, cfg), schema, inp.image(), rnd=0)
@@ -169,6 +179,19 @@ def _answer_questions(res: DebateResult, rnd: int, pages: Sequence[PageHit], qa)
     res.qa.extend(found)
     body = "\n".join(f"Q: {f['question']}\nA: {f['answer']}" for f in found)
     return _prompt("answers", answers=fence(body, "retrieval answers"))
+
+def _self_consistency(inp, models, cfg, res):
+    "Independent sampled answers of the single agent (`cfg.n_draws` calls), majority vote: the compute-matched ensemble."
+    latest: dict = {}
+    for k in range(cfg.n_draws):
+        a = LLMAgent(f"draw{k+1}", models[k % len(models)], _system("self_consistency"), {**cfg.params, "temperature": cfg.sc_temperature},
+                     inp.sample.id, cfg.strategy, cfg.sample * 1000 + k)
+        ans, rep = a.ask(_initial(inp, cfg), DebateAnswer, inp.image(), rnd=0)
+        _record(res, latest, 0, a.name, "initial", ans, rep)
+    res.rounds.append({k: v.misinformation for k, v in latest.items()})
+    check_convergence(res, 0)
+    settle(res, cfg.tie_break)
+
 
 # %% ../../nbs/07e_debate.agents.ipynb #d7db13e9
 def _judged(inp, models, cfg, res, judge_model):

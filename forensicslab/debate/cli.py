@@ -59,6 +59,10 @@ def print_result(res: DebateResult, offline: bool, fitted: str = "") -> None:
         if res.failure: typer.echo(f"note: {res.failure}")
     if res.final is None:
         typer.echo(f"\nfinal: NO VERDICT ({res.failure or 'no answer'}); total cost ${res.cost_usd:.4f}")
+        last = res.rounds[-1] if res.rounds else {}
+        pos = ", ".join(f"{k}: {'misinformation' if v else 'not misinformation'}" for k, v in last.items() if v is not None)
+        no_evidence = offline and (res.failure or "").startswith("no evidence")
+        if pos: typer.echo(f"positions when the debate stopped: {pos}" + (" (no debater held evidence: each position is the prior alone)" if no_evidence else ""))
         return
     verdict = "MISINFORMATION" if res.final else "NOT misinformation"
     flag = " UNRESOLVED (agents disagree; tie broken by the first agent; the authors' convention counts it as misinformation)" if res.unresolved else ""

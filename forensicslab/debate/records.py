@@ -14,8 +14,8 @@ from pydantic import BaseModel, Field
 from ..core import FAMILIES, ForensicsLabError, register_family
 
 # %% auto #0
-__all__ = ['ANSWER_SCHEMAS', 'DEBATE_FAMILIES', 'STRATEGIES', 'DebateAnswer', 'DisambiguationAnswer', 'Critique', 'Turn',
-           'DebateResult', 'DebateError', 'DebateConfig']
+__all__ = ['ANSWER_SCHEMAS', 'DEBATE_FAMILIES', 'STRATEGIES', 'DIVERSITY', 'DebateAnswer', 'DisambiguationAnswer', 'Critique',
+           'Turn', 'DebateResult', 'DebateError', 'DebateConfig']
 
 # %% ../../nbs/07_debate.records.ipynb #76ccc9c1
 class DebateAnswer(BaseModel):
@@ -112,7 +112,8 @@ class DebateResult(BaseModel):
 # %% ../../nbs/07_debate.records.ipynb #fd1eb217
 class DebateError(ForensicsLabError, ValueError):
     "A debate cannot run as asked (an unknown strategy or tie-break)."
-STRATEGIES = ("async_human", "async_ai", "judged", "actor_skeptic", "disambiguation", "single")
+STRATEGIES = ("async_human", "async_ai", "judged", "actor_skeptic", "disambiguation", "single", "self_consistency")
+DIVERSITY = ("lens", "sample", "none")
 
 class DebateConfig(BaseModel):
     "How to debate: strategy, retrieval on or off, number of agents, round limit, tie-break, chat parameters."
@@ -123,11 +124,27 @@ class DebateConfig(BaseModel):
     tie_break: str = "first"
     params: dict = Field(default_factory=dict)
     sample: int = Field(0, ge=0, description="sample index of sampled calls (temperature > 0): another index, another draw")
+    diversity: str = Field("lens", description="how the agents differ: lens (own lens per agent), sample (sampled at sc_temperature), none (clones)")
+    sc_samples: Optional[int] = Field(None, ge=1, description="self_consistency: answers to draw (default n_agents x (max_rounds + 1))")
+    sc_temperature: float = Field(0.7, gt=0, description="temperature of sampled agents and of self-consistency draws")
 
     def model_post_init(self, _):
         if self.strategy not in STRATEGIES: raise DebateError(f"unknown strategy {self.strategy!r}; use one of {STRATEGIES}")
+        if self.diversity not in DIVERSITY: raise DebateError(f"unknown diversity {self.diversity!r}; use one of {DIVERSITY}")
         if self.strategy == "single" and self.n_agents != 1: object.__setattr__(self, "n_agents", 1)
         if self.strategy in ("judged", "actor_skeptic") and self.n_agents != 2: object.__setattr__(self, "n_agents", 2)
 
     @property
-    def label(self) -> str: return f"{self.strategy}{'' if self.retrieval else '-noretr'}"
+    def label(self) -> str: return f"{self.strategy}{'' if self.retrieval else '-noretr'}{'' if self.diversity == 'lens' else '-' + self.diversity}"
+
+    @property
+    def n_draws(self) -> int:
+        "Self-consistency's number of answers: `sc_samples`, else the calls of an N-agent debate that runs every round."
+        return self.sc_samples or self.n_agents * (self.max_rounds + 1)
+
+    def describe(self) -> str:
+        "How the agents differ, for captions."
+        if self.strategy == "self_consistency": return f"{self.n_draws} draws of one agent at temperature {self.sc_temperature}, majority vote"
+        if self.n_agents == 1: return "one agent"
+        return {"lens": "agents differ by lens (people; place and time; event)", "none": "identical agents (clones)",
+                "sample": f"agents sampled at temperature {self.sc_temperature}"}[self.diversity]

@@ -20,12 +20,13 @@ from .records import DebateConfig
 from .retrieval import make_retriever
 from .data import build_source_index
 from .rules import OfflineError, OfflineViews
+from .judge import majority
 from .agents import DebateInput, models_from_spec, run_debate
 
 # %% auto #0
 __all__ = ['CONVENTIONS', 'BY_CONSTRUCTION', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'paper_cost', 'debate_case_fn',
            'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'data_spec', 'publish_table',
-           'llm_rows', 'compare', 'equal_rows', 'offline_table']
+           'llm_rows', 'compare', 'equal_rows', 'debate_dynamics', 'flip_matrix', 'offline_table']
 
 # %% ../../nbs/07f_debate.study.ipynb #3f40f72b
 CONVENTIONS = {"pred": "ties broken by the first agent", "pred_authors": "unresolved counted as misinformation (authors')"}
@@ -161,8 +162,10 @@ def llm_rows(backend: str, ds, setups: Sequence[tuple], runs_dir: str | Path, ca
             print(f"{name}: skipped (retrieval_spec is 'none')")
             continue
         rows = run_llm_setup(ds, models * cfg.n_agents, cfg, Path(runs_dir) / f"llm-{ds.name}-{cfg.label}", retriever, limit, workers)
-        row = results_row({"backend": backend, "data": ds.name, "setup": name, "retrieval": retrieval_spec if cfg.retrieval else "-"},
-                          rows, paper(name, cfg) if paper else None, n_boot)
+        row = results_row({"backend": backend, "data": ds.name, "setup": name, "agents": cfg.describe(),
+                           "retrieval": retrieval_spec if cfg.retrieval else "-"}, rows, paper(name, cfg) if paper else None, n_boot)
+        row.update(debate_dynamics(rows))
+        row["calls / pair"] = f"{np.mean([r.get('n_calls', 0) for r in rows]):.1f}" if rows else "-"
         row["sources (first pair)"] = ("; ".join(rows[0].get("sources") or []) or "-") if rows else "-"
         row["retrieval errors"] = sum(bool(r.get("retrieval_error")) for r in rows)
         row["paper cost and latency"] = paper_cost()
@@ -184,6 +187,41 @@ def equal_rows(named_rows: dict[str, Sequence[dict]]) -> dict[str, list[str]]:
     "For each name, the other names whose rows have identical predictions on identical pairs."
     key = {n: tuple((r["sample_id"], r["pred"]) for r in rows) for n, rows in named_rows.items()}
     return {n: [m for m in key if m != n and key[m] == key[n]] for n in key}
+
+def _rounds(r: dict) -> list[dict]:
+    return (r.get("record") or {}).get("rounds") or r.get("rounds") or []
+
+def debate_dynamics(rows: Sequence[dict]) -> dict:
+    """What the debate did, from the rows' per-round answers: the share of pairs whose agents disagreed at round 0 (the
+    only pairs where debate can change anything), the share whose final answer differs from the round-0 majority, and
+    accuracy on the disagreed pairs (final answer, and the round-0 majority for comparison)."""
+    ok = [r for r in rows if r.get("pred") is not None and len(_rounds(r)) and len(_rounds(r)[0]) > 1]
+    if not ok: return {"round-0 disagreement": "-", "final != round-0 vote": "-", "acc on round-0 disagreed (final / round-0 vote)": "-"}
+    vote0 = lambda r: majority({k: bool(v) for k, v in _rounds(r)[0].items()})[0]
+    dis = [r for r in ok if len(set(_rounds(r)[0].values())) > 1]
+    acc = lambda f: f"{100 * np.mean([int(f(r)) == int(r['label']) for r in dis]):.1f}" if dis else "-"
+    return {"round-0 disagreement": f"{100 * len(dis) / len(ok):.1f}% ({len(dis)} of {len(ok)})",
+            "final != round-0 vote": f"{100 * np.mean([int(vote0(r)) != int(r['pred']) for r in ok]):.1f}%",
+            "acc on round-0 disagreed (final / round-0 vote)": f"{acc(lambda r: r['pred'])} / {acc(vote0)}"}
+
+def flip_matrix(rows: Sequence[dict]) -> list[dict]:
+    "Per round r >= 1: agents' answers wrong -> right, right -> wrong, and unchanged, over the pairs still debating."
+    out = []
+    for rnd in range(1, 1 + max((len(_rounds(r)) - 1 for r in rows), default=0)):
+        c = {"round": rnd, "pairs": 0, "wrong -> right": 0, "right -> wrong": 0, "unchanged": 0}
+        for r in rows:
+            rs = _rounds(r)
+            if len(rs) <= rnd or r.get("label") is None: continue
+            c["pairs"] += 1
+            y = bool(r["label"])
+            for k, v in rs[rnd].items():
+                p = rs[rnd - 1].get(k)
+                if p is None or v is None: continue
+                key = "unchanged" if p == v else ("wrong -> right" if v == y else "right -> wrong")
+                c[key] += 1
+        out.append(c)
+    return out
+
 
 # %% ../../nbs/07f_debate.study.ipynb #931ca98b
 BY_CONSTRUCTION = {
