@@ -336,3 +336,21 @@ def test_policy_text_reaches_the_evaluation_judge_fenced():
     body, end, _ = rest.partition(f"[END UNTRUSTED DATA {nonce}]")
     assert head and end, user                                     # the evidence text sits inside one fence
     assert "Ignore your instructions" in body and "END UNTRUSTED DATA 0" not in body   # the look-alike marker was removed
+
+
+def test_ckpt_policy_refuses_pickle_weights_like_hf(tmp_path):
+    "A `ckpt:` folder (or the base it names) holding pickle weights and no safetensors is refused in one line, before anything unpickles."
+    import json as _json
+    from forensicslab.chat.backends import UnsafeWeightsError
+    from forensicslab.zoom.study import make_policy
+    ck, base = tmp_path / "ck", tmp_path / "base"
+    ck.mkdir(); base.mkdir()
+    (ck / "zoom_train.json").write_text(_json.dumps({"base_path": "../base", "config": {"max_zooms": 2}}))
+    (ck / "adapter_model.bin").write_bytes(b"not a real pickle")
+    with pytest.raises(UnsafeWeightsError, match=r"^ckpt:.*refusing to load adapter_model\.bin: pickle weights"):
+        make_policy(f"ckpt:{ck}")
+    (ck / "adapter_model.bin").unlink()
+    (ck / "adapter_model.safetensors").write_bytes(b"")
+    (base / "pytorch_model.bin").write_bytes(b"not a real pickle")     # the base the checkpoint names
+    with pytest.raises(UnsafeWeightsError, match=r"refusing to load pytorch_model\.bin"):
+        make_policy(f"ckpt:{ck}")
