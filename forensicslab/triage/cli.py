@@ -114,6 +114,10 @@ class Inputs:
     files: list[tuple[Path, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
+def _real(p: Path) -> Path:
+    try: return p.resolve()
+    except (OSError, RuntimeError): return p.absolute()     # a link loop: kept as named, load_image reports it in one line
+
 def collect_inputs(paths: list[str | Path]) -> Inputs:
     """Image files from files and folders, in order, unique, each with its display name; folders are walked without following
     links to folders (no loops), and dangling links, links to folders and folders named like images are listed in `skipped`."""
@@ -130,11 +134,11 @@ def collect_inputs(paths: list[str | Path]) -> Inputs:
                 for f in sorted(files):
                     q = r / f
                     if f.startswith(".") or q.suffix.lower() not in IMAGE_EXTS: continue
-                    if q.is_symlink() and not q.exists(): out.skipped.append((q.relative_to(p).as_posix(), "a dangling link"))
-                    elif q.is_file() and q.resolve() not in seen:
-                        seen.add(q.resolve()); out.files.append((q, q.relative_to(p).as_posix()))
+                    if q.is_symlink() and not q.exists(): out.skipped.append((q.relative_to(p).as_posix(), "a dangling link (or a link loop)"))
+                    elif q.is_file() and _real(q) not in seen:
+                        seen.add(_real(q)); out.files.append((q, q.relative_to(p).as_posix()))
         elif p.exists() or p.is_symlink():
-            if p.resolve() not in seen: seen.add(p.resolve()); out.files.append((p, p.name))
+            if _real(p) not in seen: seen.add(_real(p)); out.files.append((p, p.name))
         else: raise AnalyzeError(f"{p}: no such file or folder")
     names = [n for _, n in out.files]
     if len(set(names)) < len(names):        # two inputs give the same name: prefix the parent folder, then number
