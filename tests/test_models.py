@@ -726,3 +726,14 @@ def test_hf_checkpoint_without_a_chat_template_says_so_in_one_line_and_takes_a_n
     assert r.output_tokens <= 3 and set(CHAT_TEMPLATES) >= {"gemma", "chatml"}
     with pytest.raises(ForensicsLabError, match="neither"):
         gm({"backend": "hf", "model": str(folder), "chat_template": "nonesuch"})
+
+
+def test_hf_reply_cut_by_its_time_limit_is_not_a_natural_stop(tmp_path):
+    "Issue 33 item 5: `max_time` cutting a reply short is finish 'time', apart from 'length' (the token cap)."
+    from forensicslab.chat.backends import prepare_messages
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = gm(f"hf:{folder}", device="cpu", structured="prompt")
+    cut = m.backend.complete(prepare_messages("hi"), None, {"max_tokens": 400}, timeout=1e-4)
+    capped = m.backend.complete(prepare_messages("hi"), None, {"max_tokens": 3}, timeout=60)
+    assert cut.finish_reason == "time" and cut.output_tokens < 400
+    assert capped.finish_reason in ("length", "stop") and capped.output_tokens <= 3
