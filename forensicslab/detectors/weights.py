@@ -95,9 +95,15 @@ def _pick(src: WeightsSource, path: Path) -> FileSpec:
     raise WeightsError(f"{src.id}: cannot tell which of its files {path.name} is; name it as published "
                        f"({', '.join(fs.download or fs.name for fs in src.files)}); download: {src.page}")
 
+def _member(path: Path, fs: FileSpec) -> Optional[str]:
+    "The archive member to extract when `path` is the authors' archive for `fs` (a zip holding `fs.member`), else None."
+    if not fs.member or not zipfile.is_zipfile(path): return None
+    with zipfile.ZipFile(path) as z:
+        return next((n for n in z.namelist() if n == fs.member or n.endswith("/" + Path(fs.member).name)), None)
+
 def _verify(src: WeightsSource, fs: FileSpec, path: Path, unverified: bool) -> tuple[bool, str]:
     if not fs.checksums: return False, "the authors publish no checksum for this file"
-    if fs.download and path.name != fs.download and fs.member and not zipfile.is_zipfile(path):
+    if fs.download and path.name != fs.download and fs.member and _member(path, fs) is None:
         if unverified: return False, f"the user's own file (--unverified); the authors publish a checksum of {fs.download} only"
         raise WeightsError(f"{src.id}: the authors publish a checksum of {fs.download} only; add that archive to verify it "
                            f"(download: {fs.url or src.page}), or this file with --unverified")
@@ -117,12 +123,9 @@ def add_weights(det_id: str, file: str | Path, unverified: bool = False) -> dict
     folder = weights_dir(det_id)
     folder.mkdir(parents=True, exist_ok=True)
     target, tmp = folder / fs.name, folder / (fs.name + ".part")
-    if fs.member and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if n == fs.member or n.endswith("/" + Path(fs.member).name)]
-            if not names:
-                raise WeightsError(f"{det_id}: {path.name} has no member {fs.member}; expected the authors' archive from {src.page}")
-            with z.open(names[0]) as r, open(tmp, "wb") as w: shutil.copyfileobj(r, w)
+    member = _member(path, fs)
+    if member is not None:
+        with zipfile.ZipFile(path) as z, z.open(member) as r, open(tmp, "wb") as w: shutil.copyfileobj(r, w)
     else: shutil.copyfile(path, tmp)
     try:
         if src.check is not None: src.check(tmp)
