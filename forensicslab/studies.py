@@ -336,7 +336,8 @@ def _stack_summary(done: list[dict], table: str, out: Path):
         f = out / c["folder"] / table   # folders are recorded relative to the grid output (an absolute one stays as is)
         if c["status"] != "ok" or not f.is_file(): continue
         df = numeric_columns(pd.read_csv(f))
-        for i, (k, v) in enumerate(c["grid"].items()): df.insert(i, k, _grid_value(v))
+        for i, (k, v) in enumerate(c["grid"].items()):   # a table column of the same name keeps it; the grid's is grid_<name>
+            df.insert(i, k if k not in df.columns else f"grid_{k}", _grid_value(v))
         frames.append(df)
     if not frames: return None
     df = pd.concat(frames, ignore_index=True)

@@ -92,7 +92,7 @@ def test_batch_long_backbones_sharing_a_prefix_are_two_cells(tmp_path):
     def runner(study, params, out_dir, kernel, progress):
         ran.append(params["backbone"])
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        Path(out_dir, "t.csv").write_text(f"model,acc\n{params['backbone'][-3:]},{len(params['backbone'])}\n")
+        Path(out_dir, "t.csv").write_text(f"model,acc,backbone\n{params['backbone'][-3:]},{len(params['backbone'])},x\n")
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"study: {study}\nout: {tmp_path / 'out'}\nparams: {{seed: 0}}\n"
                     f"grid:\n  backbone: ['{long}7b', '{long}72b']\nsummary: t.csv\n")
@@ -102,6 +102,7 @@ def test_batch_long_backbones_sharing_a_prefix_are_two_cells(tmp_path):
     assert len(folders) == 2 and folders[0].split("--")[0] == folders[1].split("--")[0]   # same readable prefix
     assert sorted(r["summary"]["model"]) == ["-7b", "72b"]
     assert len(r["summary"]) == 2 and r["summary"]["acc"].nunique() == 2
+    assert list(r["summary"].columns) == ["grid_backbone", "model", "acc", "backbone"]   # a table column keeps its name
     run_batch(grid, progress=False, runner=runner)
     assert len(ran) == 2                                                                  # both finished: nothing re-runs
     grid.write_text(grid.read_text().replace("seed: 0", "seed: 1"))

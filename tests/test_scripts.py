@@ -37,3 +37,46 @@ def test_script_imports_resolve(script):
             try: importlib.import_module(f"{mod}.{name}")   # `from pkg import submodule`
             except ModuleNotFoundError: missing.append(f"{mod}.{name}")
     assert not missing, f"{script.name} imports names that no longer exist: {missing}"
+
+
+def _stress_module():
+    spec = importlib.util.spec_from_file_location("forensicslab_stress", Path(__file__).parents[1] / "scripts" / "stress.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _table(out: str) -> dict[str, str]:
+    lines = [l for l in out.splitlines() if l.strip()]
+    head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["attack", "result", "seconds"])
+    return {l.split()[0]: l.split()[1] for l in lines[head + 1:]}
+
+
+def test_stress_script_replays_the_quick_attacks(capsys, monkeypatch):
+    """Issue 32 item 6: scripts/stress.py replays the attacks and prints a table. Two quick attacks on runs and data run
+    here (in this process, each in a temporary folder; the environment is restored after) and must pass."""
+    monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", "/nonexistent-checked-below")
+    st = _stress_module()
+    quick = ["run-file-bad-lines", "folder-corrupt-image"]   # seconds each; the CLI ones run in the slow test below
+    code = st.main(["--short", *[a for n in quick for a in ("--only", n)], "--max-seconds", "600"])
+    rows = _table(capsys.readouterr().out)
+    assert rows == {n: "pass" for n in quick} and code == 0, rows
+    import os
+    assert os.environ["FORENSICSLAB_CACHE_DIR"] == "/nonexistent-checked-below"
+    assert set(st.ATTACKS) >= {"analyze-two-configs", "analyze-file-added", "grid-long-prefix", "detector-slow-clients",
+                               "chat-byte-per-second", "chat-unpriced-budget", "retrieval-redirect", "folder-corrupt-image"}
+
+
+@pytest.mark.slow
+def test_stress_script_short_mode_runs_every_quick_attack():
+    "The whole short mode as a user runs it: a table with one row per quick attack; the grid and data attacks pass."
+    import subprocess
+    import sys
+    st = _stress_module()
+    r = subprocess.run([sys.executable, "scripts/stress.py", "--short"], cwd=Path(__file__).parents[1],
+                       capture_output=True, text=True, timeout=1200)
+    rows = _table(r.stdout)
+    assert set(rows) == {n for n, (_, quick) in st.ATTACKS.items() if quick}, r.stdout + r.stderr[-2000:]
+    assert all(rows[n] == "pass" for n in ("grid-long-prefix", "grid-misspelt-keys", "run-file-bad-lines", "disk-full",
+                                           "folder-corrupt-image")), r.stdout
+    assert r.returncode == (0 if set(rows.values()) <= {"pass", "skipped"} else 1)
