@@ -15,7 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
+from forensicslab.detectors.imdl import CheckpointError
 from forensicslab.detectors.paper import backbones as bb
+from forensicslab.detectors.weights import WEIGHTS_ENV, WeightsError
 from forensicslab.detectors.paper.clipsid import ClipSID
 from forensicslab.detectors.paper.d3 import D3, permutation
 from forensicslab.detectors.paper.effort import Effort
@@ -47,7 +49,7 @@ def image(fx: dict):
 
 @pytest.fixture
 def weights_root(tmp_path, monkeypatch):
-    monkeypatch.setenv(bb.WEIGHTS_ENV, str(tmp_path))
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path))
     return tmp_path
 
 
@@ -119,13 +121,13 @@ def test_files_that_do_not_fit_give_one_line(weights_root):
     sd = torch.load(folder / "effort.pth", weights_only=True)
     sd.pop("backbone.encoder.layers.0.self_attn.q_proj.U_residual")
     torch.save({"state_dict": {"module." + k: v for k, v in sd.items()}}, folder / "effort.pth")
-    with pytest.raises(bb.CheckpointError) as e: Effort()
+    with pytest.raises(CheckpointError) as e: Effort()
     msg = str(e.value)
     assert "\n" not in msg and "missing backbone.encoder.layers.0.self_attn.q_proj.U_residual" in msg and "drive.google" in msg
     (folder / "effort.pth").write_bytes(b"not a checkpoint")
-    with pytest.raises(bb.CheckpointError, match="effort: effort.pth is not a readable tensor checkpoint"): Effort()
+    with pytest.raises(CheckpointError, match="effort: effort.pth is not a readable tensor checkpoint"): Effort()
     (folder / "effort.pth").unlink()
-    with pytest.raises(bb.WeightsMissing, match="effort: weight file effort.pth is not installed"): Effort()
+    with pytest.raises(WeightsError, match="effort: weight file effort.pth is not installed"): Effort()
 
 
 def test_pickled_code_is_refused(weights_root):
@@ -133,7 +135,7 @@ def test_pickled_code_is_refused(weights_root):
     fx = fixture("clipsid_small")
     folder = install(fx, weights_root)
     torch.save({"model": {"fc.weight": torch.zeros(1, 128), "fc.bias": torch.zeros(1)}, "args": Path("x")}, folder / "weights.pth")
-    with pytest.raises(bb.CheckpointError, match="not a readable tensor checkpoint"): ClipSID()
+    with pytest.raises(CheckpointError, match="not a readable tensor checkpoint"): ClipSID()
 
 
 def test_identical_backbones_are_shared_and_run_once(weights_root):

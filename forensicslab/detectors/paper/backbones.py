@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import threading
 import zipfile
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,39 +22,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from ...core import ForensicsLabError
-from ...runs import cache_dir
+from ..imdl import CheckpointError
+from ..weights import WeightsError, golden_state, weights_dir
 
 # %% auto #0
-__all__ = ['PAPER_DIR', 'WEIGHTS_ENV', 'CLIP_MEAN', 'CLIP_STD', 'CheckpointError', 'WeightsMissing', 'weights_dir',
-           'weights_file', 'read_checkpoint', 'unwrap', 'strict_load', 'ViTSpec', 'ClipViT', 'hf_vision_to_clip',
-           'state_digest', 'shared_backbone', 'shared_backbones', 'random_tensor', 'random_state', 'resize_short',
-           'center_crop', 'to_normalised']
+__all__ = ['PAPER_DIR', 'CLIP_MEAN', 'CLIP_STD', 'weights_file', 'read_checkpoint', 'unwrap', 'check_fit', 'shapes',
+           'strict_load', 'ViTSpec', 'ClipViT', 'hf_vision_to_clip', 'state_digest', 'shared_backbone',
+           'shared_backbones', 'random_state', 'resize_short', 'center_crop', 'to_normalised']
 
 # %% ../../../nbs/04q_detectors.paper.backbones.ipynb #5b29a387
 PAPER_DIR = Path(__file__).parent if "__file__" in globals() else Path("../forensicslab/detectors/paper")
 "Folder of the paper pool's modules and their tool cards (`<id>.yaml`)."
 
-WEIGHTS_ENV = "FORENSICSLAB_WEIGHTS_DIR"
-"Environment variable: a folder holding `<id>/<official file name>` for the paper pool (default: the user cache's `weights/`)."
-
-class CheckpointError(ForensicsLabError, ValueError):
-    "A checkpoint that cannot be read or does not fit the layout an adapter expects; the message names the detector, the layout and the download page."
-
-class WeightsMissing(ForensicsLabError, FileNotFoundError):
-    "A paper-pool detector whose weight file is not installed; the message says where to get it and where to put it."
-
-def weights_dir(det_id: str) -> Path:
-    "Folder where detector `det_id`'s official weight files are looked up: `$FORENSICSLAB_WEIGHTS_DIR/<id>`, else `<user cache>/weights/<id>`."
-    env = os.environ.get(WEIGHTS_ENV)
-    return (Path(env).expanduser() if env else cache_dir("weights")) / det_id
-
 def weights_file(det_id: str, name: str, page: str) -> Path:
-    "The installed weight file `name` of `det_id`, or `WeightsMissing` naming the download page and the folder."
+    "The installed weight file `name` of `det_id` (in `detectors.weights.weights_dir`), or a one-line `WeightsError` naming the download page."
     p = weights_dir(det_id) / name
     if not p.is_file():
-        raise WeightsMissing(f"{det_id}: weight file {name} is not installed; download it from {page} "
-                             f"and put it at {p} (or set {WEIGHTS_ENV})")
+        raise WeightsError(f"{det_id}: weight file {name} is not installed; download it from {page}, "
+                           f"then: forensicslab weights add {det_id} FILE (it goes to {p})")
     return p
 
 # %% ../../../nbs/04q_detectors.paper.backbones.ipynb #1c1cd813
@@ -92,17 +75,25 @@ def unwrap(obj, det_id: str, layout: str, page: str, keys: Iterable[str] = ("sta
     if all(k.startswith("module.") for k in obj): obj = {k[len("module."):]: v for k, v in obj.items()}
     return obj
 
-def strict_load(module: nn.Module, sd: dict, det_id: str, layout: str, page: str) -> nn.Module:
-    "`module.load_state_dict(sd, strict=True)`, with a one-line error naming missing, unexpected or mis-shaped keys."
-    own = module.state_dict()
-    missing = [k for k in own if k not in sd]
-    extra = [k for k in sd if k not in own]
-    shape = [f"{k} {tuple(sd[k].shape)} != {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape]
+def check_fit(expected: dict, sd: dict, det_id: str, layout: str, page: str) -> None:
+    "Raise a one-line `CheckpointError` unless `sd` has exactly the keys of `expected` (name -> shape) with those shapes."
+    missing = [k for k in expected if k not in sd]
+    extra = [k for k in sd if k not in expected]
+    shape = [f"{k} {tuple(sd[k].shape)} != {tuple(expected[k])}" for k in expected if k in sd and tuple(sd[k].shape) != tuple(expected[k])]
     if missing or extra or shape:
         def few(v): return ", ".join(v[:3]) + (f" (+{len(v) - 3} more)" if len(v) > 3 else "")
         probs = "; ".join(p for p in [missing and f"missing {few(missing)}", extra and f"unexpected {few(extra)}",
                                       shape and f"shape {few(shape)}"] if p)
         raise CheckpointError(f"{det_id}: checkpoint does not fit {layout}: {probs} (download: {page})")
+
+def shapes(module: nn.Module) -> dict:
+    "Name -> shape of a module's state dict."
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+def strict_load(module: nn.Module, sd: dict, det_id: str, layout: str, page: str) -> nn.Module:
+    "`module.load_state_dict(sd, strict=True)` after `check_fit` (one-line error naming missing, unexpected or mis-shaped keys)."
+    check_fit(shapes(module), sd, det_id, layout, page)
+    own = module.state_dict()
     module.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()}, strict=True)
     return module
 
@@ -277,19 +268,9 @@ def shared_backbones() -> dict[str, ClipViT]:
     with _SHARED_LOCK: return dict(_SHARED)
 
 # %% ../../../nbs/04q_detectors.paper.backbones.ipynb #da30bcb9
-def random_tensor(name: str, shape: Iterable[int], dtype: str, seed: int) -> torch.Tensor:
-    "The fixture rule's tensor for one key."
-    shape = tuple(int(s) for s in shape)
-    g = torch.Generator().manual_seed((int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-    x = torch.randn(shape, generator=g, dtype=torch.float32)
-    if len(shape) == 1 and name.endswith("weight"): x = 1.0 + 0.1 * x
-    elif len(shape) <= 1: x = 0.02 * x
-    else: x = x / math.sqrt(math.prod(shape[1:]))
-    return x.to(getattr(torch, dtype.replace("torch.", "")))
-
 def random_state(manifest: list, seed: int) -> dict:
-    "A state dict from a fixture manifest `[[name, shape, dtype], ...]`."
-    return {n: random_tensor(n, s, d, seed) for n, s, d in manifest}
+    "`golden_state(manifest, seed)` with each tensor in its manifest dtype."
+    return {k: v.to(getattr(torch, d.replace("torch.", ""))) for (k, _, d), v in zip(manifest, golden_state(manifest, seed).values())}
 
 # %% ../../../nbs/04q_detectors.paper.backbones.ipynb #629c2b82
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

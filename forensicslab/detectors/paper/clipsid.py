@@ -16,14 +16,14 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ...core import Detection
-from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, center_crop, random_state,
-                                                    read_checkpoint, resize_short, shared_backbone, strict_load,
-                                                    to_normalised, unwrap, weights_file)
+from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, center_crop, check_fit,
+                                                    random_state, read_checkpoint, resize_short, shared_backbone, shapes,
+                                                    strict_load, to_normalised, unwrap, weights_file)
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
 # %% auto #0
-__all__ = ['PAGE', 'WEIGHTS', 'LICENCE', 'VIT_L14', 'backbone_state', 'head_state', 'ClipSID']
+__all__ = ['PAGE', 'WEIGHTS', 'LICENCE', 'VIT_L14', 'backbone_state', 'head_state', 'check_weights', 'ClipSID']
 
 # %% ../../../nbs/04r_detectors.paper.clipsid.ipynb #26596553
 PAGE = "https://github.com/grip-unina/ClipBased-SyntheticImageDetection (head) and https://huggingface.co/laion/CLIP-ViT-L-14-CommonPool.XL-s13B-b90K (backbone)"
@@ -50,6 +50,16 @@ def head_state(obj) -> dict:
     "The `fc` tensors of the authors' head file."
     sd = unwrap(obj, "clipsid", WEIGHTS["head"]["layout"], PAGE)
     return {k[len("fc."):]: v for k, v in sd.items()} if all(k.startswith("fc.") for k in sd) else sd
+
+def check_weights(path: str | Path) -> None:
+    "Raise `CheckpointError` unless `path` fits: the head (`weights.pth`) or the ViT-L/14 backbone (what `forensicslab weights add clipsid` runs)."
+    if Path(path).name.startswith(WEIGHTS["head"]["file"]):
+        sd = head_state(read_checkpoint(path, "clipsid", WEIGHTS["head"]["layout"], PAGE))
+        check_fit({"weight": (1, 1024), "bias": (1,)}, sd, "clipsid", WEIGHTS["head"]["layout"], PAGE)
+    else:
+        with torch.device("meta"): ref = shapes(ClipViT(VIT_L14))
+        check_fit(ref, backbone_state(read_checkpoint(path, "clipsid", WEIGHTS["backbone"]["layout"], PAGE)),
+                  "clipsid", WEIGHTS["backbone"]["layout"], PAGE)
 
 # %% ../../../nbs/04r_detectors.paper.clipsid.ipynb #e8b01ee4
 @register("clipsid")

@@ -19,14 +19,15 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ...core import Detection
-from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, random_state,
-                                                    read_checkpoint, shared_backbone, strict_load, to_normalised, unwrap,
-                                                    weights_file)
+from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, check_fit, random_state,
+                                                    read_checkpoint, shared_backbone, shapes, strict_load, to_normalised,
+                                                    unwrap, weights_file)
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
 # %% auto #0
-__all__ = ['PAGE', 'WEIGHTS', 'LICENCE', 'VIT_L14_OPENAI', 'D3Head', 'shuffle_patches', 'permutation', 'backbone_state', 'D3']
+__all__ = ['PAGE', 'WEIGHTS', 'LICENCE', 'VIT_L14_OPENAI', 'D3Head', 'shuffle_patches', 'permutation', 'backbone_state',
+           'check_weights', 'D3']
 
 # %% ../../../nbs/04s_detectors.paper.d3.ipynb #f0c88407
 PAGE = "https://github.com/BigAandSmallq/D3 (ckpt/classifier.pth) and OpenAI CLIP ViT-L/14 (ViT-L-14.pt)"
@@ -72,6 +73,16 @@ def backbone_state(obj) -> dict:
     vis = {k[len("visual."):]: v for k, v in sd.items() if k.startswith("visual.")}
     if not vis: raise CheckpointError(f"d3: no visual.* tensors in {WEIGHTS['backbone']['file']}; expected {WEIGHTS['backbone']['layout']} (download: {PAGE})")
     return vis
+
+def check_weights(path: str | Path) -> None:
+    "Raise `CheckpointError` unless `path` fits: the head (`classifier.pth`) or OpenAI's ViT-L/14 (what `forensicslab weights add d3` runs)."
+    if Path(path).name.startswith(WEIGHTS["head"]["file"]):
+        lay = WEIGHTS["head"]["layout"]
+        check_fit(shapes(D3Head(1024)), unwrap(read_checkpoint(path, "d3", lay, PAGE), "d3", lay, PAGE), "d3", lay, PAGE)
+    else:
+        with torch.device("meta"): ref = shapes(ClipViT(VIT_L14_OPENAI))
+        lay = WEIGHTS["backbone"]["layout"]
+        check_fit(ref, backbone_state(read_checkpoint(path, "d3", lay, PAGE)), "d3", lay, PAGE)
 
 @register("d3")
 class D3:

@@ -17,17 +17,17 @@ import torch.nn as nn
 from PIL import Image
 
 from ...core import Detection
-from .backbones import (PAPER_DIR, CheckpointError, ViTSpec, hf_vision_to_clip, random_state,
-                                                    read_checkpoint, shared_backbone, strict_load, to_normalised, unwrap,
-                                                    weights_file)
+from .backbones import (PAPER_DIR, CheckpointError, ViTSpec, check_fit, hf_vision_to_clip,
+                                                    random_state, read_checkpoint, shared_backbone, strict_load,
+                                                    to_normalised, unwrap, weights_file)
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
 # %% auto #0
-__all__ = ['PAGE', 'WEIGHTS', 'LICENCE', 'VIT_L14', 'effort_keys', 'spec_of', 'fold', 'Effort']
+__all__ = ['PAGE', 'WEIGHTS', 'LICENCE', 'VIT_L14', 'effort_keys', 'spec_of', 'fold', 'check_weights', 'Effort']
 
 # %% ../../../nbs/04t_detectors.paper.effort.ipynb #b9ee4376
-PAGE = "https://github.com/YZY-stack/Effort-AIGI-Detection (checkpoints on the README's Google Drive links)"
+PAGE = "https://drive.google.com/file/d/1m4fyJecABU-Yk3bJ4b1WhUwQa0xCkMLI (FaceForensics++ checkpoint; others on https://github.com/YZY-stack/Effort-AIGI-Detection)"
 WEIGHTS = dict(
     model=dict(file="effort.pth", url="https://drive.google.com/file/d/1m4fyJecABU-Yk3bJ4b1WhUwQa0xCkMLI", sha256=None,
                licence="CC BY-NC 4.0",
@@ -77,15 +77,7 @@ def fold(sd: dict) -> tuple[dict, dict, ViTSpec]:
     spec = spec_of(sd)
     res = [k for k in sd if k.endswith(".S_residual")]
     r = spec.width - sd[res[0]].shape[0] if res else spec.width
-    want = effort_keys(spec, r)
-    missing = [k for k in want if k not in sd]
-    extra = [k for k in sd if k not in want]
-    shape = [f"{k} {tuple(sd[k].shape)} != {want[k]}" for k in want if k in sd and tuple(sd[k].shape) != want[k]]
-    if missing or extra or shape:
-        def few(v): return ", ".join(v[:3]) + (f" (+{len(v) - 3} more)" if len(v) > 3 else "")
-        probs = "; ".join(p for p in [missing and f"missing {few(missing)}", extra and f"unexpected {few(extra)}",
-                                      shape and f"shape {few(shape)}"] if p)
-        raise CheckpointError(f"effort: checkpoint does not fit {WEIGHTS['model']['layout']}: {probs} (download: {PAGE})")
+    check_fit(effort_keys(spec, r), sd, "effort", WEIGHTS["model"]["layout"], PAGE)
     hf = {}
     for k, v in sd.items():
         if not k.startswith("backbone."): continue
@@ -100,6 +92,12 @@ def fold(sd: dict) -> tuple[dict, dict, ViTSpec]:
             hf[base + "weight"] = w
         else: hf[k] = v.float()
     return hf_vision_to_clip(hf), {"weight": sd["head.weight"], "bias": sd["head.bias"]}, spec
+
+# %% ../../../nbs/04t_detectors.paper.effort.ipynb #4b31efc9
+def check_weights(path: str | Path) -> None:
+    "Raise `CheckpointError` unless `path` is an Effort checkpoint whose keys and shapes fit (what `forensicslab weights add effort` runs)."
+    layout = WEIGHTS["model"]["layout"]
+    fold(unwrap(read_checkpoint(path, "effort", layout, PAGE), "effort", layout, PAGE))
 
 # %% ../../../nbs/04t_detectors.paper.effort.ipynb #447e9cae
 @register("effort")
