@@ -17,7 +17,17 @@ Real-size check (issue 14): the same script then times the whole pool on a 1 MP 
 12 MP / 1 MP ratios of wall time and of process CPU time (target: 12 MP within 3x of 1 MP), with each
 detector's in-pool runtime. `--real-size-only` runs just that part.
 
+Paper pool (issue 26): `--paper` times the triage paper's pool instead (`forensicslab.detectors.paper`): each
+of the seven whose adapter is in this build, with its installed weights, or, when none are installed and the
+adapter can build them, with seeded random weights of the full published size (the output says which, per
+detector; random weights time the same arithmetic but carry no forensic meaning). A detector with neither is
+listed as skipped, with the reason. On the 1024x768 JPEG it reports each detector alone (median wall of
+`--repeat` uncached `run_pool` calls with that one detector), their sum, and the whole pool concurrently,
+after a warm-up that loads every model once (the pool keeps them); and how many distinct CLIP backbones the
+process holds (adapters whose backbone tensors hash the same share one, and one forward pass per image).
+
 Usage: python scripts/bench_stage0.py [--repeat 3] [--detector ID ...] [--json out.json] [--real-size-only]
+       python scripts/bench_stage0.py --paper [--repeat 1] [--json out.json]
 """
 from __future__ import annotations
 
@@ -89,6 +99,66 @@ def real_size(names: list[str], repeat: int, timeout: float, folder: Path) -> di
             "wall_ratio": wall_ratio, "cpu_ratio": cpu_ratio, "ok": ok}
 
 
+def paper_pool_detectors(seed: int = 0) -> tuple[list[str], dict[str, str]]:
+    "Register the paper pool for timing: installed weights, else seeded random weights where the adapter builds them; returns (ids, how each was loaded or why skipped)."
+    import inspect
+    from forensicslab.detectors.paper.pool import PAPER_POOL, load_adapters
+    from forensicslab.detectors.pool import _FACTORIES, get_detector, register
+    from forensicslab.detectors.weights import installed
+    errors = load_adapters()
+    names, how = [], {}
+    for i in PAPER_POOL:
+        if i not in _FACTORIES:
+            how[i] = f"skipped: {errors.get(i, 'not registered')}"; continue
+        cls = _FACTORIES[i]
+        try: have = installed(i) is not None
+        except Exception: have = False
+        if have:
+            get_detector(i); names.append(i); how[i] = "installed weights"; continue
+        if isinstance(cls, type) and "random_init" in inspect.signature(cls.__init__).parameters:
+            det = cls(random_init=seed)
+            register(i, replace=True)(lambda det=det: det)
+            get_detector(i); names.append(i); how[i] = f"RANDOM weights (seed {seed}, full published size): no weights installed"
+        else: how[i] = "skipped: no weights installed and the adapter builds no random weights"
+    return names, how
+
+
+def paper_stage0(repeat: int, timeout: float, folder: Path) -> dict:
+    "The paper pool's Stage 0 on the 1024x768 JPEG: each detector alone, their sum, the pool concurrently."
+    from forensicslab.detectors.paper.backbones import shared_backbones
+    names, how = paper_pool_detectors()
+    print("paper pool:")
+    for i, h in how.items(): print(f"  {i:<18}{h}")
+    if not names:
+        print("no paper-pool detector can run here"); return {"how": how}
+    p = make_jpeg(*TARGET_SIZE, folder)
+    t0 = time.perf_counter()
+    timed_pool(p, names, timeout)   # warm-up: the pool loads and keeps each model once
+    print(f"warm-up (first calls) {time.perf_counter() - t0:.1f} s")
+    single, status = {}, {}
+    for n in names:
+        ts = []
+        for _ in range(repeat):
+            dt, _, res = timed_pool(p, [n], timeout); ts.append(dt); status[n] = res[n].status
+        single[n] = statistics.median(ts)
+    pool_ts = []
+    for _ in range(repeat):
+        dt, _, res = timed_pool(p, names, timeout); pool_ts.append(dt)
+    pool = statistics.median(pool_ts)
+    vits = shared_backbones()
+    print(f"== paper pool, {TARGET_SIZE[0]}x{TARGET_SIZE[1]} JPEG, median of {repeat} (load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores)")
+    for n in names:
+        print(f"{n:<18}{single[n]:>8.2f} s alone   {res[n].runtime_s:>8.2f} s in pool   {status[n]}"
+              + ("" if res[n].status == "ok" else f": {(res[n].error or '')[:80]}"))
+    print(f"sum of detectors run separately: {sum(single.values()):.2f} s per image")
+    print(f"whole pool, Stage 0 (concurrent, one image): {pool:.2f} s per image")
+    print(f"CLIP backbones held by the process: {len(vits)} for {sum(1 for n in names if n in ('clipsid', 'd3', 'effort', 'forensicsadapter'))} "
+          f"CLIP-based detectors (shared when their tensors hash the same)")
+    return {"how": how, "single_s": single, "sum_s": sum(single.values()), "pool_s": pool, "pool_runs_s": pool_ts,
+            "status": {n: res[n].status for n in names}, "clip_backbones": len(vits)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (median reported)")
@@ -96,7 +166,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="per-detector timeout in seconds")
     ap.add_argument("--json", type=Path, help="also write the measurements as JSON here")
     ap.add_argument("--real-size-only", action="store_true", help="only the 1 MP vs 12 MP comparison")
+    ap.add_argument("--paper", action="store_true", help="time the triage paper's pool (random weights where none are installed)")
     a = ap.parse_args(argv)
+    if a.paper:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = {"paper": paper_stage0(a.repeat, a.timeout, Path(tmp)), "repeat": a.repeat, "cpu_count": os.cpu_count()}
+        if a.json: a.json.write_text(json.dumps(out, indent=1)); print(f"wrote {a.json}")
+        return 0
 
     from forensicslab.detectors.pool import discovery_errors, list_detectors
     names = a.detector or list_detectors()
