@@ -177,3 +177,45 @@ def test_bad_option_values_exit_2(capsys, photo_file):
                  ["models", "ask", "openai:gpt-4o", "hi", "--cache", "sometimes"]):
         code, out, err = run_main(capsys, *argv)
         assert code == 2 and "error" in (out + err).lower(), (argv, out, err)
+
+
+def test_p_out_dir_puts_every_output_in_that_folder_and_prints_it(capsys, monkeypatch, tmp_path):
+    """Issue 32 lesser: `-p out_dir X` split a study's outputs between two folders (the staging folder overrode X) and
+    the printed location held another run's stale tables. Now X is the output folder, written aside and printed."""
+    import papermill
+    def fake_execute(src, dst, parameters, **kw):   # what a study does: its tables go to the out_dir it is given
+        Path(parameters["out_dir"], "table.csv").write_text("acc\n0.9\n")
+        Path(dst).write_text("{}")
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    mine = tmp_path / "mine"
+    code, out, err = run_main(capsys, "study", "triage_table4", "--quick", "-p", "out_dir", str(mine))
+    assert code == 0, err
+    assert sorted(p.name for p in mine.iterdir()) == ["run.json", "table.csv", "triage_table4.ipynb"]
+    assert f"outputs in {mine.resolve()}" in out and not list(tmp_path.glob(".mine.*"))
+    code, out, err = run_main(capsys, "study", "triage_table4", "--quick", "-p", "out_dir", str(mine), "--out", str(tmp_path / "o"))
+    assert code == 2 and "two output folders given" in err and err.count("\n") == 1
+
+
+def test_machine_failures_are_one_line_naming_the_file_or_port(capsys, monkeypatch, tmp_path):
+    """Issue 32 item 4: a port in use, a full disk and a corrupt cache printed "unexpected ... (a bug)" without naming
+    the port or file. The exceptions here are real ones: a bound port, a diskcache folder whose cache.db is garbage,
+    a write to /dev/full."""
+    import socket
+    from forensicslab.detectors.pool import DetectionCache
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+        with pytest.raises(OSError) as e: socket.create_server(("127.0.0.1", port))
+    line = cli._machine_error(e.value)
+    assert line.startswith(f"port {port} on 127.0.0.1 is already in use"), line
+    (tmp_path / "det").mkdir(); (tmp_path / "det" / "cache.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(Exception) as e: DetectionCache(tmp_path / "det")
+    assert cli._machine_error(e.value).startswith(f"{tmp_path / 'det' / 'cache.db'} is corrupt (file is not a database)")
+    if Path("/dev/full").exists():
+        def write_table(path):
+            with open(path, "w") as f: f.write("x" * 100); f.flush()
+        with pytest.raises(OSError) as e: write_table("/dev/full")
+        assert cli._machine_error(e.value).startswith("no space left on the device while writing /dev/full")
+    def full_disk(*a, **k): raise OSError(28, "No space left on device", str(tmp_path / "out" / "cells.csv"))
+    monkeypatch.setattr(cli, "run_batch", full_disk)
+    code, out, err = run_main(capsys, "batch", str(tmp_path / "g.yaml"))
+    assert code == 2 and err.count("\n") == 1 and "a bug" not in err and str(tmp_path / "out" / "cells.csv") in err, err

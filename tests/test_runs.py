@@ -182,3 +182,51 @@ def test_run_record_holds_provenance_and_parts(tmp_path):
     for k in ("forensicslab", "git_commit", "packages", "python", "platform", "machine", "cpus", "parameters", "date"):
         assert k in rec, k
     assert len(rec["git_commit"].split("+")[0]) == 40         # this checkout's commit (a test runs inside it)
+
+
+def test_lines_that_are_not_rows_are_set_aside_not_fatal(tmp_path, capsys):
+    """Issue 32 lesser: a valid-JSON line that is not a row (and a line that is not UTF-8) blocked resume with
+    `error: key`. Such lines go to rows.set-aside.jsonl, untouched, with one printed line, and the run resumes."""
+    from forensicslab.runs import SET_ASIDE
+    run = Run(tmp_path, config={"s": 1})
+    run.execute([Case(f"c{i}", i) for i in range(3)], lambda x: {"y": x}, workers=1, progress=False)
+    junk = [b'"just a string"', b'{"key": 7}', b'{"no key": true}', b"\xff\xfe\x00 binary"]
+    with open(run.rows_path, "ab") as f: f.write(b"\n".join(junk) + b"\n")
+    assert sorted(r["key"] for r in Run(tmp_path, config={"s": 1}).rows()) == ["c0", "c1", "c2"]
+    done = []
+    rows = Run(tmp_path, config={"s": 1}).execute([Case(f"c{i}", i) for i in range(5)], lambda x: done.append(x) or {"y": x},
+                                                  workers=1, progress=False)
+    assert done == [3, 4] and [r["y"] for r in rows] == [0, 1, 2, 3, 4]
+    assert (tmp_path / SET_ASIDE).read_bytes().splitlines() == junk
+    assert "4 line(s) that are not rows set aside" in capsys.readouterr().err
+    assert all(json.loads(l)["key"].startswith("c") for l in run.rows_path.read_text().splitlines())
+
+
+def test_corrupt_manifest_and_full_disk_are_one_line_errors_naming_the_file(tmp_path):
+    "Issue 32 item 4: a corrupt manifest beside rows, and a write that fails (disk full), name the file; no bare exception."
+    import errno
+    from unittest import mock
+    from forensicslab.core import ForensicsLabError
+    from forensicslab.runs import RunError
+    run = Run(tmp_path, config={"s": 1})
+    run.execute([Case("a", 1)], lambda x: {"y": x}, workers=1, progress=False)
+    (tmp_path / "manifest.json").write_bytes(b'{"config_hash": "ab')
+    with pytest.raises(RunError, match=r"manifest\.json: not a readable run manifest"): Run(tmp_path, config={"s": 1})
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "manifest.json").write_text("garbage")                       # no rows: rewritten, the run goes on
+    assert Run(fresh, config={"s": 2}).manifest["config"] == {"s": 2}
+    with mock.patch("os.write", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+        with pytest.raises(ForensicsLabError, match=r"rows\.jsonl: cannot append a row \(No space left on device\)"):
+            Run(fresh, config={"s": 2}).execute([Case("b", 1)], lambda x: {"y": x}, workers=1, progress=False)
+    with pytest.raises(RunError, match="'b' is given twice"):
+        Run(fresh, config={"s": 2}).execute([Case("b"), Case("b")], lambda x: {}, progress=False)
+
+
+def test_quick_study_folders_are_one_per_run(tmp_path):
+    "Issue 32 lesser: quick studies shared one fixed temp folder, so two at once wrote into each other."
+    from forensicslab.runs import study_output_dir
+    a, b = study_output_dir("triage_table4"), study_output_dir("triage_table4")
+    try: assert a != b and a.parent == b.parent and a.name.startswith("triage_table4-") and a.is_dir() and b.is_dir()
+    finally: a.rmdir(); b.rmdir()
+    assert study_output_dir("x", tmp_path / "given") == tmp_path / "given"
