@@ -152,3 +152,13 @@ def test_identical_backbones_are_shared_and_run_once(weights_root):
     assert a.vit.forwards - n0 == 3
     c = D3(random_init=1, spec=a.vit.spec)
     assert c.vit is not a.vit and c.vit.digest != a.vit.digest
+
+
+def test_check_weights_refuses_a_file_that_does_not_fit(weights_root):
+    "What `forensicslab weights add` runs before installing: a fitting file passes, a wrong one gives one line."
+    from forensicslab.detectors.paper import clipsid, effort
+    folder = install(fixture("effort_small"), weights_root)
+    effort.check_weights(folder / "effort.pth")
+    torch.save({"model": {"fc.weight": torch.zeros(1, 768), "fc.bias": torch.zeros(1)}}, weights_root / "weights.pth")
+    with pytest.raises(CheckpointError, match=r"clipsid: checkpoint does not fit .*shape weight \(1, 768\) != \(1, 1024\)"):
+        clipsid.check_weights(weights_root / "weights.pth")
