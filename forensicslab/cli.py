@@ -102,10 +102,12 @@ def reproduce_cmd(ctx: typer.Context,
     the others still run; a summary table ends the run, and the exit status is 1 when any study failed."""
     names = list(only or list_studies())
     given = parse_param_args(ctx.args)
+    if "out_dir" in given:   # one folder for every study would have each replace the one before
+        raise StudyError("reproduce writes each study to ROOT/<study>: give --out ROOT, not -p out_dir")
     declared = {n: set(study_parameters(n)) for n in names}
     unused = sorted(k for k in given if not any(k in d for d in declared.values()))
     if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
-    results, roots, interrupted = [], set(), False
+    results, folders, interrupted = [], [], False
     for n in names:
         label = Path(n).stem
         if interrupted:
@@ -116,7 +118,7 @@ def reproduce_cmd(ctx: typer.Context,
         p = {"quick": quick, **{k: v for k, v in given.items() if k in declared[n]}}
         try:
             nb = run_study(n, p, out)
-            roots.add(nb.parent.parent)
+            folders.append(nb.parent)
             skipped = skipped_parts(nb.parent)
             results.append((label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items())))
             typer.echo(f"   ok in {time.time()-t0:.0f} s -> {nb.parent}")
@@ -129,9 +131,10 @@ def reproduce_cmd(ctx: typer.Context,
             kept = getattr(e, "kept", None)
             typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {_execution_failed(e)}"
                        + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""), err=True)
-    root = Path(out) if out else (roots.pop() if len(roots) == 1 else project_root() / "outputs")
     typer.echo(f"\n{summary_table(results)}")
-    typer.echo(f"\nResults: {root.resolve()}" + (" (quick runs: a scratch folder, outputs/ untouched)" if quick and not out else ""))
+    if out or not quick: typer.echo(f"\nResults: {(Path(out) if out else project_root() / 'outputs').resolve()}")
+    elif folders:   # quick runs: one new scratch folder per study (their common parent also holds other runs' folders)
+        typer.echo("\nResults (quick runs: scratch folders, outputs/ untouched): " + ", ".join(str(f) for f in folders))
     failed = [r[0] for r in results if r[1] == "failed"]
     if interrupted: raise typer.Exit(130)
     if failed:

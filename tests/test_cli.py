@@ -69,6 +69,17 @@ def test_reproduce_sends_each_parameter_only_where_declared(capsys, monkeypatch)
     assert code == 2 and "no_such_knob" in err
 
 
+def test_reproduce_quick_prints_each_studys_own_folder(capsys, monkeypatch, tmp_path):
+    """Issue 32 lesser: the printed location held another run's stale tables (the shared scratch parent). Quick runs now
+    print each study's own new folder; `-p out_dir` (one folder for every study) is refused for reproduce."""
+    monkeypatch.setattr(cli, "run_study", lambda n, p, out: tmp_path / f"{n}-abc" / f"{n}.ipynb")
+    code, out, err = run_main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table3", "--quick")
+    assert code == 0, err
+    assert out.splitlines()[-1].endswith(f"{tmp_path / 'triage_table4-abc'}, {tmp_path / 'zoom_table3-abc'}"), out
+    code, out, err = run_main(capsys, "reproduce", "--only", "triage_table4", "-p", "out_dir", str(tmp_path))
+    assert code == 2 and "give --out ROOT, not -p out_dir" in err
+
+
 @pytest.mark.parametrize("exc, code, text", [
     (ImageUnreadable("photo.jpg", "not a recognised image format"), 2, "error: photo.jpg: not a recognised image format"),
     (ForensicsLabError("no key for openai: set OPENAI_API_KEY"), 2, "error: no key for openai"),
