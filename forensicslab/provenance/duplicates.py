@@ -194,18 +194,24 @@ def near_duplicates(image, index: ReferenceIndex, top: int = 3, sha256: str | No
     if sha256 is None and img.path is not None: sha256 = file_sha256(img.path)
     _, qd, _ = orb_features(img.rgb)
     cands = _candidates(image_hashes(img.rgb), qd, index)
+    found = []                      # every candidate that aligns; the closest (least changed, most inliers) is named
     for _, e in cands[:top]:
         p = index.root / e["path"]
         try: ref = load_image(p)
         except ImageError: continue
         c = compare(img.rgb, ref.rgb, same_bytes=sha256 is not None and sha256 == e["sha256"])
-        if c is None: continue
+        if c is not None: found.append((c, e, ref))
+    if found:
+        found.sort(key=lambda t: ("exact copy" not in t[0]["relation"], "edit" in t[0]["relation"], t[0]["changed_fraction"], -t[0]["inliers"]))
+        c, e, ref = found[0]
         rel = " + ".join(c["relation"])
         facts = dict(reference=e["path"], relation=c["relation"], box_in_reference=c["box"], cover=c["cover"], scale=c["scale"],
                      changed_fraction=c["changed_fraction"], inliers=c["inliers"], phash_bits=e["phash_bits"],
-                     keypoint_matches=e["keypoint_matches"], reference_sha256=e["sha256"], candidates=len(cands), index_size=len(index))
+                     keypoint_matches=e["keypoint_matches"], reference_sha256=e["sha256"], candidates=len(cands), index_size=len(index),
+                     also_aligned=[x[1]["path"] for x in found[1:]])
         summary = f"{rel} of reference {e['path']}" + (f" (covers {100 * c['cover']:.0f}% of it)" if "crop" in c["relation"] else "") \
-                  + (f"; {100 * c['changed_fraction']:.1f}% of the image differs beyond recompression" if "edit" in c["relation"] else "")
+                  + (f"; {100 * c['changed_fraction']:.1f}% of the image differs beyond recompression" if "edit" in c["relation"] else "") \
+                  + (f"; also aligns with {', '.join(facts['also_aligned'])}" if facts["also_aligned"] else "")
         return ProvenanceEvidence(source="duplicates", status="present", summary=summary, flags=[f"{rel} of reference {e['path']}"],
                                   facts=facts, images=dict(reference=ref.rgb, difference=c["diff"]))
     return ProvenanceEvidence(source="duplicates", status="absent",
