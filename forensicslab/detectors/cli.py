@@ -21,7 +21,8 @@ from .pool import (DEFAULT_TIMEOUT, OPT_IN, discovery_errors, get_card, list_det
                                         write_panels)
 from .weights import add_weights, missing_message, weights_table
 from .paper.pool import PAPER_POOL, paper_sources, resolve_pool, runnable
-from .remote import IDLE_TIMEOUT_S, LISTEN_BACKLOG, QUEUE_DEPTH, parse_remotes, register_remote, serve
+from .remote import (BODY_TIMEOUT_S, IDLE_TIMEOUT_S, LISTEN_BACKLOG, MAX_CONNECTIONS, QUEUE_DEPTH, READERS,
+                                          parse_remotes, register_remote, serve)
 from ..imageio import MAX_PIXELS, ImageError, load_image
 
 
@@ -56,12 +57,12 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
                pool: Optional[str] = typer.Option(None, "--pool", help="A named pool instead of -d: default (the offline built-ins) or paper (the paper's seven, those with weights installed or served)."),
                list_pool: bool = typer.Option(False, "--list", help="List the registered detectors and their cards, then exit.")):
     "Run the detector pool (Stage 0) on one image and print the dispatch table."
+    paper_sources()   # imports the paper's adapters present in this build (opt-in); a --remote of the same id replaces it
     try:
         for name, url in parse_remotes(",".join(remote or [])).items(): register_remote(name, url)
     except Exception as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    paper_sources()   # imports the paper's adapters present in this build (they register opt-in)
     if list_pool:
         typer.echo(tabulate(pool_table(list_detectors(include_opt_in=True)), headers="keys", tablefmt="simple"))
         typer.echo("opt-in (run with -d ID or --pool paper; weights: forensicslab weights list): " + ", ".join(sorted(OPT_IN)))
@@ -120,10 +121,14 @@ def serve_detector(name: str = typer.Argument(..., help="Registered detector id 
                    max_mpix: float = typer.Option(MAX_PIXELS / 1e6, help="Largest image accepted (megapixels, checked from the header)."),
                    queue: int = typer.Option(QUEUE_DEPTH, help="Requests admitted beyond --concurrency (their bodies held in memory)."),
                    backlog: int = typer.Option(LISTEN_BACKLOG, help="Listen backlog (connections waiting to be accepted)."),
-                   idle_timeout: float = typer.Option(IDLE_TIMEOUT_S, help="Seconds a silent connection is kept open.")):
+                   idle_timeout: float = typer.Option(IDLE_TIMEOUT_S, help="Seconds a silent connection is kept open."),
+                   max_connections: int = typer.Option(MAX_CONNECTIONS, help="Open connections and in-flight requests at most (503 beyond)."),
+                   body_timeout: float = typer.Option(BODY_TIMEOUT_S, help="Seconds a request body may take in total, however it trickles (408 after)."),
+                   readers: int = typer.Option(READERS, help="Request bodies read at once (each up to --max-request-mb in memory).")):
     "Serve a registered detector over HTTP with the forensicslab remote protocol v1 (see forensicslab.detectors.remote)."
     serve(name, host=host, port=port, plugins=plugin or [], max_request_bytes=int(max_request_mb * 2**20),
-          concurrency=concurrency, max_pixels=int(max_mpix * 1e6), backlog=backlog, idle_timeout=idle_timeout, queue=queue)
+          concurrency=concurrency, max_pixels=int(max_mpix * 1e6), backlog=backlog, idle_timeout=idle_timeout, queue=queue,
+          max_connections=max_connections, body_timeout=body_timeout, readers=readers)
 
 # %% ../../nbs/04w_detectors.cli.ipynb #e23c0804
 weights_app = typer.Typer(help="The paper detectors' downloaded weights: list what is installed, add a file.", no_args_is_help=True)

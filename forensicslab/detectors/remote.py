@@ -35,15 +35,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..core import Detection, ForensicsLabError, ToolCard, jsonable
-from .pool import DISCOVERY_HOOKS, card_from_dict, check_heatmap, get_detector, list_detectors, register
+from .pool import (DISCOVERY_HOOKS, _UNSET, card_from_dict, card_max_side, check_heatmap, get_detector,
+                                        list_detectors, register)
 from ..imageio import MAX_PIXELS, ImageError, ImageSource, ImageTooLarge, LoadedImage, load_image
-from ..net import RetriesExhausted, Retryable, RetryPolicy, Served, parse_retry_after
+from ..net import (BodyTooLarge, DeadlineExceeded, RetriesExhausted, Retryable, RetryPolicy, Served, parse_retry_after,
+                              request_capped)
 
 # %% auto #0
-__all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'LISTEN_BACKLOG', 'IDLE_TIMEOUT_S', 'QUEUE_DEPTH', 'RETRIES',
-           'REMOTE_ENV', 'RemoteError', 'DetectRequest', 'DetectResponse', 'Health', 'encode_map', 'decode_map',
-           'image_bytes', 'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request', 'make_server',
-           'serve', 'RemoteDetector', 'register_remote', 'parse_remotes']
+__all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'LISTEN_BACKLOG', 'IDLE_TIMEOUT_S', 'QUEUE_DEPTH',
+           'MAX_CONNECTIONS', 'BODY_TIMEOUT_S', 'READERS', 'RETRIES', 'REMOTE_ENV', 'RemoteError', 'DetectRequest',
+           'DetectResponse', 'Health', 'encode_map', 'decode_map', 'image_bytes', 'load_plugin', 'declared_length',
+           'read_body', 'decode_image', 'parse_request', 'make_server', 'serve', 'RemoteDetector', 'register_remote',
+           'parse_remotes']
 
 # %% ../../nbs/04b_detectors.remote.ipynb #4e7e629c
 PROTOCOL = "1"
@@ -58,6 +61,12 @@ IDLE_TIMEOUT_S = 30.0
 "Default seconds a server connection may stay silent (headers or body not arriving) before it is closed."
 QUEUE_DEPTH = 4
 "Default requests admitted beyond `concurrency` (their bodies held in memory while they wait for a slot)."
+MAX_CONNECTIONS = 64
+"Default cap on open connections and in-flight requests (uvicorn's `limit_concurrency`): beyond it a request is answered 503 at once."
+BODY_TIMEOUT_S = 20.0
+"Default total seconds a request body may take to arrive, however it trickles (a slow upload cannot hold a slot longer)."
+READERS = 16
+"Default request bodies read at once (each at most `max_request_bytes` in memory); more wait up to `idle_timeout` for a turn."
 RETRIES = 3
 "Default client retries after a connection reset, a refused connection or a 503 (with exponential backoff)."
 
@@ -85,12 +94,17 @@ class DetectResponse(BaseModel):
     runtime_s: float = 0.0
 
 class Health(BaseModel):
-    "Body of `GET /v1/health`."
+    "Body of `GET /v1/health`: `status` ok or saturated (no room for another request now), with the server's load."
     model_config = ConfigDict(extra="forbid")
     status: str
     protocol: str
     detector: str
     version: str
+    detecting: Optional[int] = None
+    admitted: Optional[int] = None
+    capacity: Optional[int] = None
+    reading: Optional[int] = None
+    readers: Optional[int] = None
 
 # %% ../../nbs/04b_detectors.remote.ipynb #d2c3c38d
 def encode_map(heatmap: np.ndarray) -> str:
@@ -153,12 +167,19 @@ def declared_length(headers: Headers, limit: int) -> int:
     if n > limit: raise _Refusal(413, f"request body of {n} bytes exceeds the limit of {limit}")
     return n
 
-async def read_body(chunks, n: int, timeout: float) -> bytes:
-    "Exactly the `n` declared bytes of an async iterator of chunks, each awaited at most `timeout` s (else a `_Refusal`)."
+async def read_body(chunks, n: int, timeout: float, total: Optional[float] = None) -> bytes:
+    """Exactly the `n` declared bytes of an async iterator of chunks, each awaited at most `timeout` s and all of them
+    within `total` s (else a `_Refusal` 408)."""
     buf, it = bytearray(), aiter(chunks)
+    end = None if total is None else time.monotonic() + total
     while len(buf) < n:
-        try: part = await asyncio.wait_for(anext(it, b""), timeout)
-        except asyncio.TimeoutError: raise _Refusal(408, f"request body stalled after {len(buf)} of {n} bytes") from None
+        wait = timeout if end is None else min(timeout, end - time.monotonic())
+        try:
+            if wait <= 0: raise asyncio.TimeoutError
+            part = await asyncio.wait_for(anext(it, b""), wait)
+        except asyncio.TimeoutError:
+            why = "stalled" if end is None or time.monotonic() < end else f"not complete within {total:g} s"
+            raise _Refusal(408, f"request body {why} after {len(buf)} of {n} bytes") from None
         if not part: raise _Refusal(400, f"request body ended after {len(buf)} of the {n} declared bytes")
         buf += part
     return bytes(buf)
@@ -221,43 +242,84 @@ def _decode_and_detect(det, data: bytes, max_pixels: int) -> JSONResponse:
     except _Refusal as e: return _answer(e.code, {"error": e.message})
     except Exception as e: return _answer(500, {"error": f"detector {det.card.id} failed: {type(e).__name__}: {e}"})
 
+async def _acquire(sem: asyncio.Semaphore, wait: float) -> bool:
+    "Take `sem` within `wait` seconds (False when it stayed full)."
+    try: await asyncio.wait_for(sem.acquire(), wait)
+    except asyncio.TimeoutError: return False
+    return True
+
+_BUSY = {"Retry-After": "1"}
+
 async def _post_detect(request: Request) -> JSONResponse:
-    "`POST /v1/detect`: declared size, admission, bounded body, header check, then decoding and detection inside the slot."
-    s = request.app.state
+    """`POST /v1/detect`: declared size; a reader's turn and the body within its total deadline; the header check;
+    admission; then decoding and detection inside the slot."""
+    s, load = request.app.state, request.app.state.load
     try: n = declared_length(request.headers, s.max_request_bytes)
     except _Refusal as e: return _answer(e.code, {"error": e.message}, close=True)
-    try: await asyncio.wait_for(s.admission.acquire(), s.idle_timeout)
-    except asyncio.TimeoutError:
-        return _answer(503, {"error": "server busy: too many requests waiting; retry later"}, close=True, headers={"Retry-After": "1"})
-    try:
-        data = await run_in_threadpool(parse_request, await read_body(request.stream(), n, s.idle_timeout), s.max_pixels)
-        async with s.slots: return await run_in_threadpool(_decode_and_detect, s.detector, data, s.max_pixels)
+    if not await _acquire(s.readers, s.idle_timeout):
+        return _answer(503, {"error": "server busy: too many request bodies arriving; retry later"}, close=True, headers=_BUSY)
+    load["reading"] += 1
+    try: body = await read_body(request.stream(), n, s.idle_timeout, s.body_timeout)
     except _Refusal as e: return _answer(e.code, {"error": e.message}, close=True)
     except ClientDisconnect: return _answer(400, {"error": "client went away"}, close=True)   # nobody reads it
-    finally: s.admission.release()
+    finally:
+        load["reading"] -= 1
+        s.readers.release()
+    try: data = await run_in_threadpool(parse_request, body, s.max_pixels)
+    except _Refusal as e: return _answer(e.code, {"error": e.message}, close=True)
+    del body
+    if not await _acquire(s.admission, s.idle_timeout):
+        return _answer(503, {"error": "server busy: too many requests waiting; retry later"}, close=True, headers=_BUSY)
+    load["admitted"] += 1
+    try:
+        async with s.slots:
+            load["detecting"] += 1
+            try: return await run_in_threadpool(_decode_and_detect, s.detector, data, s.max_pixels)
+            finally: load["detecting"] -= 1
+    finally:
+        load["admitted"] -= 1
+        s.admission.release()
 
+def _get_health(request: Request) -> JSONResponse:
+    "`GET /v1/health`: the load; 503 and `saturated` while no further request could be read or admitted."
+    s = request.app.state
+    full = s.load["admitted"] >= s.capacity or s.load["reading"] >= s.n_readers
+    return _answer(503 if full else 200, dict(status="saturated" if full else "ok", protocol=PROTOCOL, detector=s.detector.card.id,
+                                              version=s.detector.card.version, detecting=s.load["detecting"],
+                                              admitted=s.load["admitted"], capacity=s.capacity, reading=s.load["reading"],
+                                              readers=s.n_readers), headers=_BUSY if full else None)
 
 # %% ../../nbs/04b_detectors.remote.ipynb #875d2377
 def make_server(name: str, host: str = "127.0.0.1", port: int = 0, max_request_bytes: int = MAX_REQUEST_BYTES,
                 concurrency: int = 1, verbose: bool = False, max_pixels: int = MAX_PIXELS,
-                backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH) -> Served:
-    "A server (bound, not yet serving) for the registered detector `name`: `.url`, `.start()`, `.serve_forever()`, `.close()`."
+                backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH,
+                max_connections: int = MAX_CONNECTIONS, body_timeout: float = BODY_TIMEOUT_S, readers: int = READERS) -> Served:
+    """A server (bound, not yet serving) for the registered detector `name`: `.url`, `.start()`, `.serve_forever()`,
+    `.close()`. Its card carries the detector's working size (`max_side`, when the detector declares one)."""
     det = get_detector(name)
     card = det.card.model_dump(mode="json")
+    if hasattr(det, "max_side"): card["max_side"] = det.max_side
     app = Starlette(routes=[
-        Route("/v1/health", lambda r: _answer(200, dict(status="ok", protocol=PROTOCOL, detector=det.card.id, version=det.card.version))),
+        Route("/v1/health", _get_health),
         Route("/v1/card", lambda r: _answer(200, card)),
         Route("/v1/detect", _post_detect, methods=["POST"])], exception_handlers={HTTPException: _routes_error})
     app.state.detector, app.state.max_request_bytes, app.state.max_pixels = det, max_request_bytes, max_pixels
-    app.state.idle_timeout = idle_timeout
+    app.state.idle_timeout, app.state.body_timeout = idle_timeout, body_timeout
     app.state.slots = asyncio.Semaphore(max(1, concurrency))
-    app.state.admission = asyncio.Semaphore(max(1, concurrency) + max(0, queue))
-    return Served(app, host, port, backlog=backlog, idle_timeout=idle_timeout, access_log=verbose,
-                  log_level="info" if verbose else "warning")
+    app.state.capacity = max(1, concurrency) + max(0, queue)
+    app.state.admission = asyncio.Semaphore(app.state.capacity)
+    app.state.n_readers = max(1, readers)
+    app.state.readers = asyncio.Semaphore(app.state.n_readers)
+    app.state.load = dict(reading=0, admitted=0, detecting=0)
+    srv = Served(app, host, port, backlog=backlog, idle_timeout=idle_timeout, access_log=verbose,
+                 log_level="info" if verbose else "warning")
+    srv.server.config.limit_concurrency = max(1, max_connections)   # uvicorn answers 503 beyond it, before the app
+    return srv
 
 def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[str] = (),
           max_request_bytes: int = MAX_REQUEST_BYTES, concurrency: int = 1, max_pixels: int = MAX_PIXELS,
-          backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH) -> None:
+          backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH,
+          max_connections: int = MAX_CONNECTIONS, body_timeout: float = BODY_TIMEOUT_S, readers: int = READERS) -> None:
     "Serve detector `name` in the foreground until interrupted; prints `serving <id> on <url>` once ready."
     for p in plugins: load_plugin(p)
     if name not in list_detectors():
@@ -266,7 +328,8 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
     if Image.MAX_IMAGE_PIXELS and max_pixels > Image.MAX_IMAGE_PIXELS:
         Image.MAX_IMAGE_PIXELS = max_pixels   # once, at start-up: Pillow's own guard must not refuse what --max-mpix allows
     srv = make_server(name, host, port, max_request_bytes, concurrency, verbose=True, max_pixels=max_pixels,
-                      backlog=backlog, idle_timeout=idle_timeout, queue=queue)
+                      backlog=backlog, idle_timeout=idle_timeout, queue=queue, max_connections=max_connections,
+                      body_timeout=body_timeout, readers=readers)
     print(f"serving {name} on {srv.url} (protocol v{PROTOCOL})", flush=True)
     srv.serve_forever()   # uvicorn stops cleanly on SIGINT or SIGTERM
 
@@ -275,12 +338,14 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
 _RETRYABLE = (Retryable, httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 class RemoteDetector:
-    "A detector served over HTTP by `forensicslab serve-detector` (protocol v1), through one pooled HTTP client."
+    """A detector served over HTTP by `forensicslab serve-detector` (protocol v1), through one pooled HTTP client.
+    `timeout` is the total seconds one call may take (connection, retries, the whole answer), however the server trickles it."""
     def __init__(self, url: str, timeout: float = 60.0, connect_timeout: float = 5.0,
                  max_request_bytes: int = MAX_REQUEST_BYTES, max_response_bytes: int = MAX_RESPONSE_BYTES,
                  retries: int = RETRIES, backoff_s: float = 0.2, name: str | None = None, retry: RetryPolicy | None = None):
         self.url = url.rstrip("/")
         self.max_request_bytes, self.max_response_bytes, self.attempts = max_request_bytes, max_response_bytes, 0
+        self.timeout = float(timeout)
         self.retry = retry or RetryPolicy(max_attempts=max(0, retries) + 1, base_delay=backoff_s, retry_on=_RETRYABLE)
         self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._closer = weakref.finalize(self, self._client.close)
@@ -288,8 +353,12 @@ class RemoteDetector:
             health = self._call("GET", "/v1/health", Health)
             if health.protocol != PROTOCOL:
                 raise RemoteError(f"{self.url}: server speaks protocol v{health.protocol}, this client speaks v{PROTOCOL}")
-            try: card: ToolCard = card_from_dict(self._call("GET", "/v1/card"), f"{self.url}/v1/card")
+            raw = self._call("GET", "/v1/card")
+            try:
+                card: ToolCard = card_from_dict(raw, f"{self.url}/v1/card")
+                max_side = card_max_side(raw, f"{self.url}/v1/card")
             except ValueError as e: raise RemoteError(str(e)) from None
+            if max_side is not _UNSET: self.max_side = max_side   # the pool honours a declared working size (None: full resolution)
         except BaseException:
             self.close()
             raise
@@ -306,31 +375,28 @@ class RemoteDetector:
 
 
 # %% ../../nbs/04b_detectors.remote.ipynb #947628a1
-def _call_once(self, method: str, url: str, body: bytes | None):
-    "One HTTP exchange on the pooled client: (status, body bytes), the answer read in chunks up to the response limit."
+def _call_once(self, method: str, url: str, body: bytes | None, left: float):
+    "One HTTP exchange on the pooled client within `left` seconds in total: (status, body bytes), capped at the response limit."
     self.attempts += 1
-    with self._client.stream(method, url, content=body, headers={"Content-Type": "application/json"} if body else None) as r:
-        n = int(r.headers.get("Content-Length") or 0)
-        if n > self.max_response_bytes:
-            raise RemoteError(f"{url}: answer of {n} bytes exceeds the limit of {self.max_response_bytes}")
-        buf = bytearray()
-        for chunk in r.iter_bytes():
-            buf += chunk
-            if len(buf) > self.max_response_bytes:
-                raise RemoteError(f"{url}: answer exceeds the limit of {self.max_response_bytes} bytes")
-        if r.status_code == 503:
-            raise Retryable(f"HTTP 503: {bytes(buf[:200]).decode(errors='replace')}", status=503,
-                            retry_after=parse_retry_after(r.headers))
-        return r.status_code, buf
+    try:
+        r = request_capped(self._client, method, url, deadline_s=left, max_bytes=self.max_response_bytes, content=body,
+                           headers={"Content-Type": "application/json"} if body else None)
+    except BodyTooLarge: raise RemoteError(f"{url}: answer exceeds the limit of {self.max_response_bytes} bytes") from None
+    except DeadlineExceeded:   # not retried: the detector may still be working, and retrying piles work on a slow server
+        raise RemoteError(f"{url}: no answer within the timeout ({self.timeout:g} s in total for the call)") from None
+    if r.status == 503:
+        raise Retryable(f"HTTP 503: {r.body[:200].decode(errors='replace')}", status=503, retry_after=parse_retry_after(r.headers))
+    return r.status, r.body
 
 def _call(self, method: str, route: str, schema=None, body: bytes | None = None):
-    "A protocol call under the retry policy (connection reset or refused, 503); validated answer."
+    "A protocol call under the retry policy (connection reset or refused, 503) and the total deadline; validated answer."
     url = self.url + route
-    try: (status, buf), _ = self.retry.call(lambda: _call_once(self, method, url, body), describe=url)
+    try: (status, buf), _ = self.retry.call(lambda left: _call_once(self, method, url, body, left), describe=url,
+                                            total_timeout=self.timeout, min_attempt_s=min(0.5, self.timeout / 4))
     except RetriesExhausted as e:
-        why = e.last if isinstance(e.last, Retryable) else f"cannot reach the detector server ({type(e.last).__name__}: {e.last})"
-        raise RemoteError(f"{url}: {why} ({e.attempts} attempts)") from None
-    except httpx.TimeoutException as e: raise RemoteError(f"{url}: no answer within the timeout ({type(e).__name__})") from None
+        busy = isinstance(e.last, Retryable) and getattr(e.last, "status", None) == 503
+        why = e.last if busy else f"cannot reach the detector server ({e.last})"
+        raise RemoteError(f"{url}: {why} ({e.attempts} attempts{', out of time' if getattr(e, 'out_of_time', False) else ''})") from None
     except httpx.HTTPError as e: raise RemoteError(f"{url}: cannot reach the detector server ({type(e).__name__}: {e})") from None
     try: obj = json.loads(buf)
     except ValueError: raise RemoteError(f"{url}: HTTP {status}, answer is not JSON: {bytes(buf[:200])!r}") from None

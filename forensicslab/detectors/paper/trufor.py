@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ...core import Detection
 from ..imdl import CheckpointError, TRUFOR_LAYOUT, load_strict, read_state
-from ..pool import load_card, make_detection, register
+from ..pool import list_detectors, load_card, make_detection, register
 from ..weights import (FileSpec, WeightsError, WeightsSource, installed, missing_message,
                                             register_source, weights_record)
 from ...imageio import LoadedImage
@@ -278,7 +278,6 @@ SOURCE = register_source(WeightsSource(
     layout=TRUFOR_LAYOUT, page=PAGE, licence_code=LICENCE["code"], licence_weights=LICENCE["weights"], check=_check_file))
 
 # %% ../../../nbs/04o_detectors.paper.trufor.ipynb #128a11d5
-@register("trufor", replace=True)
 class TruFor:
     "TruFor on one image: integrity score sigmoid(det) and the anomaly map, the authors' inference on the installed weights."
     card = load_card("trufor", CARD_DIR)
@@ -315,3 +314,5 @@ class TruFor:
                    layout=self.layout, protocol=self.protocol, weights_verified=self.verified,
                    working_size=list(shrunk) if shrunk else [image.width, image.height])
         return make_detection(self.card, o["integrity_score"], raw=raw, heatmap=np.clip(amap, 0, 1))
+
+if "trufor" not in list_detectors(include_opt_in=True): register("trufor")(TruFor)   # a detector server registered as trufor wins
