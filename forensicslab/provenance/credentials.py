@@ -100,12 +100,16 @@ def _manifest_facts(store: dict) -> dict:
 def read_credentials(source, trust_anchors: str | Path | None = None) -> ProvenanceEvidence:
     "The Content Credentials of a file (path or bytes), validated offline: present/absent, state, failures, generator, actions, source type."
     c2pa = optional_import("c2pa")
-    data = Path(source).read_bytes() if not isinstance(source, (bytes, bytearray)) else bytes(source)
-    mime = _mime(data)
+    stream = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray)) else open(source, "rb")   # a file is streamed, not read whole
+    try: return _read(c2pa, stream, trust_anchors)
+    finally: stream.close()
+
+def _read(c2pa, stream, trust_anchors) -> ProvenanceEvidence:
+    mime = _mime(stream.read(16)); stream.seek(0)
     if not mime: return ProvenanceEvidence(source="c2pa", status="not_applicable", summary="not an image format C2PA reads here")
     ctx = c2pa.Context(settings=c2pa.Settings.from_dict(offline_settings(trust_anchors)))
     try:
-        with c2pa.Reader(mime, io.BytesIO(data), None, ctx) as r:
+        with c2pa.Reader(mime, stream, None, ctx) as r:
             state, results, store = r.get_validation_state(), r.get_validation_results() or {}, json.loads(r.json())
     except c2pa.C2paError as e:
         msg = str(e)
