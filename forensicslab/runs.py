@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+import platformdirs
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
@@ -349,12 +350,8 @@ def checkout_root(start: str | Path | None = None) -> Optional[Path]:
     return None
 
 def user_cache_dir() -> Path:
-    "The per-user cache folder of forensicslab (platformdirs convention; XDG fallback when platformdirs is absent)."
-    try:
-        import platformdirs
-        return Path(platformdirs.user_cache_dir("forensicslab", appauthor=False))
-    except ImportError:
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensicslab"
+    "The per-user cache folder of forensicslab (the platformdirs convention: `~/.cache/forensicslab` on Linux)."
+    return Path(platformdirs.user_cache_dir("forensicslab", appauthor=False))
 
 def cache_dir(*parts: str) -> Path:
     "Cache folder `parts`: `$FORENSICSLAB_CACHE_DIR/...`, else the user cache folder; never a checkout."

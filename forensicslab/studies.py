@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+import nbformat
+import pandas as pd
+import papermill as pm
 import yaml
 from tqdm.auto import tqdm
 
@@ -75,7 +78,6 @@ def study_path(name: str | Path) -> Path:
 # %% ../nbs/02b_studies.ipynb #177ee604
 def _assigned(nb: Path) -> list[str]:
     "Names assigned at top level in the notebook's `parameters` cell."
-    import nbformat
     cell = next((c for c in nbformat.read(nb, as_version=4).cells if "parameters" in c.metadata.get("tags", [])), None)
     if cell is None: return []
     nodes = [n for n in ast.parse(cell.source).body if isinstance(n, (ast.Assign, ast.AnnAssign))]
@@ -83,7 +85,6 @@ def _assigned(nb: Path) -> list[str]:
 
 def study_parameters(name: str | Path) -> dict[str, dict]:
     "The parameters a study notebook declares: name -> `{default, help}` as papermill reads them; an assignment papermill cannot read is an error."
-    import papermill as pm
     nb = study_path(name)
     got = {k: {"default": v["default"], "help": v["help"]} for k, v in pm.inspect_notebook(str(nb)).items()}
     lost = [k for k in _assigned(nb) if k not in got]
@@ -204,7 +205,6 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
         return _run_staged(nb, stem, params, final, kernel, progress)
 
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool) -> Path:
-    import papermill as pm
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
     p = {"quick": False, **params, "out_dir": str(stage)}
     record = {**study_defaults(nb), **p}
@@ -307,7 +307,6 @@ _CI = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*\[\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?
 def numeric_columns(df):
     """`df` with numbers for display strings: a column of `"86.7 [81.1, 92.0]"` becomes three numeric columns
     (`col`, `col_lo`, `col_hi`), and a column of numbers with `-` placeholders becomes numeric (NaN for `-`)."""
-    import pandas as pd
     out = {}
     for c in df.columns:
         s = df[c]
@@ -328,7 +327,6 @@ def _grid_value(v):
 
 def _stack_summary(done: list[dict], table: str, out: Path):
     "Stack `table` of every finished cell, once per cell folder (a folder listed twice is an error, never a second row set)."
-    import pandas as pd
     frames, seen = [], set()
     for c in done:
         if c["folder"] in seen: raise StudyError(f"cell folder {c['folder']} is listed twice; the summary would count it twice")
@@ -359,7 +357,6 @@ def _finished_cell(marker: Path, params: dict, log: Callable[[str], None]) -> Op
 def run_batch(grid_file: str | Path, progress: bool = True, log: Callable[[str], None] = print,
               runner: Callable[..., Path] | None = None) -> dict:
     "Run every unfinished cell of a grid file; returns `{cells, summary, cost_usd, out}` and writes `cells.csv`."
-    import pandas as pd
     g = load_grid(grid_file)
     runner = runner or run_study
     out = Path(g["out"])
