@@ -72,7 +72,8 @@ class ClipSID:
                  random_init: Optional[int] = None, spec: ViTSpec = VIT_L14):
         "Official files (default: the weights folder), or seeded random weights of shape `spec` with `random_init`."
         if random_init is not None:
-            vit_sd = random_state([[k, list(v.shape), "float32"] for k, v in ClipViT(spec).state_dict().items()], random_init)
+            with torch.device("meta"): names = shapes(ClipViT(spec))   # shapes only, nothing allocated
+            vit_sd = random_state([[k, list(s), "float32"] for k, s in names.items()], random_init)
             head_sd = random_state([["weight", [1, spec.width], "float32"], ["bias", [1], "float32"]], random_init)
             self.card = self.card.model_copy(update=dict(name=self.card.name + " with RANDOM weights", version=f"random-init-{random_init}"))
         else:

@@ -95,7 +95,8 @@ class D3:
                  random_init: Optional[int] = None, spec: ViTSpec = VIT_L14_OPENAI, shuffle_seed: int = 0):
         "Official files (default: the weights folder), or seeded random weights of shape `spec` with `random_init`."
         if random_init is not None:
-            vit_sd = random_state([[k, list(v.shape), "float16"] for k, v in ClipViT(spec).state_dict().items()], random_init)
+            with torch.device("meta"): names = shapes(ClipViT(spec))   # shapes only, nothing allocated
+            vit_sd = random_state([[k, list(s), "float16"] for k, s in names.items()], random_init)
             head_sd = random_state([[k, list(v.shape), "float32"] for k, v in D3Head(spec.width).state_dict().items()], random_init)
             self.card = self.card.model_copy(update=dict(name=self.card.name + " with RANDOM weights", version=f"random-init-{random_init}"))
         else:
