@@ -462,3 +462,123 @@ def test_remote_listed_and_carded_under_its_registered_name(trufor_server, tmp_p
         assert D.get_detector("mytrufor").served_id == "trufor"     # answers still checked against the served id
     finally:
         D.unregister("mytrufor")
+
+
+# ---- real deadlines and bounded servers (issue 32 item 3), bounded and on 127.0.0.1 only ----
+def _trickler(url, declared=1000, every=1.0, n=8, out=None):
+    "A client that declares `declared` body bytes and sends one every `every` s (at most `n`), then reads the answer."
+    host, port = url.split("//")[1].split(":")
+    t0 = time.perf_counter()
+    with socket.create_connection((host, int(port)), timeout=15) as s:
+        s.sendall(_post_head(str(declared)))
+        ans = b""
+        try:
+            for _ in range(n):
+                s.sendall(b"A")
+                s.settimeout(every)
+                try:
+                    ans = s.recv(4096)
+                    if ans: break
+                except socket.timeout: pass
+            s.settimeout(10)
+            ans = ans or s.recv(4096)
+        except OSError: pass
+    if out is not None: out.append((ans.split(b"\r\n")[0], time.perf_counter() - t0))
+    return ans
+
+
+def _png_body(side=32):
+    buf = __import__("io").BytesIO()
+    Image.fromarray(np.full((side, side, 3), 90, np.uint8)).save(buf, format="PNG")
+    return {"image": base64.b64encode(buf.getvalue()).decode()}
+
+
+def test_five_slow_clients_do_not_starve_real_requests(tmp_path):
+    """Issue 32 item 4's attack replayed: five clients each trickle a body one byte a second into a server with one
+    slot and a queue of four. Real requests are still answered at once, health stays ok, and each trickler gets 408
+    when its body's total deadline (3 s) runs out; before the fix they held every slot and real requests got 503."""
+    p, url = start_server(tmp_path, "--concurrency", "1", "--queue", "4", "--idle-timeout", "5", "--body-timeout", "3")
+    try:
+        slow = []
+        threads = [threading.Thread(target=_trickler, args=(url,), kwargs=dict(out=slow)) for _ in range(5)]
+        for t in threads: t.start()
+        time.sleep(1.0)
+        h = httpx.get(url + "/v1/health", timeout=5)
+        assert h.status_code == 200 and h.json()["reading"] == 5 and h.json()["status"] == "ok", h.text
+        t0 = time.perf_counter()
+        for _ in range(3):
+            r = httpx.post(url + "/v1/detect", json=_png_body(), timeout=10)
+            assert r.status_code == 200, r.text
+        assert time.perf_counter() - t0 < 5
+        for t in threads: t.join(20)
+        assert len(slow) == 5 and all(code.split()[1:2] == [b"408"] and 2.5 < dt < 7 for code, dt in slow), slow
+    finally:
+        p.terminate(); p.wait(10)
+
+
+def test_health_reports_saturation_and_connections_are_capped(tmp_path):
+    "With 2 readers both held by tricklers, health answers 503 'saturated'; with 6 connections capped at 4, uvicorn answers 503."
+    p, url = start_server(tmp_path, "--readers", "2", "--idle-timeout", "5", "--body-timeout", "3", "--max-connections", "4")
+    try:
+        slow = []
+        threads = [threading.Thread(target=_trickler, args=(url,), kwargs=dict(out=slow)) for _ in range(2)]
+        for t in threads: t.start()
+        time.sleep(1.0)
+        h = httpx.get(url + "/v1/health", timeout=5)
+        assert h.status_code == 503 and h.json()["status"] == "saturated" and h.json()["reading"] == 2, h.text
+        for t in threads: t.join(20)
+        h = httpx.get(url + "/v1/health", timeout=5)
+        assert h.status_code == 200 and h.json()["status"] == "ok" and h.json()["reading"] == 0
+        host, port = url.split("//")[1].split(":")
+        held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(4)]
+        try:
+            for s in held: s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")   # headers never finished
+            time.sleep(0.5)
+            assert httpx.get(url + "/v1/health", timeout=5).status_code == 503
+        finally:
+            for s in held: s.close()
+        time.sleep(0.5)
+        assert httpx.get(url + "/v1/health", timeout=5).status_code == 200
+    finally:
+        p.terminate(); p.wait(10)
+
+
+class _Trickle(BaseHTTPRequestHandler):
+    "A server that answers every request with a valid header and then one body byte every 0.5 s."
+    def log_message(self, *a): pass
+    def do_GET(self):
+        body = json.dumps(dict(status="ok", protocol="1", detector="slow", version="1")).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers()
+        try:
+            for b in body:
+                self.wfile.write(bytes([b])); self.wfile.flush(); time.sleep(0.5)
+        except OSError: pass
+
+
+def test_client_total_deadline_against_a_trickling_server():
+    "A reply trickled a byte every 0.5 s (about 30 s in all) is cut at the client's 2 s total deadline, not read to the end."
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(RemoteError, match="no answer within the timeout"):
+            RemoteDetector(f"http://127.0.0.1:{srv.server_address[1]}", timeout=2)
+        assert time.perf_counter() - t0 < 4
+    finally:
+        srv.shutdown(); srv.server_close()
+
+
+def test_remote_card_declares_its_working_size(tmp_path):
+    "A served detector with max_side None (full resolution) declares it on its card; the pool then sends the full image."
+    plug = tmp_path / "full_res.py"
+    plug.write_text(TRUFOR_SIM.replace('@register("trufor")', '@register("fullres")').replace('id="trufor"', 'id="fullres"')
+                    .replace("    def detect(self, image):", "    max_side = None\n\n    def detect(self, image):\n        self.seen = image.size", 1))
+    p, url = _start([sys.executable, "-m", "forensicslab.detectors.cli", "fullres", "--plugin", str(plug), "--port", "0"])
+    try:
+        rd = RemoteDetector(url)
+        assert rd.max_side is None and D._detector_max_side(rd, D.DEFAULT_MAX_SIDE) is None
+        assert httpx.get(url + "/v1/card").json()["max_side"] is None
+    finally:
+        p.terminate(); p.wait(10)
