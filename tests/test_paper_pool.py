@@ -3,7 +3,6 @@ layouts and through the real loader; weights management; the paper preset; famil
 import argparse
 import base64
 import json
-import os
 import zipfile
 from pathlib import Path, PurePosixPath
 

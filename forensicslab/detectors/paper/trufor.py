@@ -7,7 +7,6 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.paper.trufor.html.md
 # %% ../../../nbs/04o_detectors.paper.trufor.ipynb #05db0e85
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...core import Detection
-from ..imdl import CheckpointError, TRUFOR_LAYOUT, load_strict, read_state
+from ..imdl import TRUFOR_LAYOUT, load_strict, read_state
 from ..pool import list_detectors, load_card, make_detection, register
 from ..weights import (FileSpec, WeightsError, WeightsSource, installed, missing_message,
                                             register_source, weights_record)
