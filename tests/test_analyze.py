@@ -208,13 +208,26 @@ def test_index_in_chromium_hostile_names_sort_filter(tmp_path):
 
 
 @pytest.mark.slow
-def test_analyze_few_hundred_real_photos_progress_and_resume(tmp_path):
-    "A folder of real photographs (../shared/data), interrupted after some and resumed: every image once, reports with their images."
+def test_real_photos_stopped_and_resumed(tmp_path, monkeypatch):
+    "The real photographs of ../shared/data (linked, never copied): stopped half-way, resumed; every image once, each report its own."
     from conftest import SHARED_DATA
-    photos = sorted(p for p in SHARED_DATA.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:200] if SHARED_DATA.is_dir() else []
-    if len(photos) < 50: pytest.skip("needs ../shared/data with real photographs")
-    src = tmp_path / "in"; src.mkdir()
-    for i, p in enumerate(photos): (src / f"{i:03d}{p.suffix}").symlink_to(p)
-    out = tmp_path / "out"
-    rows = tcli.analyze_batch([src], out, progress=False)
-    assert len(rows) == len(photos) and all((out / r["report"]).is_file() for r in rows if r["report"])
+    photos = sorted(p for p in SHARED_DATA.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")
+                    and "_gt" not in p.name) if SHARED_DATA.is_dir() else []
+    if len(photos) < 20: pytest.skip("needs ../shared/data with real photographs")
+    src = tmp_path / "in"
+    for p in photos:
+        (src / p.parent.name).mkdir(parents=True, exist_ok=True)
+        (src / p.parent.name / p.name).symlink_to(p)
+    out, real, n = tmp_path / "out", tcli.analyze_image, []
+    def stop_half(*a, **kw):
+        n.append(1)
+        if len(n) > len(photos) // 2: raise StopRun("stopped for the test")
+        return real(*a, **kw)
+    monkeypatch.setattr(tcli, "analyze_image", stop_half)
+    with pytest.raises(StopRun): tcli.analyze_batch([src], out, detectors=["noise", "spectral"], progress=False)
+    assert len(json.loads((out / "results.json").read_text())["rows"]) == len(photos) // 2
+    monkeypatch.setattr(tcli, "analyze_image", real)
+    rows = tcli.analyze_batch([src], out, detectors=["noise", "spectral"], progress=False)
+    assert sorted(r["image"] for r in rows) == sorted(f"{p.parent.name}/{p.name}" for p in photos)
+    for r in rows:
+        assert f"Triage case report: {html.escape(r['image'])}" in (out / r["report"]).read_text()
