@@ -28,7 +28,8 @@ from .studies import (StudyError, StudyFailed, list_studies, parse_param_args, r
 from .chat.cli import models_app
 from .data.cli import bench_app, data_app
 from .debate.cli import debate_app
-from .detectors.cli import detect_cmd, serve_detector
+from .provenance.cli import index_app
+from .detectors.cli import detect_cmd, serve_detector, weights_app
 from .triage.cli import analyze_cmd
 from .zoom.cli import train_app, zoom_cmd
 
@@ -158,8 +159,10 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.command("detect")(detect_cmd)
 app.command("serve-detector")(serve_detector)
+app.add_typer(weights_app, name="weights")
 app.add_typer(models_app, name="models")
 app.command("analyze")(analyze_cmd)
+app.add_typer(index_app, name="index")
 app.add_typer(debate_app, name="debate")
 app.command("zoom")(zoom_cmd)
 app.add_typer(train_app, name="train")
