@@ -508,11 +508,13 @@ def test_study_llm_path_with_local_server(tmp_path, monkeypatch):
                             kernel_name="python3", language="python",
                             parameters={"quick": True, "out_dir": str(tmp_path / "out"), "dataset": "newsclippings",
                                         "backend": f"openai-compatible:{url}#persuadable", "retrieval_spec": "source-index",
-                                        "strategies": "async_human,single-noretr,judged", "workers": 2})
+                                        "strategies": "async_human,single-noretr,judged", "workers": 2,
+                                        "budget_usd": 0})   # a local server has no price: a USD budget is refused (issue 32)
         hits = url.hits
     table = (tmp_path / "out" / "table1_llm.md").read_text(); print(table)
     assert hits > 0 and "async_human" in table and "single-noretr" in table and "judged" in table
     assert "| 4 |" in table or "|   4 |" in table  # four samples per setup, none failed
+    assert "round-0 disagreement" in table and "agents differ by lens" in table and "$0.24 and 5-15 s per sample with gpt-4o" in table
 
 
 # ---------- issue 15: distinct agents, reasoning first, summaries, sources, run controls ----------
@@ -521,14 +523,14 @@ def test_each_agent_round0_call_reaches_the_server_at_temperature_0(tmp_path):
     "Two agents, identical prompts, temperature 0, reply cache on: two round-0 requests (not one plus a cache hit)."
     with openai_server(scripted) as url:
         m = get_model(f"openai-compatible:{url}#no", cache="rw", cache_path=tmp_path / "c.sqlite", defaults={"temperature": 0})
-        r = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1))
+        r = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1, diversity="none"))
         round0 = url.calls[:2]
         assert url.hits == 2 and r.converged_round == 0                     # both agents said no: converged, but both asked
         assert [c.json["messages"] for c in round0][0] == [c.json["messages"] for c in round0][1]  # same prompt, two calls
         assert all(c.json.get("temperature") == 0 for c in round0)
-        again = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1))
+        again = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1, diversity="none"))
         assert url.hits == 2 and all(t.cached for t in again.turns)         # a re-run replays each agent's own reply
-        other = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_ai", max_rounds=1))
+        other = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_ai", max_rounds=1, diversity="none"))
         assert url.hits == 4 and not any(t.cached for t in other.turns)     # another strategy is another identity
 
 

@@ -360,19 +360,25 @@ def _fill(tpl: str, f: dict) -> str:
     return tpl.format(**{k: f[k] for k in ("person", "place", "year", "event")})
 
 def teaching_captions(seed: int = 0) -> list[dict]:
-    "Every pair of the teaching set: photo, kind (`TEACHING_KINDS`), caption, label, and the page of the photo's source."
+    """Every pair of the teaching set: photo, kind (`TEACHING_KINDS`), caption, label, and the page of the photo's source.
+    Swapped captions form one seeded cycle (each photograph's caption is swapped into exactly one other photograph); an
+    entity substitution takes another photograph's entity of the same `kind` (else the photograph's `impostor`)."""
     photos = _teaching_spec()["photos"]
     names = sorted(photos)
     rng = np.random.default_rng(seed)
+    cycle = [names[i] for i in rng.permutation(len(names))]
+    swap_from = {cycle[i]: cycle[(i + 1) % len(cycle)] for i in range(len(cycle))}
     out = []
     for n in names:
         f = photos[n]
         others = [m for m in names if m != n]
         pick = lambda: photos[others[int(rng.integers(len(others)))]]
+        same = [photos[m]["person"] for m in others if photos[m].get("kind") == f.get("kind")]
+        impostor = same[int(rng.integers(len(same)))] if same else f.get("impostor") or pick()["person"]
         year = int(f["year"]) + int(rng.choice([-9, -7, -5, 5, 7, 9]))
-        other = photos[others[int(rng.integers(len(others)))]]
+        other = photos[swap_from[n]]
         caps = {"true": _fill(f["caption"], f), "true_paraphrase": _fill(f["paraphrase"], f), "swap": _fill(other["caption"], other),
-                "entity": _fill(f["caption"], {**f, "person": pick()["person"]}),
+                "entity": _fill(f["caption"], {**f, "person": impostor}),
                 "place": _fill(f["caption"], {**f, "place": pick()["place"]}),
                 "date": _fill(f["caption"], {**f, "year": year})}
         for kind in TEACHING_KINDS:

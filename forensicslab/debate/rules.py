@@ -92,7 +92,7 @@ def evidence_debate(sample_id: str, debaters: Sequence[EvidenceDebater], prior: 
 _YEAR = re.compile(r"\b(1[89]\d\d|20\d\d)\b")
 _MONTHS = "january february march april may june july august september october november december".split()
 _PLACE = re.compile(r"\b(?:in|at|near|from)\s+((?:[A-Z][\w'-]+)(?:\s+[A-Z][\w'-]+)*)")
-_CAP = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z][\w'-]+")
+_CAP = re.compile(r"(?<![.!?]\s)(?<!^)\b(?:[A-Z][a-z][\w'-]+|[A-Z]{2,}[\w'-]*)")  # names, in any case: Collins, NASA, SpaceX
 _STOP = {"The", "This", "That", "These", "A", "An", "In", "At", "On", "From", "Near", "He", "She", "They", "It", "His", "Her"}
 
 def caption_entities(text: str) -> dict:
@@ -157,19 +157,23 @@ class OfflineError(ForensicsLabError, ValueError):
 
 # %% ../../nbs/07d_debate.rules.ipynb #274e9898
 class ViewCalibration:
-    "Logistic calibration of one evidence view (a score or a feature vector per pair) into misinformation log-odds."
+    "Regularised logistic calibration of one evidence view (a score or a feature vector per pair) into misinformation log-odds."
+    def __init__(self, C: float = 1.0):
+        self.C = C   # inverse regularisation strength on standardised features (1e4: effectively none)
+
     def fit(self, scores, labels) -> "ViewCalibration":
-        "Fit on the fit split's scores (n,) or features (n, d) and labels."
+        "Fit on the fit split's scores (n,) or features (n, d) and labels (features standardised, L2-regularised)."
         s, y = _2d(scores), np.asarray(labels, int)
         if len(set(y)) < 2: raise OfflineError("calibration needs both classes in the fit split")
-        self.lr = LogisticRegression(C=1e4).fit(s, y)
+        self.mu, self.sd = s.mean(0), s.std(0) + 1e-9
+        self.lr = LogisticRegression(C=self.C).fit((s - self.mu) / self.sd, y)
         p = y.mean()
         self.prior = float(np.log(p / (1 - p)))
         return self
 
     def logodds(self, scores) -> np.ndarray:
         "Calibrated misinformation log-odds of each score."
-        return self.lr.decision_function(_2d(scores))
+        return self.lr.decision_function((_2d(scores) - self.mu) / self.sd)
     def llr(self, scores) -> np.ndarray:
         "Evidence of each score: calibrated log-odds minus the prior log-odds."
         return self.logodds(scores) - self.prior

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
 from ..core import ChatModel, Sample
 from ..metrics import fmt_ci, mcnemar, metric_table, paper_numbers, write_table
@@ -25,8 +26,9 @@ from .agents import DebateInput, models_from_spec, run_debate
 
 # %% auto #0
 __all__ = ['CONVENTIONS', 'BY_CONSTRUCTION', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'paper_cost', 'debate_case_fn',
-           'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'data_spec', 'publish_table',
-           'llm_rows', 'compare', 'equal_rows', 'debate_dynamics', 'flip_matrix', 'offline_table']
+           'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'implied_accuracy', 'paper_table',
+           'data_spec', 'publish_table', 'llm_rows', 'compare', 'equal_rows', 'debate_dynamics', 'flip_matrix',
+           'offline_table']
 
 # %% ../../nbs/07f_debate.study.ipynb #3f40f72b
 CONVENTIONS = {"pred": "ties broken by the first agent", "pred_authors": "unresolved counted as misinformation (authors')"}
@@ -107,13 +109,14 @@ def study_retriever(spec: str, ds, cache_dir: str | Path, chat: Optional[ChatMod
 
 # %% ../../nbs/07f_debate.study.ipynb #2bf57484
 def results_row(setup: dict, rows: Sequence[dict], paper=None, n_boot: int = 1000) -> dict:
-    """One table row: the setup's columns, our metrics with 95% intervals (ties broken by the first agent), the
-    accuracy under the authors' convention (unresolved = misinformation) when it differs, and the paper's numbers."""
+    """One table row: the setup's columns, our metrics with 95% intervals (ties broken by the first agent), accuracy,
+    precision and recall under the authors' convention (unresolved = misinformation; "same" when equal), and the paper's numbers."""
     s = score_rows(rows, n_boot=n_boot)
     out = {**setup, **fmt_scores(s)}
     if any("pred_authors" in r for r in rows):
         a = score_rows(rows, n_boot=n_boot, pred="pred_authors")
-        out["Accuracy (unresolved = misinformation)"] = "same" if a["accuracy"][0] == s["accuracy"][0] else fmt_ci(a["accuracy"])
+        for m in ("accuracy", "precision", "recall"):
+            out[f"{m.title()} (unresolved = misinformation)"] = "same" if a[m][0] == s[m][0] or (a[m][0] != a[m][0] and s[m][0] != s[m][0]) else fmt_ci(a[m])
     out["total cost $"] = f"{s['total_cost_usd']:.4f}"
     out["paper (acc / prec / rec)"] = paper_str(paper)
     return out
@@ -125,6 +128,29 @@ def backend_status(backend: str, ds) -> Optional[str]:
     n_img = sum(s.image_path(ds.root).exists() for s in ds.samples[:50])
     if n_img == 0: return f"{ds.name}: images are absent (only embeddings); the LLM debaters need the image files"
     return None
+
+def implied_accuracy(precision: float, recall: float, prevalence: float = 0.5) -> float:
+    "The accuracy (in %) that a precision and recall (in %) imply at a share `prevalence` of positives."
+    p, r = precision / 100, recall / 100
+    tp = r * prevalence
+    fp = tp / p - tp if p > 0 else float("nan")
+    return 100 * (tp + (1 - prevalence - fp))
+
+def paper_table(table: str, prevalence: Optional[float] = 0.5) -> "pd.DataFrame":
+    """The paper's rows of `table` as a labelled reference table: accuracy, precision and recall as printed and, with a
+    `prevalence`, the accuracy they imply (a consistency check of the printed numbers), with the YAML's notes."""
+    d = paper_numbers("debate", table)
+    notes = d.get("notes") or {}
+    out = []
+    for k, v in d["rows"].items():
+        v = list(v) + [None] * (3 - len(v))
+        row = {"setup (paper)": k, "paper accuracy": v[0], "paper precision": v[1], "paper recall": v[2]}
+        if prevalence is not None:
+            row[f"accuracy implied by P and R at {100 * prevalence:.0f}% positives"] = (
+                "-" if None in v[1:3] else f"{implied_accuracy(v[1], v[2], prevalence):.1f}")
+        row["note"] = notes.get(k, "-")
+        out.append(row)
+    return pd.DataFrame(out)
 
 # %% ../../nbs/07f_debate.study.ipynb #25db38d9
 def data_spec(ds) -> str:
