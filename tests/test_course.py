@@ -7,7 +7,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NBS = REPO / "nbs"
-SYSTEM_ORDER = ["spine", "data", "detectors", "chat", "triage", "debate", "zoom", "cli"]
+SYSTEM_ORDER = ["spine", "data", "detectors", "provenance", "chat", "triage", "debate", "zoom", "cli"]
 MARK = "<!-- course -->"
 
 
