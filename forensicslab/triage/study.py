@@ -433,8 +433,9 @@ def change_decomposition(rows: list[dict], base: list[dict]) -> pd.DataFrame:
 
 # %% ../../nbs/06e_triage.study.ipynb #3392b29d
 def event_finding(coll: str, name: str, rows: list[dict], base_name: str, base: list[dict], n_boot: int = 1000,
-                  seed: int = 0) -> str:
-    "One generated sentence: what `name`'s auditors removed and lost on `coll`, and where its change against `base_name` came from."
+                  seed: int = 0, auditors: bool = True) -> str:
+    """One generated sentence: what `name`'s auditors removed and lost on `coll`, and where its change against `base_name`
+    came from (`auditors=False`: a configuration without auditors, whose change comes from its judge alone)."""
     tt = triage_table(rows, n_boot, seed)
     pooled = tt[tt.detector == "all"].set_index("event")
     def share(cls):
@@ -448,6 +449,10 @@ def event_finding(coll: str, name: str, rows: list[dict], base_name: str, base: 
         if not len(d): continue
         by = "; ".join(f"{r.fate} {r.change_pts:+.1f}" for r in d.itertuples() if r.change_pts)
         parts.append(f"{metric} {d.change_pts.sum():+.1f} pts" + (f" ({by})" if by else " (no image changed)"))
+    if not auditors:
+        n = {cls: int(pooled.loc[cls].events) if cls in pooled.index else 0 for cls in ("authentic", "in scope, manipulated")}
+        return (f"{coll.upper()}, {name}: no auditors (all {n['authentic']} authentic and {n['in scope, manipulated']} in-scope "
+                f"fires reach the judge); against {base_name}: {', '.join(parts)}.")
     return (f"{coll.upper()}, {name}: the auditors dropped {share('authentic')} (false alarms removed) and "
             f"{share('in scope, manipulated')} (true evidence lost), {share('out of scope, manipulated')}; against "
             f"{base_name}: {', '.join(parts)}.")
