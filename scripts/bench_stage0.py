@@ -135,14 +135,18 @@ def paper_stage0(repeat: int, timeout: float, folder: Path) -> dict:
     t0 = time.perf_counter()
     timed_pool(p, names, timeout)   # warm-up: the pool loads and keeps each model once
     print(f"warm-up (first calls) {time.perf_counter() - t0:.1f} s")
+    def forget():   # the backbones remember recent inputs; every timed run must pay its own forward passes
+        for v in shared_backbones().values(): v.clear()
     single, status = {}, {}
     for n in names:
         ts = []
         for _ in range(repeat):
+            forget()
             dt, _, res = timed_pool(p, [n], timeout); ts.append(dt); status[n] = res[n].status
         single[n] = statistics.median(ts)
     pool_ts = []
     for _ in range(repeat):
+        forget()
         dt, _, res = timed_pool(p, names, timeout); pool_ts.append(dt)
     pool = statistics.median(pool_ts)
     vits = shared_backbones()
@@ -153,6 +157,7 @@ def paper_stage0(repeat: int, timeout: float, folder: Path) -> dict:
               + ("" if res[n].status == "ok" else f": {(res[n].error or '')[:80]}"))
     print(f"sum of detectors run separately: {sum(single.values()):.2f} s per image")
     print(f"whole pool, Stage 0 (concurrent, one image): {pool:.2f} s per image")
+    print(f"forward passes run by the backbones: {sum(v.forwards for v in vits.values())}")
     print(f"CLIP backbones held by the process: {len(vits)} for {sum(1 for n in names if n in ('clipsid', 'd3', 'effort', 'forensicsadapter'))} "
           f"CLIP-based detectors (shared when their tensors hash the same)")
     return {"how": how, "single_s": single, "sum_s": sum(single.values()), "pool_s": pool, "pool_runs_s": pool_ts,
