@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
+from ..chat.models import ModelControls, get_model
 from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
 from ..data.datasets import describe_dataset, parse_dataset_spec
@@ -156,12 +157,10 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
     models = {} if models is None else models
     def model(spec, role):
         key = spec if controls is None else (role, spec)
-        if key not in models:
-            from forensicslab.chat.models import ModelControls, get_model
-            if controls is None: models[key] = get_model(spec, cache=model_cache, cache_path=cache_path, **model_kw)
-            else:   # (not ModelControls.model: it holds the controls' lock while get_model reads the shared budget)
-                c = ModelControls.of(controls)
-                models[key] = get_model(c.spec_for(role, spec), controls=c, role=role)
+        if key not in models:   # (not ModelControls.model: it holds the controls' lock while get_model reads the shared budget)
+            c = ModelControls.of(controls) if controls is not None else \
+                ModelControls.of({"cache": model_cache, "cache_path": None if cache_path is None else str(cache_path), **model_kw})
+            models[key] = get_model(c.spec_for(role, spec) if controls is not None else spec, controls=c, role=role)
         return models[key]
     rp = RuleParams(**cfg.rule_params) if cfg.rule_params else (rule_params or RuleParams())
     if cfg.judge is None: raise TriageConfigError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
