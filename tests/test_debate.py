@@ -565,7 +565,10 @@ def test_chat_backend_summarises_and_answers_questions(tmp_path, nc_fixture):
         Retriever(retr.backend, summarizer=retr.summarizer, cache_dir=tmp_path / "retrieval", k=3).summarize(ctx.pages)
         assert url.hits == n                                                   # summaries cached by page hash
         r = run_debate(DebateInput(ds.samples[0], ctx), m, DebateConfig(strategy="disambiguation", max_rounds=1), qa=ChatQA(m))
+        rows = run_llm_setup(ds, [m, m], DebateConfig(strategy="disambiguation", max_rounds=1), tmp_path / "run", retr, n=1, workers=1)
     assert r.qa and r.qa[0]["answer"] == "In 2016, per page 1." and r.qa[0]["answered_by"].startswith("chat-qa:")
+    qa = rows[0]["record"]["qa"]   # the study runner wires ChatQA in for disambiguation (it answered with TF-IDF before)
+    assert qa and all(q["answered_by"].startswith("chat-qa:") for q in qa)
     assert study_retriever("source-index", ds, tmp_path / "x").summarizer.name == "extractive-tfidf"   # offline default
 
 

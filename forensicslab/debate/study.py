@@ -18,7 +18,7 @@ from ..core import ChatModel, Sample
 from ..metrics import fmt_ci, mcnemar, metric_table, paper_numbers, write_table
 from ..runs import Case, Run, part_skipped, part_written, portable_path, project_root
 from .records import DebateConfig
-from .retrieval import make_retriever
+from .retrieval import ChatQA, make_retriever
 from .data import build_source_index
 from .rules import OfflineError, OfflineViews
 from .judge import majority
@@ -87,12 +87,13 @@ def debate_case_fn(models, config: DebateConfig, retriever=None, image_root=None
 
 def run_llm_setup(ds, models: Sequence[ChatModel] | ChatModel, config: DebateConfig, folder: str | Path, retriever=None,
                   n: Optional[int] = None, workers: int = 4, judge=None, backends: dict | None = None) -> list[dict]:
-    "Run one LLM debate setup over (the first `n` samples of) an `OOCDataset` as a resumable `Run`; returns its rows."
+    "Run one LLM debate setup over (the first `n` samples of) an `OOCDataset` as a resumable `Run` (disambiguation questions answered by `ChatQA` over the first model); returns its rows."
     samples = ds.samples[:n] if n else ds.samples  # n: the sample limit of an LLM row
     ms = list(models) if isinstance(models, (list, tuple)) else [models]
     run = Run(folder, config={"dataset": ds.name, "n": len(samples), **config.model_dump()},
               backends=backends or {"models": [m.model_id for m in ms], "retrieval": getattr(getattr(retriever, "backend", None), "name", None)})
-    fn = debate_case_fn(ms, config, retriever, ds.root, judge=judge)
+    qa = ChatQA(ms[0]) if config.strategy == "disambiguation" else None   # the chat backend answers the debaters' questions (the paper's)
+    fn = debate_case_fn(ms, config, retriever, ds.root, judge=judge, qa=qa)
     return run.execute([Case(s.id, s) for s in samples], fn, workers=workers, desc=config.label, progress=False)
 
 # %% ../../nbs/07f_debate.study.ipynb #7083855a
