@@ -26,7 +26,7 @@ from .core import ForensicsLabError
 
 # %% auto #0
 __all__ = ['log', 'Retryable', 'RetriesExhausted', 'parse_retry_after', 'RetryPolicy', 'is_rate_limit', 'Served',
-           'DeadlineExceeded', 'BodyTooLarge', 'CappedReply', 'request_capped']
+           'DeadlineExceeded', 'BodyTooLarge', 'CappedReply', 'request_capped', 'CappedTransport']
 
 # %% ../nbs/01a_net.ipynb #6f6a86de
 log = logging.getLogger("forensicslab.net")
@@ -200,6 +200,32 @@ class CappedReply:
         "The body parsed as JSON (strict UTF-8)."
         return json.loads(self.text())
 
+def _read_capped(r: httpx.Response, what: str, end: float, deadline_s: float, max_bytes: int, clock, chunks) -> bytes:
+    """The body of the open reply `r` (its `chunks()`), read whole by `end` (a timer closes the stream then, whatever
+    the server trickles) and refused past `max_bytes`: the one reading loop of `request_capped` and `CappedTransport`."""
+    late = lambda: DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline")
+    timer = threading.Timer(max(end - clock(), 0.0), r.close)
+    timer.daemon = True
+    timer.start()
+    try:
+        declared = r.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise BodyTooLarge(f"{what}: reply of {int(declared)} bytes declared, over the {max_bytes}-byte cap; not read",
+                               limit=max_bytes)
+        buf = bytearray()
+        for chunk in chunks():
+            buf += chunk
+            if len(buf) > max_bytes:
+                raise BodyTooLarge(f"{what}: reply over the {max_bytes}-byte cap; reading stopped", limit=max_bytes)
+            if clock() > end: raise late()
+        if clock() > end: raise late()
+        return bytes(buf)
+    except (BodyTooLarge, DeadlineExceeded): raise
+    except (httpx.HTTPError, OSError, RuntimeError) as e:   # a stream the timer closed raises one of these, as does a dropped connection
+        if clock() >= end - 0.01 or isinstance(e, httpx.TimeoutException): raise late() from None
+        raise Retryable(f"{what}: connection failed ({type(e).__name__})") from None
+    finally: timer.cancel()
+
 def request_capped(client: httpx.Client, method: str, url: str, *, deadline_s: float, max_bytes: int,
                    clock: Callable[[], float] = time.monotonic, **kw) -> CappedReply:
     """One request whose reply is read whole within `deadline_s` seconds in total and at most `max_bytes` bytes
@@ -207,29 +233,32 @@ def request_capped(client: httpx.Client, method: str, url: str, *, deadline_s: f
     `Retryable` for a failed connection; `kw` goes to `client.stream` (`json`, `headers`, ...)."""
     t0 = clock()
     end = t0 + float(deadline_s)
-    late = lambda: DeadlineExceeded(f"{method} {url}: no complete reply within the {deadline_s:g} s deadline")
-    if deadline_s <= 0: raise late()
-    timer = None
+    what = f"{method} {url}"
+    if deadline_s <= 0: raise DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline")
     try:
         with client.stream(method, url, timeout=httpx.Timeout(max(end - clock(), 0.001)), **kw) as r:
-            timer = threading.Timer(max(end - clock(), 0.0), r.close)   # the total deadline, whatever the server trickles
-            timer.daemon = True
-            timer.start()
-            declared = r.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_bytes:
-                raise BodyTooLarge(f"{method} {url}: reply of {int(declared)} bytes declared, over the {max_bytes}-byte cap; "
-                                   f"not read", limit=max_bytes)
-            buf = bytearray()
-            for chunk in r.iter_bytes():
-                buf += chunk
-                if len(buf) > max_bytes:
-                    raise BodyTooLarge(f"{method} {url}: reply over the {max_bytes}-byte cap; reading stopped", limit=max_bytes)
-                if clock() > end: raise late()
-            if clock() > end: raise late()
-            return CappedReply(r.status_code, r.headers, bytes(buf), clock() - t0)
-    except (BodyTooLarge, DeadlineExceeded): raise
-    except (httpx.HTTPError, OSError, RuntimeError) as e:   # a stream the timer closed raises one of these, as does a dropped connection
-        if clock() >= end - 0.01 or isinstance(e, httpx.TimeoutException): raise late() from None
-        raise Retryable(f"{method} {url}: connection failed ({type(e).__name__})") from None
-    finally:
-        if timer is not None: timer.cancel()
+            body = _read_capped(r, what, end, deadline_s, max_bytes, clock, r.iter_bytes)
+            return CappedReply(r.status_code, r.headers, body, clock() - t0)
+    except (httpx.HTTPError, OSError) as e:   # no connection, or no headers in time
+        if clock() >= end - 0.01 or isinstance(e, httpx.TimeoutException):
+            raise DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline") from None
+        raise Retryable(f"{what}: connection failed ({type(e).__name__})") from None
+
+class CappedTransport(httpx.HTTPTransport):
+    """An httpx transport that reads every reply whole before handing it on, within the request's timeout taken as
+    one total deadline (connection, headers and the whole body; none given: an hour) and at most `max_bytes` bytes
+    (asked for uncompressed, so the cap is on what is parsed): `request_capped`'s guarantees for a client that reads
+    replies itself, such as the official API clients, which then see its `DeadlineExceeded`, `BodyTooLarge` or
+    `Retryable` (a dropped body) as the cause of their own connection error. `kw` goes to `httpx.HTTPTransport`."""
+    def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic, **kw):
+        super().__init__(**kw)
+        self.max_bytes, self.clock = int(max_bytes), clock
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        t0 = self.clock()
+        deadline_s = float((request.extensions.get("timeout") or {}).get("read") or 3600.0)
+        request.headers["Accept-Encoding"] = "identity"
+        r = super().handle_request(request)
+        try: body = _read_capped(r, f"{request.method} {request.url}", t0 + deadline_s, deadline_s, self.max_bytes, self.clock, r.iter_raw)
+        finally: r.close()
+        return httpx.Response(r.status_code, headers=r.headers, content=body, extensions=r.extensions)

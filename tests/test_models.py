@@ -160,7 +160,8 @@ def test_gemini_roundtrip_with_image_and_schema():
     assert "gemini-2.5-pro:generateContent" in call.path and call.headers["x-goog-api-key"] == "test-gemini-key"
     cfg = call.json["generationConfig"]
     assert cfg["responseMimeType"] == "application/json" and cfg["maxOutputTokens"] == 64 and cfg["temperature"] == 0
-    assert call.json["contents"][0]["parts"][1]["inlineData"]["mimeType"] == "image/png"
+    blob = call.json["contents"][0]["parts"][1]["inlineData"]       # google-genai writes the blob's mime type snake_case
+    assert blob.get("mimeType", blob.get("mime_type")) == "image/png"
     assert call.json["systemInstruction"]["parts"][0]["text"] == "You inspect images for manipulation."
 
 
@@ -696,17 +697,20 @@ def test_hf_regex_constrained_zoom_turns_are_well_formed(tmp_path):
 
 
 def test_one_pooled_client_per_endpoint():
-    """Issue 25: every backend shares one HTTP client (one connection pool), whatever the per-call timeout (the
-    Gemini backend used to build a client per timeout, i.e. nearly one per call under a time budget)."""
-    from forensicslab.chat.backends import _http_client, close_clients
+    """Issue 25: each endpoint has one official client over one HTTP client (one connection pool), whatever the
+    per-call timeout (the Gemini backend used to build a client per timeout, i.e. nearly one per call under a time budget)."""
+    from forensicslab.chat.backends import close_clients
     with openai_server(scripted(GOOD)) as url, gemini_server(scripted(GOOD)) as gurl:
         a, b = oai(url, timeout=7.0), oai(url, timeout=3.0)
         g1, g2 = gem(gurl, timeout=9.0), gem(gurl, timeout=2.5)
         for m in (a, b, g1, g2): assert m.chat("hi", schema=Verdict).parsed.verdict == "manipulated"
-        first = _http_client()
-        assert gem(gurl, timeout=1.2).chat("hi", schema=Verdict).parsed and _http_client() is first
+        assert a.backend.client() is b.backend.client() and g1.backend.client() is g2.backend.client()
+        assert type(a.backend.client()).__module__.startswith("openai") and type(g1.backend.client()).__module__.startswith("google.genai")
+        first = g1.backend.http_client()
+        assert gem(gurl, timeout=1.2).chat("hi", schema=Verdict).parsed and g1.backend.http_client() is first
+        assert a.backend.http_client() is not first                 # one pool per endpoint
         close_clients()
-        assert _http_client() is not first and first.is_closed     # a closed client is never handed out again
+        assert g1.backend.http_client() is not first and first.is_closed     # a closed client is never handed out again
         assert oai(url).chat("again", schema=Verdict).parsed.verdict == "manipulated"
 
 

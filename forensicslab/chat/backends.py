@@ -11,6 +11,7 @@ import atexit
 import base64
 import functools
 import hashlib
+import importlib
 import io
 import json
 import math
@@ -28,7 +29,7 @@ from pydantic import BaseModel
 
 from fastcore.basics import patch
 
-from ..net import BodyTooLarge, DeadlineExceeded, Retryable, parse_retry_after, request_capped
+from ..net import BodyTooLarge, CappedTransport, DeadlineExceeded, Retryable, parse_retry_after
 from ..core import ChatFailure, ChatMessage, ForensicsLabError
 from ..imageio import LoadedImage, fit_within, load_image, pixel_hash
 from .reliability import BackendError, MissingKeyError, TransientError, register_secret
@@ -38,7 +39,7 @@ __all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'OPENAI_M
            'extra_for', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
            'Capabilities', 'Blocked', 'ReplyTooLarge', 'schema_json', 'schema_instruction', 'with_schema_instruction',
            'grammar_schema', 'free_text_cap', 'Backend', 'shared_client', 'close_clients', 'body_retry_delay',
-           'HTTPBackend', 'openai_traits', 'strict_schema', 'OpenAIBackend', 'GeminiBackend', 'resolve_device',
+           'APIBackend', 'openai_traits', 'strict_schema', 'OpenAIBackend', 'GeminiBackend', 'resolve_device',
            'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available',
            'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
 
@@ -324,7 +325,7 @@ def _key_from_env(names: tuple[str, ...], explicit: Optional[str], what: str) ->
 
 # %% ../../nbs/05a_chat.backends.ipynb #cde6fa23
 _SDK_CLIENTS: dict[tuple, Any] = {}
-_SDK_LOCK = threading.Lock()
+_SDK_LOCK = threading.RLock()   # re-entered: an SDK client is made around its shared HTTP client
 
 def shared_client(kind: str, endpoint: Optional[str], key: str, make: Callable[[], Any]) -> Any:
     "The one SDK client for `(kind, endpoint, key)`, made by `make()` on first use and shared by every backend."
@@ -354,44 +355,62 @@ def body_retry_delay(error: Any) -> Optional[float]:
             if m: return float(m.group(1))
     return None
 
-def _http_client() -> httpx.Client:
-    return shared_client("httpx", None, "", lambda: httpx.Client(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)))
+@functools.cache
+def _sdk(module: str):
+    """The official API client module `module` (`openai`, `google.genai`, `google.genai.errors`), imported on first
+    use: the one lazy import of the optional `api` extra; a plain install gets a one-line `pip install` error."""
+    try: return importlib.import_module(module)
+    except ImportError as e: raise extra_for(e, f"the {module} backend") from None
 
-class HTTPBackend(Backend):
-    "A backend that posts JSON to a server: one pooled client, one total deadline per attempt, a size-capped reply."
+class APIBackend(Backend):
+    """A hosted or served model reached through its official client (`openai` or `google-genai`): one client per
+    endpoint, key and size cap, over one pooled `httpx.Client` whose transport (`net.CappedTransport`) reads each reply
+    whole within the attempt's total deadline and the size cap. The client's own retries are off: the lab's policy retries."""
     max_reply_bytes: int = 8_000_000
+    base_url: str = ""
+    _key: Optional[str] = None
 
-    def headers(self) -> dict:
-        "The request headers (the API key; subclasses say how)."
-        return {}
+    def http_client(self) -> httpx.Client:
+        "The pooled HTTP client of this endpoint, key and size cap (made on first use, shared by every backend)."
+        return shared_client(f"httpx:{self.max_reply_bytes}", self.base_url, self._key or "", lambda: httpx.Client(
+            transport=CappedTransport(self.max_reply_bytes, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))))
 
-    def post(self, url: str, body: dict, timeout: float) -> dict:
-        "POST `body` and return the reply's JSON, or raise `TransientError` / `BackendError` / `ReplyTooLarge`."
-        try: r = request_capped(_http_client(), "POST", url, json=body, headers=self.headers(), deadline_s=timeout,
-                                max_bytes=self.max_reply_bytes)
-        except DeadlineExceeded:
-            raise TransientError(f"{self.model_id}: no complete reply within the attempt's {timeout:.3g} s deadline") from None
-        except BodyTooLarge as e:
-            raise ReplyTooLarge(f"{self.model_id}: reply over the {e.limit}-byte cap (max_reply_chars); not read, not stored",
-                                model_id=self.model_id, calls=1, usage_unknown=True) from None
-        except Retryable as e: raise TransientError(f"{self.model_id}: {e}") from None
-        if r.status >= 400: raise self.http_error(r)
-        try: return r.json()
-        except UnicodeDecodeError as e:
-            raise TransientError(f"{self.model_id}: reply body is not valid UTF-8 (byte {e.start} of {len(r.body)})") from None
-        except json.JSONDecodeError:
-            raise TransientError(f"{self.model_id}: malformed reply body (HTTP {r.status}, not JSON)") from None
+    def client(self) -> Any:
+        "The official client of this endpoint, key and size cap (made on first use by `make_client`, shared)."
+        return shared_client(f"{type(self).__name__}:{self.max_reply_bytes}", self.base_url, self._key or "", self.make_client)
 
-    def http_error(self, r) -> Exception:
-        "An HTTP error reply as `TransientError` (408, 409, 429, 5xx) or `BackendError`, with the server's wait (header or body)."
-        try: err = (r.json() or {}).get("error")
-        except Exception: err = None
-        msg = (err.get("message") if isinstance(err, dict) else err) or r.body[:300].decode("utf-8", "replace") or "no message"
-        ra = parse_retry_after(r.headers)
+    def make_client(self) -> Any: raise NotImplementedError
+
+    def error_parts(self, e: Exception) -> Optional[tuple]:
+        "`(status, headers, error body)` of an HTTP error reply the client raised, else None (subclasses say how)."
+        return None
+
+    def failure(self, e: Exception, timeout: float) -> Exception:
+        """What the client raised, as the lab's failure: `ReplyTooLarge` past the size cap, `TransientError` for a
+        missed deadline, a dropped connection, a body that is not JSON or HTTP 408, 409, 429, 5xx (with the server's wait from `Retry-After` /
+        `retry-after-ms` or Gemini's `RetryInfo` in the body), `BackendError` for another HTTP error; anything else as is."""
+        cause, seen = e, 0
+        while cause is not None and not isinstance(cause, ForensicsLabError) and seen < 8:
+            cause, seen = cause.__cause__ or cause.__context__, seen + 1
+        if isinstance(cause, BodyTooLarge):
+            return ReplyTooLarge(f"{self.model_id}: reply over the {cause.limit}-byte cap (max_reply_chars); not read, not stored",
+                                 model_id=self.model_id, calls=1, usage_unknown=True)
+        if isinstance(cause, DeadlineExceeded) or isinstance(e, httpx.TimeoutException) or "Timeout" in type(e).__name__:
+            return TransientError(f"{self.model_id}: no complete reply within the attempt's {timeout:.3g} s deadline")
+        if isinstance(cause, Retryable): return TransientError(f"{self.model_id}: {cause}")
+        if isinstance(e, json.JSONDecodeError): return TransientError(f"{self.model_id}: malformed reply body (not JSON)")
+        parts = self.error_parts(e)
+        if parts is None:
+            if isinstance(e, httpx.HTTPError) or "Connection" in type(e).__name__:
+                return TransientError(f"{self.model_id}: connection failed ({type(e).__name__})")
+            return e
+        status, headers, err = parts
+        msg = (err.get("message") if isinstance(err, dict) else err) or "no message"
+        ra = parse_retry_after(headers)
         if ra is None: ra = body_retry_delay(err)
-        text = f"{self.model_id}: HTTP {r.status}: {msg}"
-        if r.status in (408, 409, 429) or r.status >= 500: return TransientError(text, status=r.status, retry_after=ra)
-        return BackendError(text, status=r.status, model_id=self.model_id)
+        text = f"{self.model_id}: HTTP {status}: {str(msg)[:300]}"
+        if status in (408, 409, 429) or status >= 500: return TransientError(text, status=status, retry_after=ra)
+        return BackendError(text, status=status, model_id=self.model_id)
 
 # %% ../../nbs/05a_chat.backends.ipynb #27716c67
 OPENAI_MODELS = {
@@ -445,7 +464,7 @@ SERVER_FAMILIES = ("openai", "vllm", "llamacpp", "transformers", "generic")
 _AUTO_MODE = {"openai": "json_schema", "vllm": "constrained", "llamacpp": "constrained", "transformers": "prompt",
               "generic": "json_schema+prompt"}
 
-class OpenAIBackend(HTTPBackend):
+class OpenAIBackend(APIBackend):
     """OpenAI or a server of its protocol (`server`: one of `SERVER_FAMILIES`, default `openai` for the official API,
     `generic` otherwise). `vision`, `json_schema`, `tools` and `context_length` declare what the served model can do;
     `image_detail` is OpenAI's `low` | `high` | `auto`; `accepts_temperature` / `reasoning` override `OPENAI_MODELS`."""
@@ -481,7 +500,13 @@ class OpenAIBackend(HTTPBackend):
     @property
     def endpoint(self) -> str: return f"{self.model_id}@{self.base_url}"
 
-    def headers(self) -> dict: return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+    def make_client(self) -> Any:
+        "The official `openai.OpenAI` client of this endpoint (no retries of its own; a keyless server gets vLLM's `EMPTY`)."
+        return _sdk("openai").OpenAI(base_url=self.base_url, api_key=self._key or "EMPTY", http_client=self.http_client(), max_retries=0)
+
+    def error_parts(self, e: Exception) -> Optional[tuple]:
+        if not isinstance(e, _sdk("openai").APIStatusError): return None
+        return e.status_code, e.response.headers, e.body if e.body is not None else e.message
 
     def effective_structured(self) -> str:
         "`auto` resolved for the server family (see the table above)."
@@ -547,10 +572,23 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
     body.update(extra)
     return body
 
+_OPENAI_ARGS = frozenset({"model", "messages", "temperature", "top_p", "seed", "stop", "max_tokens", "max_completion_tokens",
+                          "response_format", "reasoning_effort"})
+"The request keys `openai`'s `chat.completions.create` takes as arguments; the family's own keys go in `extra_body`."
+
 @patch
 def complete(self: OpenAIBackend, messages, schema, params, timeout, image_detail: Optional[str] = None) -> Completion:
-    "One attempt; usage is None where the server reported none; a refusal or content filter raises `Blocked`."
-    r = self.post(self.base_url.rstrip("/") + "/chat/completions", self.request(messages, schema, params, image_detail), timeout)
+    """One attempt through `openai`'s `chat.completions.with_raw_response.create` (the family's own keys, such as vLLM's
+    `structured_outputs`, in `extra_body`); the raw body is decoded as strict UTF-8 and parsed here. Usage is None where
+    the server reported none; a refusal or content filter raises `Blocked`."""
+    body = self.request(messages, schema, params, image_detail)
+    extra = {k: body.pop(k) for k in list(body) if k not in _OPENAI_ARGS}
+    try: raw = self.client().chat.completions.with_raw_response.create(**body, extra_body=extra or None, timeout=timeout)
+    except Exception as e: raise self.failure(e, timeout) from None
+    try: r = json.loads(raw.http_response.content.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TransientError(f"{self.model_id}: reply body is not valid UTF-8 (byte {e.start} of {len(raw.http_response.content)})") from None
+    except json.JSONDecodeError: raise TransientError(f"{self.model_id}: malformed reply body (not JSON)") from None
     choices = r.get("choices") if isinstance(r, dict) else None
     if not choices or not isinstance(choices[0], dict): raise TransientError(f"{self.model_id}: response has no choices")
     ch, u = choices[0], (r.get("usage") or {})
@@ -568,8 +606,8 @@ def complete(self: OpenAIBackend, messages, schema, params, timeout, image_detai
 _GEMINI_BLOCKS = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY"})
 _GEMINI_FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
 
-class GeminiBackend(HTTPBackend):
-    "The Gemini API (`generateContent` over REST). `accepts_temperature` overrides the per-family default (False for Gemini 3)."
+class GeminiBackend(APIBackend):
+    "The Gemini API through `google-genai` (`models.generate_content`). `accepts_temperature` overrides the per-family default (False for Gemini 3)."
     def __init__(self, model: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
                  structured: str = "auto", concurrency: int = 8, timeout: float = 60.0,
                  accepts_temperature: Optional[bool] = None):
@@ -589,7 +627,15 @@ class GeminiBackend(HTTPBackend):
     @property
     def endpoint(self) -> str: return f"{self.model_id}@{self.base_url}"
 
-    def headers(self) -> dict: return {"x-goog-api-key": self._key}
+    def make_client(self) -> Any:
+        "The official `google.genai.Client` of this endpoint, over the capped pool (the client retries nothing by default)."
+        genai = _sdk("google.genai")
+        return genai.Client(api_key=self._key, http_options=genai.types.HttpOptions(base_url=self.base_url, httpx_client=self.http_client()))
+
+    def error_parts(self, e: Exception) -> Optional[tuple]:
+        if not isinstance(e, _sdk("google.genai.errors").APIError): return None
+        err = e.details.get("error", e.details) if isinstance(e.details, dict) else e.message
+        return e.code, getattr(e.response, "headers", None), err
 
     def effective_structured(self) -> str:
         "`auto` and `constrained` are the API's own JSON-schema mode."
@@ -605,11 +651,12 @@ class GeminiBackend(HTTPBackend):
 
 # %% ../../nbs/05a_chat.backends.ipynb #00e130p1
 def _gemini_part(p) -> dict:
-    return {"text": p} if isinstance(p, str) else {"inlineData": {"mimeType": p.mime, "data": base64.b64encode(p.data).decode()}}
+    return {"text": p} if isinstance(p, str) else {"inline_data": {"mime_type": p.mime, "data": p.data}}
 
 @patch
 def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict) -> dict:
-    "The JSON body of one `generateContent` request (system images moved to the first user turn)."
+    """The arguments of one `generate_content` call, `{'contents', 'config'}` in `google-genai`'s field names (system
+    text in `config['system_instruction']`, system images moved to the first user turn)."""
     mode = self.effective_structured()
     if schema is not None and mode in ("prompt", "json_object"): messages = with_schema_instruction(messages, schema)
     system = "\n".join(m.text for m in messages if m.role == "system")
@@ -622,45 +669,49 @@ def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict)
         contents.append({"role": "model" if m.role == "assistant" else "user", "parts": [_gemini_part(p) for p in parts]})
     if moved: contents.insert(0, {"role": "user", "parts": [_gemini_part(p) for p in moved]})
     cfg: dict = {}
-    names = {"max_tokens": "maxOutputTokens", "top_p": "topP", "seed": "seed", "temperature": "temperature"}
+    names = {"max_tokens": "max_output_tokens", "top_p": "top_p", "seed": "seed", "temperature": "temperature"}
     for k, v in params.items():
         if k == "regex": continue     # Gemini cannot enforce a pattern: the prompt carries the format
         if k == "temperature" and not self.accepts_temperature: continue
-        if k == "thinking_budget": cfg.setdefault("thinkingConfig", {})["thinkingBudget"] = int(v)
-        elif k == "thinking_level": cfg.setdefault("thinkingConfig", {})["thinkingLevel"] = str(v)
-        elif k == "stop": cfg["stopSequences"] = [v] if isinstance(v, str) else list(v)
+        if k == "thinking_budget": cfg.setdefault("thinking_config", {})["thinking_budget"] = int(v)
+        elif k == "thinking_level": cfg.setdefault("thinking_config", {})["thinking_level"] = str(v)
+        elif k == "stop": cfg["stop_sequences"] = [v] if isinstance(v, str) else list(v)
         else: cfg[names[k]] = v
     if schema is not None and mode != "prompt":
-        cfg["responseMimeType"] = "application/json"
-        if mode == "json_schema": cfg["responseJsonSchema"] = schema_json(schema)
-    body: dict = {"contents": contents, "generationConfig": cfg}
-    if system: body["systemInstruction"] = {"parts": [{"text": system}]}
-    return body
+        cfg["response_mime_type"] = "application/json"
+        if mode == "json_schema": cfg["response_json_schema"] = schema_json(schema)
+    if system: cfg["system_instruction"] = {"parts": [{"text": system}]}
+    return {"contents": contents, "config": cfg}
+
+def _name(v) -> Optional[str]:
+    "A `google-genai` enum (or a plain string the client passed through) by its API name."
+    return None if v is None else str(getattr(v, "value", v))
 
 @patch
 def complete(self: GeminiBackend, messages, schema, params, timeout, image_detail: Optional[str] = None) -> Completion:
-    "One attempt; a blocked prompt or reply raises `Blocked` with Gemini's reason."
-    r = self.post(f"{self.base_url}/v1beta/models/{self.model}:generateContent", self.request(messages, schema, params), timeout)
-    if not isinstance(r, dict): raise TransientError(f"{self.model_id}: malformed reply (not a JSON object)")
-    u = r.get("usageMetadata") or None
-    tin = u.get("promptTokenCount") if u else None
-    tout = ((u.get("candidatesTokenCount") or 0) + (u.get("thoughtsTokenCount") or 0)) if u else None
-    cands = r.get("candidates") or []
-    fb = r.get("promptFeedback") or {}
-    if not cands:
-        why = fb.get("blockReason") or "no candidates"
-        raise Blocked(f"{self.model_id}: prompt blocked by Gemini ({why})", reason=str(why), model_id=self.model_id,
+    """One attempt through `google-genai`'s `models.generate_content` (`GenerateContentConfig`, the attempt's deadline
+    as its per-request timeout), read from the typed response; a blocked prompt or reply raises `Blocked` with Gemini's reason."""
+    types = _sdk("google.genai").types
+    req = self.request(messages, schema, params)
+    config = types.GenerateContentConfig(**req["config"], http_options=types.HttpOptions(timeout=max(1, int(timeout * 1000))))
+    try: r = self.client().models.generate_content(model=self.model, contents=req["contents"], config=config)
+    except Exception as e: raise self.failure(e, timeout) from None
+    u = r.usage_metadata
+    tin = u.prompt_token_count if u else None
+    tout = ((u.candidates_token_count or 0) + (u.thoughts_token_count or 0)) if u else None
+    if not r.candidates:
+        why = _name(r.prompt_feedback.block_reason if r.prompt_feedback else None) or "no candidates"
+        raise Blocked(f"{self.model_id}: prompt blocked by Gemini ({why})", reason=why, model_id=self.model_id,
                       input_tokens=tin or 0, output_tokens=tout or 0)
-    c = cands[0]
-    finish = c.get("finishReason")
+    c = r.candidates[0]
+    finish = _name(c.finish_reason)
     if finish in _GEMINI_BLOCKS:
-        cats = [s.get("category") for s in c.get("safetyRatings") or [] if s.get("blocked")]
+        cats = [_name(s.category) for s in c.safety_ratings or [] if s.blocked]
         why = finish + (f": {', '.join(map(str, cats))}" if cats else "")
         raise Blocked(f"{self.model_id}: reply blocked by Gemini ({why})", reason=why, model_id=self.model_id,
                       input_tokens=tin or 0, output_tokens=tout or 0)
-    text = "".join(p.get("text", "") for p in ((c.get("content") or {}).get("parts") or []) if not p.get("thought"))
-    return Completion(text, tin, tout, r.get("modelVersion") or self.model,
-                      _GEMINI_FINISH.get(finish, str(finish).lower() if finish else None))
+    text = "".join(p.text or "" for p in ((c.content.parts if c.content else None) or []) if not p.thought)
+    return Completion(text, tin, tout, r.model_version or self.model, _GEMINI_FINISH.get(finish, finish.lower() if finish else None))
 
 # %% ../../nbs/05a_chat.backends.ipynb #56d2566f
 def resolve_device(device: str = "auto", dtype: str = "auto"):
