@@ -239,6 +239,32 @@ def test_an_oversized_reply_is_refused_without_reading_it_whole():
         assert url.hits == 1                                                     # not retried
 
 
+async def _gemini_drip(scope, receive, send):
+    "A Gemini reply sent one byte every 0.2 s."
+    if scope["type"] != "http": return
+    import asyncio
+    while (await receive()).get("more_body"): pass
+    body = json.dumps(gemini_response("x" * 200)).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+    for i in range(len(body)):
+        await send({"type": "http.response.body", "body": body[i:i + 1], "more_body": i < len(body) - 1})
+        await asyncio.sleep(0.2)
+
+
+def test_the_deadline_and_size_cap_hold_under_the_gemini_client():
+    "The official google-genai client reads through the same capped transport: a trickle meets the deadline, a big body the cap."
+    with Served(_gemini_drip) as srv:
+        m = get_model("gemini:gemini-2.5-flash", controls(timeout=2.5, attempt_timeout=1.0), base_url=srv.url, api_key="g-test-0123456789")
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match="deadline"): m.chat("x")
+        assert time.monotonic() - t0 < 4.0
+    big = json.dumps(gemini_response("y" * 3_000_000))
+    with gemini_server(lambda req: Fault(200, body=big)) as url:
+        m = get_model("gemini:gemini-2.5-flash", controls(max_reply_chars=10_000), base_url=url, api_key="g-test-0123456789")
+        with pytest.raises(ReplyTooLarge, match="cap"): m.chat("x")
+        assert url.hits == 1
+
+
 # ---------------------------------------------------------------- rate limits
 def _storm(seconds: float, retry_after: float):
     "A responder that answers 429 with `Retry-After` to every request for `seconds`, then answers."
