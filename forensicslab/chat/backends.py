@@ -367,8 +367,6 @@ class APIBackend(Backend):
     endpoint, key and size cap, over one pooled `httpx.Client` whose transport (`net.CappedTransport`) reads each reply
     whole within the attempt's total deadline and the size cap. The client's own retries are off: the lab's policy retries."""
     max_reply_bytes: int = 8_000_000
-    base_url: str = ""
-    _key: Optional[str] = None
 
     def http_client(self) -> httpx.Client:
         "The pooled HTTP client of this endpoint, key and size cap (made on first use, shared by every backend)."
@@ -376,14 +374,16 @@ class APIBackend(Backend):
             transport=CappedTransport(self.max_reply_bytes, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))))
 
     def client(self) -> Any:
-        "The official client of this endpoint, key and size cap (made on first use by `make_client`, shared)."
+        "The official client of this endpoint, key and size cap (made on first use by the subclass's `make_client`, shared)."
         return shared_client(f"{type(self).__name__}:{self.max_reply_bytes}", self.base_url, self._key or "", self.make_client)
-
-    def make_client(self) -> Any: raise NotImplementedError
 
     def error_parts(self, e: Exception) -> Optional[tuple]:
         "`(status, headers, error body)` of an HTTP error reply the client raised, else None (subclasses say how)."
         return None
+
+    def transport_errors(self) -> tuple[tuple, tuple]:
+        "`(timeouts, connection failures)`: the exception classes the client raises for them (httpx's own unless wrapped)."
+        return (httpx.TimeoutException,), (httpx.HTTPError,)
 
     def failure(self, e: Exception, timeout: float) -> Exception:
         """What the client raised, as the lab's failure: `ReplyTooLarge` past the size cap, `TransientError` for a
@@ -395,15 +395,14 @@ class APIBackend(Backend):
         if isinstance(cause, BodyTooLarge):
             return ReplyTooLarge(f"{self.model_id}: reply over the {cause.limit}-byte cap (max_reply_chars); not read, not stored",
                                  model_id=self.model_id, calls=1, usage_unknown=True)
-        if isinstance(cause, DeadlineExceeded) or isinstance(e, httpx.TimeoutException) or "Timeout" in type(e).__name__:
+        timeouts, dropped = self.transport_errors()
+        if isinstance(cause, DeadlineExceeded) or isinstance(e, timeouts):
             return TransientError(f"{self.model_id}: no complete reply within the attempt's {timeout:.3g} s deadline")
         if isinstance(cause, Retryable): return TransientError(f"{self.model_id}: {cause}")
         if isinstance(e, json.JSONDecodeError): return TransientError(f"{self.model_id}: malformed reply body (not JSON)")
         parts = self.error_parts(e)
         if parts is None:
-            if isinstance(e, httpx.HTTPError) or "Connection" in type(e).__name__:
-                return TransientError(f"{self.model_id}: connection failed ({type(e).__name__})")
-            return e
+            return TransientError(f"{self.model_id}: connection failed ({type(e).__name__})") if isinstance(e, dropped) else e
         status, headers, err = parts
         msg = (err.get("message") if isinstance(err, dict) else err) or "no message"
         ra = parse_retry_after(headers)
@@ -507,6 +506,10 @@ class OpenAIBackend(APIBackend):
     def error_parts(self, e: Exception) -> Optional[tuple]:
         if not isinstance(e, _sdk("openai").APIStatusError): return None
         return e.status_code, e.response.headers, e.body if e.body is not None else e.message
+
+    def transport_errors(self) -> tuple[tuple, tuple]:
+        o = _sdk("openai")
+        return (o.APITimeoutError, httpx.TimeoutException), (o.APIConnectionError, httpx.HTTPError)
 
     def effective_structured(self) -> str:
         "`auto` resolved for the server family (see the table above)."
