@@ -338,11 +338,11 @@ def place_text(text: str, box, width: int, height: int, mode: str = "copy") -> s
     return re.sub(r"\s+([,.;])", r"\1", new).strip()
 
 def grounding_negatives(records: Sequence[dict], samples: Sequence[Sample], seed: int = 0, per_item: int = 1,
-                        text_modes: Sequence[str] = TEXT_MODES) -> list[dict]:
+                        text_modes: Sequence[str] = ("copy",)) -> list[dict]:
     """Wrong-box copies (soft label 0) of the accepted verifier records: same image and claim, a box away from every flaw.
     Negative `i` words its place by `text_modes[i % len]` (`place_text`): `copy` keeps the reference's place (the
-    location rule alone flags it), `own` names the new box's place and `none` names none (only the pixels can). By
-    default the three take turns, so the verifier cannot learn wrong-box from the words alone."""
+    location rule alone flags it), `own` names the new box's place and `none` names none (only the pixels can).
+    `text_modes=TEXT_MODES` makes the three take turns, so the verifier cannot learn wrong-box from the words alone."""
     by = {s.id: s for s in samples}
     rng, out = np.random.default_rng([seed, 7]), []
     for r in records:

@@ -51,6 +51,8 @@ __all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_vi
            'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
+_LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid"}
+
 @dataclass
 class ZoomTrainConfig:
     "SFT + GRPO settings; defaults are the paper's (seed 001, section 5.1) except where a field says otherwise."
@@ -107,6 +109,8 @@ class ZoomTrainConfig:
     verifier_path: str = ""                 # reuse a trained verifier instead of training one
     tools: str = "crop"                     # the crop tool's set (zoom.rules.TOOL_SETS): "crop" is the paper's crop-only agent;
                                             # "forensic" adds noise-residual, error-level, copy-move and cue views with readouts
+    reward_funcs: str = "hybrid"            # "hybrid": R_total as one GRPO reward function; "components": one named function per
+                                            # part (format, classification, evidence_rule, evidence_verifier), weighted to R_total
     notes: dict = field(default_factory=dict)      # free-form provenance (e.g. which settings the paper states)
 
     def __post_init__(self):
@@ -114,6 +118,8 @@ class ZoomTrainConfig:
             raise ZoomConfigError(f"grpo_batch_size {self.grpo_batch_size} must be a multiple of num_generations {self.num_generations}")
         if self.variant not in ("direct", "cot", "o3"): raise ZoomConfigError(f"unknown variant {self.variant!r}")
         tool_views(self.tools)   # an unknown tool set is a ZoomConfigError here, not at the first crop
+        if self.reward_funcs not in ("hybrid", "components"):
+            raise ZoomConfigError(f"reward_funcs must be 'hybrid' or 'components', got {self.reward_funcs!r}")
         try:
             RewardConfig(**self.reward)  # validate early
             VerifierTrainConfig(**self.verifier)
@@ -161,6 +167,8 @@ class ZoomTrainConfig:
     def as_dict(self, folder: str | Path | None = None) -> dict:
         "The fields; with `folder`, a local `base` is named relative to it (`portable_path`), so a run folder moves with the repo."
         d = asdict(self)
+        for k, v in _LATER_FIELDS.items():   # fields added after the committed runs are written only when set, so a config
+            if d.get(k) == v: d.pop(k)       # at their defaults reads (and hashes) the same as one written before them
         if folder is not None and d["base"] != "tiny" and Path(d["base"]).exists(): d["base"] = portable_path(d["base"], folder)
         return d
 
@@ -516,7 +524,8 @@ class HybridReward:
                                                    "valid_format": float(b.valid_format), "crops": float(n_crops),
                                                    "correct": float(answer is not None and answer.label == smp.label)})
         if log_metric is not None:
-            for k in parts[0]: log_metric(f"reward_parts/{k}", float(np.mean([p[k] for p in parts])))
+            for k in parts[0]:
+                if k != "r_format": log_metric(f"reward_parts/{k}", float(np.mean([p[k] for p in parts])))   # r_format: the named function's log
         self.last_parts = parts
         return totals
 
@@ -573,9 +582,10 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
                       temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
                       epsilon_high=cfg.epsilon_high, mask_truncated_completions=cfg.mask_truncated_completions,
                       use_vllm=cfg.use_vllm, lr_scheduler_type="constant", **vllm, **{**_common_args(cfg), **save_kw})
-    args.reward_weights = reward.weights()          # one named reward function per component, weighted as R_total
+    split = cfg.reward_funcs == "components"
+    if split: args.reward_weights = reward.weights()   # one named reward function per component, weighted as R_total
     peft_config = None if hasattr(model, "peft_config") else lora_config(cfg)
-    trainer = ZoomGRPOTrainer(model=model, reward_funcs=reward.funcs(), args=args, processing_class=processor,
+    trainer = ZoomGRPOTrainer(model=model, reward_funcs=reward.funcs() if split else [reward], args=args, processing_class=processor,
                               train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms),
                               environment_factory=env_factory or zoom_env_factory(tool_views(cfg.tools)),
                               peft_config=peft_config,
