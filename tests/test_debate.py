@@ -52,6 +52,8 @@ def _text(req):
 def scripted(req):
     "A deterministic stand-in for a model: answers by schema, agent model name and turn number."
     name, n = _schema(req), _n_user(req)
+    if name == "QAAnswer":   # a disambiguation question answered from the retrieved pages (ChatQA)
+        return json.dumps({"evidence": "taken in June 2016", "page": 1, "answer": "June 2016"})
     if name == "Critique":
         return json.dumps({"satisfied": n >= 2, "flaws": [] if n >= 2 else ["the date is not established"], "questions": []})
     yes = req["model"].endswith("yes") or (req["model"].endswith("persuadable") and n >= 2)
@@ -195,6 +197,10 @@ def minds(req):
     by a peer's YES; `reader` is persuaded only by the retrieval module's answer that dates the photo to 2016;
     `wavering` starts at YES and follows a peer's NO; `no` always says NO."""
     model, n, last = req["model"], _n_user(req), _last_user(req)
+    if _schema(req) == "QAAnswer":   # the retrieval module's question answering (ChatQA), read off the fenced pages
+        dated = "2016" in last
+        return json.dumps({"evidence": "taken in 2016" if dated else "", "page": 1 if dated else None,
+                           "answer": "The photograph was taken in 2016." if dated else "The pages do not say."})
     peer_yes, peer_no = "misinformation: YES" in last, "misinformation: NO" in last
     yes = {"sure": True, "no": False, "late": n >= 3 and peer_yes,
            "reader": "Q: When was the photo taken?" in last and "2016" in last,
@@ -768,7 +774,8 @@ def test_teaching_set_llm_rows_with_chat_summaries(tmp_path, monkeypatch):
                             language="python", parameters={"quick": True, "out_dir": str(tmp_path / "out"), "workers": 2,
                                                            "cache_dir": str(tmp_path / "cache"),
                                                            "backend": f"openai-compatible:{url}#persuadable",
-                                                           "strategies": "async_human,single-noretr", "max_tokens": 99})
+                                                           "strategies": "async_human,single-noretr", "max_tokens": 99,
+                                                           "budget_usd": 0})
         reqs = [c.json for c in url.calls]
     table = (tmp_path / "out" / "table1_llm.md").read_text()
     assert "teaching" in table and "teaching://" in table and "async_human" in table and "single-noretr" in table

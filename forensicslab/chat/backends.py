@@ -355,10 +355,9 @@ def body_retry_delay(error: Any) -> Optional[float]:
             if m: return float(m.group(1))
     return None
 
-@functools.cache
 def _sdk(module: str):
-    """The official API client module `module` (`openai`, `google.genai`, `google.genai.errors`), imported on first
-    use: the one lazy import of the optional `api` extra; a plain install gets a one-line `pip install` error."""
+    """The official API client module `module` (`openai`, `google.genai`, `google.genai.errors`), imported on each use (a
+    `sys.modules` look-up once loaded): the one lazy import of the optional `api` extra; a plain install gets a one-line `pip install` error."""
     try: return importlib.import_module(module)
     except ImportError as e: raise extra_for(e, f"the {module} backend") from None
 
