@@ -62,7 +62,7 @@ def check_weights(path: str | Path) -> None:
                   "clipsid", WEIGHTS["backbone"]["layout"], PAGE)
 
 # %% ../../../nbs/04r_detectors.paper.clipsid.ipynb #e8b01ee4
-@register("clipsid")
+@register("clipsid", opt_in=True)
 class ClipSID:
     "Cozzolino et al.'s CLIP-based detector: `llr_score` of the whole image (official weights, or seeded random ones with `random_init`)."
     card = load_card("clipsid", PAPER_DIR)

@@ -84,7 +84,7 @@ def check_weights(path: str | Path) -> None:
         lay = WEIGHTS["backbone"]["layout"]
         check_fit(ref, backbone_state(read_checkpoint(path, "d3", lay, PAGE)), "d3", lay, PAGE)
 
-@register("d3")
+@register("d3", opt_in=True)
 class D3:
     "D³'s `fake_score` of the whole image (official weights, or seeded random ones with `random_init`); the shuffle is seeded by `shuffle_seed`."
     card = load_card("d3", PAPER_DIR)

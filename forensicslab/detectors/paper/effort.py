@@ -100,7 +100,7 @@ def check_weights(path: str | Path) -> None:
     fold(unwrap(read_checkpoint(path, "effort", layout, PAGE), "effort", layout, PAGE))
 
 # %% ../../../nbs/04t_detectors.paper.effort.ipynb #447e9cae
-@register("effort")
+@register("effort", opt_in=True)
 class Effort:
     "Effort's `fake_prob` of a face crop (official checkpoint, or seeded random weights with `random_init`)."
     card = load_card("effort", PAPER_DIR)

@@ -314,4 +314,4 @@ class TruFor:
                    working_size=list(shrunk) if shrunk else [image.width, image.height])
         return make_detection(self.card, o["integrity_score"], raw=raw, heatmap=np.clip(amap, 0, 1))
 
-if "trufor" not in list_detectors(include_opt_in=True): register("trufor")(TruFor)   # a detector server registered as trufor wins
+if "trufor" not in list_detectors(include_opt_in=True): register("trufor", opt_in=True)(TruFor)   # a detector server registered as trufor wins
