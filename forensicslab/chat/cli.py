@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -209,6 +210,8 @@ def check_model(spec: Any, controls: ModelControls, roles: Optional[list[str]] =
                            **{"max_tokens": max_tokens, "temperature": 0.0, **role.params})
                 row.update(validated=True, input_tokens=r.input_tokens, output_tokens=r.output_tokens,
                            cost_usd=None if not m.priced else r.cost_usd)
+                if "regex" in role.params and not re.fullmatch(role.params["regex"], r.text):   # a pattern-bound role: the reply must match it
+                    row.update(validated=False, error="the reply does not match the role's pattern: " + redact(r.text)[:200])
             except ChatFailure as e:
                 status = getattr(e, "status", None)
                 row.update(accepted=not (status is not None and 400 <= status < 500 and status != 429),

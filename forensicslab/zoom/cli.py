@@ -16,7 +16,9 @@ import yaml
 
 from ..imageio import ImageError
 from .agents import run_zoom
-from .records import ZoomConfigError
+from ..chat.cli import register_check_role
+from .agents import turn_pattern
+from .records import JudgeVerdict, ZoomConfigError
 from .study import make_policy
 from ..runs import project_root
 from importlib import resources
@@ -44,6 +46,12 @@ def zoom_cmd(image: Path = typer.Argument(..., help="image file to analyse"),
 def shipped_rule_thresholds() -> dict:
     "The rule policy's cue thresholds shipped with the package (`zoom/rule_thresholds.yaml`, measured on the artifact train split)."
     return yaml.safe_load((Path(str(resources.files("forensicslab"))) / "zoom" / "rule_thresholds.yaml").read_text())["thresholds"]
+
+# %% ../../nbs/08n_zoom.cli.ipynb #64097ce1
+register_check_role("zoom.policy", None, "You inspect a photo for manipulation. Give your final answer now, in the "
+                    "format <think>one sentence</think><answer>{\"verdict\": \"real\", \"evidence\": [{\"bbox\": null, \"text\": \"why\"}]}</answer>.",
+                    image=True, regex=turn_pattern(tool=False, think=True, think_chars=200))
+register_check_role("zoom.judge", JudgeVerdict, "Is this small image real or fake? Give your verdict.", image=True)
 
 # %% ../../nbs/08n_zoom.cli.ipynb #0b1542f9
 train_app = typer.Typer(help="Train a study's models from a config file.", no_args_is_help=True)

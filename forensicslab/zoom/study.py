@@ -139,8 +139,8 @@ def fitted_thresholds(n_fit: int = 60, seed: int = 0) -> dict[str, float]:
     return th
 
 
-def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, max_new_tokens: int = 512, **model_kw):
-    "A zoom policy from a spec: `rules`, `ckpt:<folder>`, or a chat-backend spec for `get_model`."
+def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, max_new_tokens: int = 512, controls=None):
+    "A zoom policy from a spec: `rules`, `ckpt:<folder>`, or a chat-backend spec for `get_model` (run with `controls`, a `ModelControls` or dict; default: cache off)."
     if spec == "rules": return RulePolicy(thresholds)
     if spec.startswith("ckpt:"):
         from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint   # the one lazy import: the `train` extra (transformers, trl, peft) loads only for a checkpoint
@@ -153,7 +153,7 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
         stamp = f"{folder.resolve()}|{(folder / 'zoom_train.json').stat().st_mtime_ns}"     # unique per checkpoint and save
         return HFZoomPolicy(model, proc, max_new_tokens=max_new_tokens, max_zooms=info["config"].get("max_zooms", max_zooms),
                             name=f"{folder.name}@{zlib.crc32(stamp.encode()):08x}")
-    return LLMZoomPolicy(get_model(spec, **model_kw))
+    return LLMZoomPolicy(get_model(spec, controls))
 
 # %% ../../nbs/08k_zoom.study.ipynb #zins0ex1
 @lru_cache(maxsize=4096)
