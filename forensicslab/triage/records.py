@@ -18,7 +18,8 @@ from ..core import ChatFailure, Detection, ForensicsLabError, ToolCard
 
 # %% auto #0
 __all__ = ['AuditVerdict', 'Verdict', 'failed_audit', 'Usage', 'TriageError', 'TriageConfigError', 'check_tools',
-           'verdict_schema', 'FaceFacts', 'MapFacts', 'ContentFacts', 'CaseFacts', 'CaseResult', 'make_card']
+           'verdict_schema', 'FaceFacts', 'MapFacts', 'ContentFacts', 'ProvenanceFacts', 'CaseFacts', 'CaseResult',
+           'make_card']
 
 # %% ../../nbs/06_triage.records.ipynb #e5bc5678
 class AuditVerdict(BaseModel):
@@ -169,14 +170,28 @@ class ContentFacts(BaseModel):
     wholly_generated: bool
     processed: bool
 
+class ProvenanceFacts(BaseModel):
+    """What the provenance providers (`forensicslab.provenance`) read on one case's file, as the triage roles use it:
+    `text` for the LLM roles' prompts (fenced there, since it quotes the file), every provider's `flags`, the providers
+    that found something (`present`), and the two lists the rule judge weighs: `edit_hints` (an invalid or AI-declaring
+    manifest, editor software, an edit history, dates or a thumbnail that disagree) and `capture_hints` (a manifest signed
+    by a trusted signer that declares a capture and no edit). Set only in configurations that add provenance evidence."""
+    text: str
+    flags: list[str] = Field(default_factory=list)
+    present: list[str] = Field(default_factory=list)
+    edit_hints: list[str] = Field(default_factory=list)
+    capture_hints: list[str] = Field(default_factory=list)
+
 class CaseFacts(BaseModel):
-    "What the rule-based agents measure on one case: faces (when a face-scoped card exists) and map shapes; `content` only for the oracle."
+    """What the rule-based agents measure on one case: faces (when a face-scoped card exists) and map shapes; `content`
+    only for the oracle; `provenance` only in configurations that add provenance evidence."""
     width: int
     height: int
     is_jpeg: bool
     faces: Optional[FaceFacts] = None
     maps: dict[str, MapFacts] = Field(default_factory=dict)
     content: Optional[ContentFacts] = None
+    provenance: Optional[ProvenanceFacts] = None
 
 # %% ../../nbs/06_triage.records.ipynb #df07ea5d
 class CaseResult(BaseModel):

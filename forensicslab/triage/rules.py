@@ -17,12 +17,16 @@ from ..core import Detection, ToolCard
 from ..detectors.builtin.face_blend import locate_faces
 from ..imageio import LoadedImage, fit_within, load_image
 from ..data.photos import FACE_BOXES
-from .records import (AuditVerdict, CaseFacts, ContentFacts, FaceFacts, MapFacts, TriageError, Usage, Verdict,
-                                        failed_audit)
+from ..provenance.credentials import AI_SOURCE_TYPES
+from ..provenance.evidence import evidence_text, provenance_flags
+from ..provenance.records import ProvenanceEvidence
+from .records import (AuditVerdict, CaseFacts, ContentFacts, FaceFacts, MapFacts, ProvenanceFacts, TriageError,
+                                        Usage, Verdict, failed_audit)
 
 # %% auto #0
-__all__ = ['FACTS_VERSION', 'detect_faces', 'map_facts', 'describe_region', 'measure_facts', 'RuleParams', 'RuleAuditor',
-           'credibility', 'RuleJudge', 'content_facts', 'ContentOracleAuditor', 'RuleSingleAgent']
+__all__ = ['FACTS_VERSION', 'EDIT_SOURCE_TYPES', 'CAPTURE_SOURCE_TYPES', 'UNEDITED_ACTIONS', 'detect_faces', 'map_facts',
+           'describe_region', 'measure_facts', 'RuleParams', 'RuleAuditor', 'credibility', 'RuleJudge', 'content_facts',
+           'ContentOracleAuditor', 'RuleSingleAgent', 'provenance_facts']
 
 # %% ../../nbs/06a_triage.rules.ipynb #bdeace57
 def detect_faces(image: LoadedImage | Any, max_side: int = 512, min_side_fraction: float = 0.1,
@@ -117,6 +121,8 @@ class RuleParams(BaseModel):
     needs_jpeg: tuple[str, ...] = ("adq",)
     lone_penalty: float = 1.0        # credibility factor of a positive contradicted by a confident same-scope negative
     accept_min: float = 0.2          # credibility a fired family needs for a manipulated verdict
+    provenance_weight: float = 0.5   # a provenance edit hint corroborates a kept positive with this weight (a trusted signed
+                                     # capture scales it by 1 - weight); a priori, used only when a case carries provenance
 
 class RuleAuditor:
     "Stage 1 without a model: applicability, margin and map-shape checks from measured facts (an offline baseline)."
@@ -196,9 +202,18 @@ def credibility(det: Detection, card: ToolCard, facts: CaseFacts | None, peers: 
         b = (p.score - p.threshold) / (1 - p.threshold)
         c = 1 - (1 - c) * (1 - b)
         why.append(f"corroborated by {p.detector}")
-    if confident_neg and not fired_peers:
+    if confident_neg and not fired_peers and params.lone_penalty != 1:   # a factor of 1 is no penalty: not written
         c *= params.lone_penalty
         why.append(f"x {params.lone_penalty:g}: lone positive against silent {', '.join(p.detector for p in confident_neg)}")
+    pv = facts.provenance if facts is not None else None
+    if pv is not None and params.provenance_weight:
+        w = params.provenance_weight
+        if pv.edit_hints:
+            c = 1 - (1 - c) * (1 - w)
+            why.append(f"corroborated by provenance ({'; '.join(pv.edit_hints[:2])}{' ...' if len(pv.edit_hints) > 2 else ''}; weight {w:g})")
+        elif pv.capture_hints:
+            c *= 1 - w
+            why.append(f"x {1 - w:g}: provenance declares a signed, unedited capture ({pv.capture_hints[0]})")
     return float(np.clip(c, 0, 1)), " ".join(why)
 
 class RuleJudge:
@@ -316,3 +331,32 @@ class RuleSingleAgent:
         v = ju.judge(image, detections, cards, audits, facts)
         dropped = [f"{k} ({a.reasoning.split(': ', 1)[-1][:60]})" for k, a in audits.items() if not a.keep]
         return v.model_copy(update={"decision_path": [f"Self-audit: set aside {', '.join(dropped) or 'none'}."] + v.decision_path})
+
+# %% ../../nbs/06a_triage.rules.ipynb #0e88f2d5
+EDIT_SOURCE_TYPES = frozenset({*AI_SOURCE_TYPES, "composite", "humanEdits", "minorHumanEdits"})
+"Declared digital source types that say the pixels are not a plain capture (AI, composite, human edits)."
+
+CAPTURE_SOURCE_TYPES = frozenset({"digitalCapture", "computationalCapture"})
+"Declared digital source types of a camera capture."
+
+UNEDITED_ACTIONS = frozenset({"c2pa.created", "c2pa.opened"})
+"Manifest actions that record no change of the pixels."
+
+def provenance_facts(ev: dict[str, ProvenanceEvidence]) -> ProvenanceFacts:
+    "The triage roles' view of `forensicslab.provenance.evidence.gather`'s evidence: prompt text, flags, edit and capture hints."
+    edit, capture = [], []
+    c = ev.get("c2pa")
+    if c is not None and c.status == "present":
+        f = c.facts
+        types = set(f.get("digital_source_types") or [])
+        acts = list(dict.fromkeys(a for a in f.get("actions") or [] if a not in UNEDITED_ACTIONS))
+        if f.get("state") == "invalid":
+            edit.append(f"Content Credentials invalid ({', '.join(x.get('code', '?') for x in f.get('failures') or []) or 'no detail'})")
+        if types & EDIT_SOURCE_TYPES: edit.append(f"Content Credentials declare {', '.join(sorted(types & EDIT_SOURCE_TYPES))}")
+        if acts: edit.append(f"Content Credentials record {', '.join(acts)}")
+        if f.get("state") == "trusted" and types and types <= CAPTURE_SOURCE_TYPES and not acts:
+            capture.append(f"a trusted signer declares {', '.join(sorted(types))} and no edit")
+    m = ev.get("metadata")
+    if m is not None: edit += list(m.flags)
+    return ProvenanceFacts(text=evidence_text(ev), flags=provenance_flags(ev), present=[k for k, e in ev.items() if e.status == "present"],
+                           edit_hints=edit, capture_hints=capture)
