@@ -28,8 +28,8 @@ from .records import (AuditVerdict, CaseFacts, TriageError, Usage, Verdict, chec
                                          verdict_schema)
 
 # %% auto #0
-__all__ = ['render', 'card_text', 'card_summary', 'detection_text', 'two_panel_image', 'composite_images', 'jpeg_image',
-           'LLMAuditor', 'audit_table', 'fenced_audits', 'LLMJudge', 'LLMSingleAgent']
+__all__ = ['render', 'card_text', 'card_summary', 'detection_text', 'provenance_section', 'two_panel_image', 'composite_images',
+           'jpeg_image', 'LLMAuditor', 'audit_table', 'fenced_audits', 'LLMJudge', 'LLMSingleAgent']
 
 # %% ../../nbs/06b_triage.agents.ipynb #73ed55dc
 def render(name: str, **fields) -> str:
@@ -79,6 +79,14 @@ def detection_text(det: Detection) -> str:
     if det.status != "ok": return f"{det.detector}: status={det.status} (no output: {det.error or 'n/a'})"
     return f"{det.detector}: score={det.score:.3f} fired={det.fired} native: {_native(det)}"
 
+def provenance_section(facts: CaseFacts | None) -> str:
+    """The provenance block of every role's prompt (`provenance.txt`, the evidence fenced as untrusted data since it
+    quotes the file), or `""` when the case carries no provenance, so that the prompt is then exactly as before."""
+    pv = facts.provenance if facts is not None else None
+    if pv is None: return ""
+    block = render("provenance", evidence=fence(pv.text, "the image file (provenance providers' readings of its bytes and metadata)"))
+    return "\n" + block.strip("\n") + "\n"
+
 # %% ../../nbs/06b_triage.agents.ipynb #d7f3c995
 def two_panel_image(image: LoadedImage, det: Detection) -> np.ndarray:
     "The detector's two-panel picture (overlay left, raw jet map right) as an RGB array."
@@ -124,11 +132,12 @@ class LLMAuditor:
         self.model, self.max_side, self.params = model, max_side, params
         self.params.setdefault("temperature", 0.0)
 
-    def messages(self, image: LoadedImage, det: Detection, card: ToolCard) -> list[ChatMessage]:
-        "The chat messages for auditing `det` on `image` (text from `auditor.txt`, images attached)."
+    def messages(self, image: LoadedImage, det: Detection, card: ToolCard, facts: CaseFacts | None = None) -> list[ChatMessage]:
+        "The chat messages for auditing `det` on `image` (text from `auditor.txt`, images attached; provenance when `facts` carry it)."
         has_map = det.heatmap is not None
         text = render("auditor", card=card_text(card), tool_id=det.detector, raw=_raw_json(det),
                       score=f"{det.score:.4f}", fired=str(det.fired).lower(), native=_native(det), extra_rules="",
+                      provenance=provenance_section(facts),
                       map_step=load_prompt("triage", "auditor_map" if has_map else "auditor_score").rstrip("\n"))
         parts: list[Any] = [text, "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
         if has_map: parts += [f"Image 2 (two-panel map of {det.detector}):", _small(two_panel_image(image, det), self.max_side)]
@@ -138,7 +147,7 @@ class LLMAuditor:
               usage: Usage | None = None) -> AuditVerdict:
         "Audit one detection; when the model gives no valid answer the detection is dropped with the failure recorded."
         if det.status != "ok": return failed_audit(det)
-        try: reply = _chat(self.model, self.messages(image, det, card), AuditVerdict, usage, "auditor", **self.params)
+        try: reply = _chat(self.model, self.messages(image, det, card, facts), AuditVerdict, usage, "auditor", **self.params)
         except ChatFailure as e:   # a failed auditor sets its detector aside; the case goes on without it
             return AuditVerdict(reasoning=f"The auditor gave no usable answer ({e}); this detector is set aside unaudited.",
                                 tool_id=det.detector, audit_verdict="invalid", failure=f"{type(e).__name__}: {e}")
@@ -180,12 +189,13 @@ class LLMJudge:
         "The prompt template of this judge: `judge_guided` or `judge_unguided`."
         return "judge_guided" if self.guided else "judge_unguided"
 
-    def messages(self, image, detections, cards, audits) -> list[ChatMessage]:
-        "Chat messages for the judge: kept cards and audit rows only, composite panels of kept map detectors."
+    def messages(self, image, detections, cards, audits, facts: CaseFacts | None = None) -> list[ChatMessage]:
+        "Chat messages for the judge: kept cards and audit rows only, composite panels of kept map detectors; provenance when `facts` carry it."
         kept = [k for k, a in audits.items() if a.keep]
         rejected = [k for k, a in audits.items() if not a.keep]
         text = render(self.template, cards="\n\n".join(card_summary(cards[k]) for k in kept) or "(none)",
-                      audits=fenced_audits(audits, detections), rejected=", ".join(rejected) or "none")
+                      audits=fenced_audits(audits, detections), rejected=", ".join(rejected) or "none",
+                      provenance=provenance_section(facts))
         parts: list[Any] = [text, "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
         over, raw = composite_images(image, {k: detections[k] for k in kept})
         if over is not None:
@@ -197,7 +207,7 @@ class LLMJudge:
     def judge(self, image, detections, cards, audits, facts=None, usage: Usage | None = None) -> Verdict:
         "The verdict over the kept detectors; raises `ChatFailure` or `TriageError` when unusable."
         kept = {k for k, a in audits.items() if a.keep}
-        return _ask_verdict(self.model, self.messages(image, detections, cards, audits), kept, "judge", usage, **self.params)
+        return _ask_verdict(self.model, self.messages(image, detections, cards, audits, facts), kept, "judge", usage, **self.params)
 
 # %% ../../nbs/06b_triage.agents.ipynb #9ee2391f
 class LLMSingleAgent:
@@ -207,11 +217,11 @@ class LLMSingleAgent:
         self.model, self.max_side, self.params = model, max_side, params
         self.params.setdefault("temperature", 0.0)
 
-    def messages(self, image, detections, cards) -> list[ChatMessage]:
-        "Chat messages for the single agent: every card and output, composite panels of every map detector."
+    def messages(self, image, detections, cards, facts: CaseFacts | None = None) -> list[ChatMessage]:
+        "Chat messages for the single agent: every card and output, composite panels of every map detector; provenance when `facts` carry it."
         blocks = [f"--- {k} ---\n{card_summary(cards[k])}\nOutput: {detection_text(d)}\nRaw: {_raw_json(d, 160)}"
                   for k, d in detections.items()]
-        parts: list[Any] = [render("single_agent", detectors="\n\n".join(blocks)),
+        parts: list[Any] = [render("single_agent", detectors="\n\n".join(blocks), provenance=provenance_section(facts)),
                             "Image 1 (the photograph):", _small(image.rgb, self.max_side)]
         over, raw = composite_images(image, detections)
         if over is not None:
@@ -223,4 +233,4 @@ class LLMSingleAgent:
     def decide(self, image, detections, cards, facts=None, usage: Usage | None = None) -> Verdict:
         "One call over all detections; raises `ChatFailure` or `TriageError` when unusable."
         ok = {k for k, d in detections.items() if d.status == "ok"}
-        return _ask_verdict(self.model, self.messages(image, detections, cards), ok, "single agent", usage, **self.params)
+        return _ask_verdict(self.model, self.messages(image, detections, cards, facts), ok, "single agent", usage, **self.params)
