@@ -20,7 +20,7 @@ from ..chat.models import repair_json
 from ..chat.prompts import fence, load_prompt, render_prompt
 from ..core import Box, ChatFailure, ChatMessage, EvidenceItem
 from ..imageio import LoadedImage, load_image
-from .records import (ZoomInputError, JudgeVerdict, Rating, SplitItems, ZoomAnswer, ZoomCrop, ZoomEvidence, ZoomResult, ZoomStep,
+from .records import (ZoomConfigError, ZoomInputError, JudgeVerdict, Rating, SplitItems, ZoomAnswer, ZoomCrop, ZoomEvidence, ZoomResult, ZoomStep,
                                        box_ints, pixel_box, zoom)
 
 # %% auto #0
@@ -299,9 +299,13 @@ class LLMZoomPolicy:
     """A zoom policy backed by a `ChatModel`; `params` go to every `chat` call (e.g. temperature). Every turn
     carries `turn_pattern` (reasoning up to `think_chars`) as the `regex` parameter: backends that decode under
     a grammar (`hf:`, a vLLM server with `structured='constrained'`) keep the turn well-formed, the others
-    read the format in the prompt."""
-    def __init__(self, model, max_side: int | None = None, think_chars: int = 1000, **params):
+    read the format in the prompt. The full image is sent once, first; each crop follows its call. Chat APIs
+    are stateless, so every turn re-sends the history: `max_crop_images` (None: all) keeps only the newest crops
+    as pixels and names the older ones in text, which caps the image tokens of long episodes."""
+    def __init__(self, model, max_side: int | None = None, think_chars: int = 1000, max_crop_images: int | None = None, **params):
+        if max_crop_images is not None and max_crop_images < 0: raise ZoomConfigError("max_crop_images must be None or >= 0")
         self.model, self.max_side, self.think_chars, self.params = model, max_side, think_chars, params
+        self.max_crop_images = max_crop_images
         self.policy_id = f"llm:{model.model_id}"
 
     def messages(self, ep: Episode) -> list[ChatMessage]:
@@ -312,9 +316,13 @@ class LLMZoomPolicy:
             full = full.resize((max(1, round(full.width * s)), max(1, round(full.height * s))), Image.Resampling.BICUBIC)
         msgs = [ChatMessage.of("system", system_prompt(ep.variant, max(0, ep.max_turns - 1))),
                 ChatMessage.of("user", full, user_prompt(ep.image.width, ep.image.height))]
-        for step, c in zip([s for s in ep.steps if s.kind == "crop"], ep.crops):
+        crops = list(zip([s for s in ep.steps if s.kind == "crop"], ep.crops))
+        keep = len(crops) if self.max_crop_images is None else self.max_crop_images
+        for k, (step, c) in enumerate(crops):
             msgs.append(ChatMessage.of("assistant", step.text))
-            msgs.append(ChatMessage.of("user", c.image, observation_text(c.box, c.scale)))
+            shown = (c.image,) if k >= len(crops) - keep else ()
+            note = "" if shown else " (this crop's pixels are no longer attached, to save tokens)"
+            msgs.append(ChatMessage.of("user", *shown, observation_text(c.box, c.scale) + note))
         if ep.variant == "o3" and ep.last_turn and ep.steps:
             msgs[-1] = ChatMessage.of("user", *msgs[-1].content, load_prompt("zoom", "last_turn").strip())
         if ep.feedback:                 # a re-ask: the rejected turn and why
