@@ -17,15 +17,19 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+import importlib
+
 from ..core import Detection, Sample, ToolCard
 from ..data.datasets import load_dataset, stratified_draw
 from ..detectors import pool as D
 from ..imageio import LoadedImage, load_image
-from .records import CaseFacts
-from .rules import FACTS_VERSION, measure_facts
+from ..provenance.duplicates import file_sha256
+from ..provenance.evidence import gather
+from .records import CaseFacts, ProvenanceFacts
+from .rules import FACTS_VERSION, measure_facts, provenance_facts
 
 # %% auto #0
-__all__ = ['study_samples', 'Evidence', 'stage0']
+__all__ = ['PROVENANCE_VERSION', 'study_samples', 'study_pool', 'Evidence', 'stage0']
 
 # %% ../../nbs/06d_triage.data.ipynb #f2b1c419
 def study_samples(dataset: str, n_per_family: int | None = None, n_authentic: int | None = None, seed: int = 0,
@@ -33,9 +37,36 @@ def study_samples(dataset: str, n_per_family: int | None = None, n_authentic: in
     "Samples of a dataset spec (`bench:id`, `folder:PATH`, `casia2:PATH`, ...; a bare `id` is the benchmark's), capped per family by a seeded draw."
     return stratified_draw(load_dataset(dataset, bench_root=root), n_per_family, n_authentic, seed)
 
+# %% ../../nbs/06d_triage.data.ipynb #d6ce4636
+def _paper_pool():
+    "The paper pool module (`forensicslab.detectors.paper.pool`), imported on first use: its weights loader imports torch, which a triage import should not pay for."
+    return importlib.import_module("forensicslab.detectors.paper.pool")
+
+def study_pool(pool: str | None = "default", detectors: list[str] | None = None) -> list[str]:
+    """The detector ids a study runs: `detectors` when given, else those of the pool named `pool` (`resolve_pool`).
+    Paper adapters named either way are loaded; an unknown id is a `DetectorNotFound`, a paper adapter that cannot
+    run here (no weights, not served) a `WeightsError`, each in one line."""
+    pp = _paper_pool()
+    ids = [str(d).strip() for d in detectors if str(d).strip()] if detectors else pp.resolve_pool(pool)
+    if any(i in pp.PAPER_POOL for i in ids): pp.load_adapters()
+    have = set(D.list_detectors(include_opt_in=True))
+    unknown = [i for i in ids if i not in have]
+    if unknown:
+        raise D.DetectorNotFound(f"no detector named {', '.join(unknown)}; registered: {', '.join(sorted(have))} "
+                                 f"(paper pool: {', '.join(pp.PAPER_POOL)})")
+    idle = [i for i in ids if i in pp.PAPER_POOL and not pp.runnable(i)]
+    if idle:
+        raise pp.WeightsError(f"paper detector(s) {', '.join(idle)} cannot run here: no weights installed and none served; "
+                              "see `forensicslab weights list`, then `forensicslab weights add ID FILE`")
+    if not ids: raise D.DetectorNotFound(f"pool {pool!r} names no detector")
+    return ids
+
 # %% ../../nbs/06d_triage.data.ipynb #d358ca83
+PROVENANCE_VERSION = 1
+"Version of the cached provenance facts (bump when `provenance_facts` or the providers change what they read)."
+
 class Evidence:
-    "Stage 0 for a study: cached detections, cards and measured facts per image, shared by every configuration."
+    "Stage 0 for a study: cached detections, cards and measured facts per image (and provenance on demand), shared by every configuration."
     def __init__(self, cache_dir: str | Path | None = None, detectors: list[str] | None = None, timeout: float = 120.0,
                  memory: int = 64):
         self.D, self.detectors, self.timeout = D, detectors, timeout
@@ -44,6 +75,21 @@ class Evidence:
         self._memory = memory
         self._lock = threading.Lock()
         self._cards: dict[str, ToolCard] = {}
+
+    def provenance(self, image_path: str | Path) -> ProvenanceFacts:
+        """The provenance facts of one image file (`forensicslab.provenance.evidence.gather` without exiftool, so that
+        they do not depend on what is installed beside Python; the pool's `adq` detection reused), cached by the
+        file's SHA-256 beside its detections; a reading with an unavailable or failed provider is not cached."""
+        img, dets, _, _ = self(image_path)
+        key = f"provenance-v{PROVENANCE_VERSION}/{file_sha256(img.path)}"
+        try: pf = ProvenanceFacts.model_validate_json(self.cache.store.get(key) or "")
+        except ValueError: pf = None
+        if pf is None:
+            adq = dets.get("adq")
+            ev = gather(img, adq=adq if adq is not None and adq.status == "ok" else None, exiftool=False)
+            pf = provenance_facts(ev)
+            if all(e.status not in ("unavailable", "error") for e in ev.values()): self.cache.store.set(key, pf.model_dump_json())
+        return pf
 
     def cards(self, names) -> dict[str, ToolCard]:
         for n in names:
