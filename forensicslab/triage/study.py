@@ -23,9 +23,9 @@ from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
 from ..data.datasets import describe_dataset, parse_dataset_spec
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, share_ci
-from ..runs import Case, Run, config_hash
+from ..runs import Case, Run, config_hash, project_root
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
-from .data import Evidence, stage0
+from .data import PROVENANCE_VERSION, Evidence, stage0
 from .judge import AUTHENTIC, LearnedJudge, TriagePipeline, algorithmic_fusion, ds_fusion
 from .records import CaseResult, TriageConfigError, TriageError
 from .rules import (FACTS_VERSION, ContentOracleAuditor, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent,
@@ -33,12 +33,13 @@ from .rules import (FACTS_VERSION, ContentOracleAuditor, RuleAuditor, RuleJudge,
 
 # %% auto #0
 __all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'LEVER_GRID',
-           'TriageConfig', 'paper_configs', 'offline_configs', 'presets', 'preset', 'build_config', 'case_row',
-           'detector_versions', 'failure_history', 'open_run', 'triage_metrics', 'family_breakdown',
-           'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4', 'fire_events', 'triage_table',
-           'change_decomposition', 'event_finding', 'figure2', 'run_grid', 'run_totals', 'calibrate_rules',
-           'judge_axis_configs', 'fit_learned_judge', 'table4_rule_params', 'study_configs', 'open_bench',
-           'quick_out_dir', 'rows_written', 'dataset_note']
+           'TriageConfig', 'paper_configs', 'offline_configs', 'provenance_configs', 'presets', 'preset',
+           'build_config', 'case_row', 'detector_versions', 'failure_history', 'open_run', 'triage_metrics',
+           'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4',
+           'provenance_summary', 'provenance_finding', 'fire_events', 'triage_table', 'change_decomposition',
+           'event_finding', 'figure2', 'GridResults', 'run_grid', 'run_totals', 'calibrate_rules', 'judge_axis_configs',
+           'fit_learned_judge', 'table4_rule_params', 'study_configs', 'open_bench', 'rows_written', 'dataset_note',
+           'shown_path', 'portable_spec']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 OFFLINE_ROLES = ("rules", "oracle", "learned")
@@ -55,6 +56,7 @@ class TriageConfig(BaseModel):
     guided: bool = True
     paper_row: Optional[str] = None
     rule_params: Optional[dict] = None   # this configuration's own rule parameters (else the run's)
+    provenance: bool = False             # the roles also read the file's provenance evidence (`forensicslab.provenance`)
 
     @property
     def offline(self) -> bool:
@@ -103,11 +105,20 @@ def offline_configs() -> list[TriageConfig]:
         TriageConfig(name="rules", label="Rule-based triage + guided judge", kind="pipeline", auditor="rules", judge="rules"),
     ]
 
+def provenance_configs(configs: list[TriageConfig]) -> list[TriageConfig]:
+    """The provenance twin of each pipeline or single-agent configuration of `configs` (`<name>-provenance`): the same
+    roles, which also read the file's provenance evidence (the LLM roles in their prompts, the guided rule judge as
+    corroboration; see `forensicslab.triage.rules.provenance_facts`)."""
+    return [c.model_copy(update=dict(name=f"{c.name}-provenance", label=f"{c.label} + provenance evidence", provenance=True,
+                                     paper_row=None))
+            for c in configs if c.kind in ("pipeline", "single") and not c.provenance]
+
 def presets(backbone: str = DEFAULT_BACKBONE, other: str = "openai:gpt-4o", judge_only: str = "openai:gpt-5") -> dict[str, TriageConfig]:
     "Every named preset: the offline ones and the paper's six (shared name `fusion`)."
     out = {c.name: c for c in offline_configs()}
     out.update({c.name: c for c in paper_configs(backbone, other, judge_only)})
     out["rules-single"] = TriageConfig(name="rules-single", label="Rule-based single agent", kind="single", judge="rules")
+    out.update({c.name: c for c in provenance_configs([out["rules"], out["complete"]])})
     return out
 
 def preset(name: str, auditor: str | None = None, judge: str | None = None) -> TriageConfig:
@@ -231,17 +242,22 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
                     rule_params=rp.model_dump() if {"rules", "oracle"} & {cfg.auditor, cfg.judge} else None,
                     **({"learned_judge": learned.fingerprint()} if learned is not None else {}),
                     reliability=build_kw.get("reliability") if cfg.kind == "ds" else None,
-                    detectors=detector_versions(evidence), facts=FACTS_VERSION)
+                    detectors=detector_versions(evidence), facts=FACTS_VERSION,
+                    **({"provenance": PROVENANCE_VERSION} if cfg.provenance else {}))
     tag = config_hash({"config": manifest, "seed": 0, "backends": cfg.backends})[:8]
     run = Run(Path(out_dir) / "runs" / collection / f"{cfg.name}-{tag}", config=manifest, backends=cfg.backends)
     history = failure_history(run)
     def one(s: Sample) -> dict:
         img, dets, cards, facts = evidence(s.image)
         if cfg.auditor == "oracle": facts = facts.model_copy(update={"content": content_facts(s.provenance)})
+        if cfg.provenance: facts = facts.model_copy(update={"provenance": evidence.provenance(s.image)})
         if cfg.offline: row = case_row(s, runner(img, dets, cards, facts), cards, dets)
         else:
             from forensicslab.chat.models import chat_context
             with chat_context(case=s.id): row = case_row(s, runner(img, dets, cards, facts), cards, dets)   # traces name the case
+        if cfg.provenance:
+            pv = facts.provenance
+            row["provenance"] = dict(present=pv.present, edit_hints=pv.edit_hints, capture_hints=pv.capture_hints)
         missing = row["record"].get("details", {}).get("auditor_failures") or {}
         if missing:
             row["missing_auditors"] = sorted(missing)
@@ -363,6 +379,38 @@ def table4(results: dict[tuple[str, str], list[dict]], configs: dict[str, Triage
             if m["failed"]: d[f"{coll.upper()} failed"] = m["failed"]
         disp.append(d)
     return pd.DataFrame(disp), pd.DataFrame(raw)
+
+# %% ../../nbs/06e_triage.study.ipynb #ef4e7b09
+def provenance_summary(results: dict[tuple[str, str], list[dict]], name: str = "rules-provenance", base: str = "rules") -> pd.DataFrame:
+    """Per collection of configuration `name`'s rows: images, images with any provenance evidence beyond the JPEG tables
+    (`any_evidence`) and per provider, images with an edit or a capture hint, and against `base` on the same images:
+    verdicts that differ (`changed`) and verdicts that agree but name another decisive tool (`changed_decisive`)."""
+    cols = ["collection", "images", "any_evidence", "c2pa", "metadata", "duplicates", "jpeg_tables", "edit_hint", "capture_hint",
+            "compared", "changed", "changed_decisive"]
+    out = []
+    for (n, coll), rows in results.items():
+        if n != name: continue
+        if any("provenance" not in r for r in rows):
+            raise TriageError(f"{name}/{coll}: rows without a 'provenance' field: not a provenance configuration, or rows from before it")
+        pv = [r["provenance"] for r in rows]
+        present = [set(p.get("present") or []) for p in pv]
+        b = {r["sample"]: r for r in results.get((base, coll), [])}
+        both = [(r, b[r["sample"]]) for r in rows if r["sample"] in b]
+        out.append(dict(collection=coll, images=len(rows), any_evidence=sum(bool(s - {"jpeg"}) for s in present),
+                        **{k: sum(k in s for s in present) for k in ("c2pa", "metadata", "duplicates")},
+                        jpeg_tables=sum("jpeg" in s for s in present), edit_hint=sum(bool(p.get("edit_hints")) for p in pv),
+                        capture_hint=sum(bool(p.get("capture_hints")) for p in pv), compared=len(both),
+                        changed=sum(r.get("pred") != q.get("pred") for r, q in both),
+                        changed_decisive=sum(r.get("pred") == q.get("pred") and r.get("decisive") != q.get("decisive") for r, q in both)))
+    return pd.DataFrame(out, columns=cols)
+
+def provenance_finding(summary: pd.DataFrame, name: str = "rules-provenance", base: str = "rules") -> str:
+    "One sentence per collection of `provenance_summary`: how many images carried provenance and how many verdicts it changed."
+    return " ".join(f"{r.collection.upper()}: {r.any_evidence} of {r.images} images carried any provenance evidence beyond the JPEG "
+                    f"tables (C2PA {r.c2pa}, metadata {r.metadata}), {r.edit_hint} an edit hint and {r.capture_hint} a capture hint; "
+                    f"{name} changed {r.changed} of {r.compared} verdicts against {base}"
+                    + (f" and the decisive tool of {r.changed_decisive} more" if r.changed_decisive else "") + "."
+                    for r in summary.itertuples())
 
 # %% ../../nbs/06e_triage.study.ipynb #bb170763
 EVENT_CLASSES = ("in scope, manipulated", "out of scope, manipulated", "unknown family, manipulated", "authentic")
@@ -493,14 +541,20 @@ def _usable(row: dict) -> bool:
     "A row with a triage outcome: finished, or an agent failure awaiting its retry (counted as a failure meanwhile)."
     return row.get("status") == "ok" or (row.get("status") == "failed" and "label" in row)
 
+class GridResults(dict):
+    "Rows by (configuration, collection), with `skipped`: the cases of each left out of the rows (they raised; a re-run retries them)."
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.skipped: dict[tuple[str, str], list[str]] = {}
+
 def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], evidence: Evidence, out_dir: str | Path,
              workers: int = 2, progress: bool = True, chunk: int | None = None, max_attempts: int = 3,
-             **build_kw) -> tuple[dict[tuple[str, str], list[dict]], dict[str, float]]:
-    "Run every configuration on every collection (Stage 0 shared); returns rows by (config, collection) and timings."
+             **build_kw) -> tuple[GridResults, dict[str, float]]:
+    "Run every configuration on every collection (Stage 0 shared); returns rows by (config, collection) (with the skipped cases) and timings."
     from tqdm.auto import tqdm
     chunk = chunk or max(1, evidence._memory)
     timing = {"stage0_s": 0.0, **{f"{c.name}_s": 0.0 for c in configs}}
-    results = {}
+    results = GridResults()
     for coll, ss in collections.items():
         runs = {c.name: open_run(c, evidence, out_dir, coll, max_attempts, **build_kw) for c in configs}
         bar = tqdm(total=len(ss) * len(configs), desc=f"triage {coll}", disable=not progress, dynamic_ncols=True)
@@ -521,6 +575,7 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
                 warnings.warn(f"{coll}/{c.name}: {len(bad)} case(s) raised and are left out (a re-run retries them); "
                               f"first: {bad[0]['key']}: {bad[0].get('error')}")
             results[(c.name, coll)] = [by_key[s.id] for s in ss if s.id in by_key and _usable(by_key[s.id])]
+            results.skipped[(c.name, coll)] = [s.id for s in ss if s.id not in by_key or not _usable(by_key[s.id])]
             retry = [by_key[s.id] for s in ss if s.id in by_key and by_key[s.id].get("status") == "failed" and _usable(by_key[s.id])]
             if retry:
                 warnings.warn(f"{coll}/{c.name}: {len(retry)} case(s) failed or were judged with missing auditors (counted as "
@@ -533,9 +588,11 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
 def _failure_kind(why: str | None) -> str | None:
     return None if not why else why.split(":", 1)[0].strip() or "unknown"
 
-def run_totals(results: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
-    """Per (configuration, collection) and in all: cases, failures by kind, retried cases, cases judged with some auditor
+def run_totals(results: dict[tuple[str, str], list[dict]], skipped: dict[tuple[str, str], list] | None = None) -> pd.DataFrame:
+    """Per (configuration, collection) and in all: cases, cases `skipped` (left out of the rows because they raised; from
+    `skipped` or `run_grid`'s `GridResults.skipped`), failures by kind, retried cases, cases judged with some auditor
     missing (its call failed on the last attempt), calls, tokens, cost and case wall time."""
+    skipped = skipped if skipped is not None else getattr(results, "skipped", {})
     out = []
     for (name, coll), rows in results.items():
         u = [r.get("usage") or {} for r in rows]
@@ -543,7 +600,7 @@ def run_totals(results: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
         for r in rows:
             k = _failure_kind(r.get("failure"))
             if k: kinds[k] = kinds.get(k, 0) + 1
-        out.append(dict(config=name, collection=coll, cases=len(rows), failed=sum(kinds.values()),
+        out.append(dict(config=name, collection=coll, cases=len(rows), skipped=len(skipped.get((name, coll), [])), failed=sum(kinds.values()),
                         failures_by_kind="; ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "-",
                         retried=sum(1 for r in rows if r.get("attempts", 1) > 1),
                         missing_auditors=sum(1 for r in rows if r.get("missing_auditors")),
@@ -654,18 +711,6 @@ def open_bench(quick: bool, bench_root: str | Path = "", log=print) -> Path:
                                   sizes=BenchSizes.tiny(), log=log)
     return ensure_bench(bench_root or None, log=log)
 
-def quick_out_dir(out: str | Path, study: str, quick: bool, log=print) -> Path:
-    "`out`, except that a quick run never writes into the committed reference outputs `<repo>/outputs/<study>` (sent to a temp folder)."
-    import tempfile
-    from forensicslab.runs import project_root
-    out = Path(out)
-    if quick and out.resolve() == (project_root() / "outputs" / study).resolve():
-        alt = Path(tempfile.gettempdir()) / "forensicslab-quick" / study
-        alt.mkdir(parents=True, exist_ok=True)
-        log(f"quick run: writing to {alt}, not to the committed reference outputs in {out}")
-        return alt
-    return out
-
 def rows_written(out_dir: str | Path) -> int:
     "How many case rows the runs under `out_dir/runs/` hold (appended lines): a second pass that adds none made no new call."
     return sum(len(p.read_text().splitlines()) for p in sorted(Path(out_dir).glob("runs/*/*/rows.jsonl")))
@@ -679,3 +724,19 @@ def dataset_note(spec: str, samples: list[Sample]) -> str:
     if kind != "bench" and arg and ("/" in arg or "\\" in arg):
         text = text.replace(arg, f".../{Path(arg).name or arg}")
     return text
+
+def shown_path(path: str | Path, root: str | Path | None = None) -> str:
+    """`path` as a study writes it into a caption, `run.json` or a printed line: relative to the checkout (`root`) when
+    inside it, else `.../<last part>`, so no committed output carries a machine's absolute path."""
+    p, r = Path(path).expanduser(), Path(root) if root else project_root()
+    if not p.is_absolute(): return p.as_posix()
+    try: return p.resolve().relative_to(r.resolve()).as_posix()
+    except ValueError: return f".../{p.name}"
+
+def portable_spec(spec: str, root: str | Path | None = None) -> str:
+    "A dataset spec (several comma-separated) with each local path written by `shown_path`: what `run.json` and captions store."
+    out = []
+    for part in (s.strip() for s in str(spec).split(",") if s.strip()):
+        kind, arg = parse_dataset_spec(part)
+        out.append(part if kind == "bench" or not arg else f"{kind}:{shown_path(arg, root)}")
+    return ",".join(out)
