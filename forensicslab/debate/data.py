@@ -22,15 +22,17 @@ from skimage import data as skdata
 
 from ..core import ForensicsLabError, Sample
 from ..data.datasets import MissingData
+from ..metrics import paper_numbers
 from ..runs import cache_dir, project_root
 import forensicslab
 from .retrieval import LocalIndex, PageHit
 
 # %% auto #0
-__all__ = ['DOWNLOADS', 'FETCH_NAMES', 'VERITE_SUBSETS', 'FETCH', 'TEACHING_KINDS', 'LOADERS', 'DatasetError', 'OOCDataset',
-           'dataset_root', 'load_verite', 'write_verite_fixture', 'article_split', 'load_newsclippings',
-           'write_newsclippings_fixture', 'load_mmfakebench', 'write_mmfakebench_fixture', 'build_source_index',
-           'FetchError', 'fetch_dataset', 'teaching_captions', 'build_teaching_set', 'load_ooc']
+__all__ = ['DOWNLOADS', 'FETCH_NAMES', 'VERITE_SUBSETS', 'FETCH', 'TEACHING_KINDS', 'USER_STUDY_FIELDS', 'LOADERS',
+           'DatasetError', 'OOCDataset', 'dataset_root', 'load_verite', 'write_verite_fixture', 'article_split',
+           'load_newsclippings', 'write_newsclippings_fixture', 'load_mmfakebench', 'write_mmfakebench_fixture',
+           'build_source_index', 'FetchError', 'fetch_dataset', 'teaching_captions', 'build_teaching_set',
+           'UserStudyError', 'user_study_spec', 'UserStudy', 'load_user_study', 'load_ooc']
 
 # %% ../../nbs/07b_debate.data.ipynb #1409f321
 class DatasetError(ForensicsLabError, ValueError):
@@ -417,6 +419,85 @@ def build_teaching_set(root: str | Path | None = None, seed: int = 0) -> OOCData
                       provenance={"photo": c["photo"], "kind": c["kind"], "article": c["photo"]}) for c in caps]
     return OOCDataset("teaching", samples, root, info={"index": str(root / "index.json"), "kind": "teaching set",
                                                        "source": _teaching_spec()["source"]})
+
+# %% ../../nbs/07b_debate.data.ipynb #13d78b95
+USER_STUDY_FIELDS = {"GT": "the truth (TRUE: the pair is misinformation)", "MP": "MAD-Sherlock's answer",
+                     "C": "the participant's answer before the AI insight", "CONF": "their confidence before (0-10)",
+                     "RE-C": "their answer after reading the AI insight", "RE-CONF": "their confidence after (0-10)"}
+"The columns of the authors' user-study CSV for each pair `k`: `<field><k>`."
+
+class UserStudyError(DatasetError):
+    "A user-study CSV that is not in the authors' format: a missing column, an answer that is not TRUE/FALSE, a confidence outside 0-10, a participant with no group."
+
+def user_study_spec() -> dict:
+    "The user study's page: where the authors publish the CSV, its licence status and the groups of their analysis (`paper/user_study.yaml`)."
+    return paper_numbers("debate", "user_study")
+
+def _yes_no(v, where: str) -> Optional[bool]:
+    s = str(v).strip().upper()
+    if s in ("TRUE", "FALSE"): return s == "TRUE"
+    if s in ("", "NAN", "NONE"): return None   # an unanswered question (the authors' CSV has one)
+    raise UserStudyError(f"{where}: {v!r} is not TRUE or FALSE")
+
+def _confidence(v, where: str) -> float:
+    s = str(v).strip()
+    if s in ("", "nan", "NaN", "None"): return float("nan")
+    try: x = float(s)
+    except ValueError: raise UserStudyError(f"{where}: confidence {v!r} is not a number") from None
+    if not 0 <= x <= 10: raise UserStudyError(f"{where}: confidence {x:g} is outside 0-10")
+    return x
+
+# %% ../../nbs/07b_debate.data.ipynb #714297d5
+@dataclass
+class UserStudy:
+    "The user study's answers, one row per participant and pair (`answers`), and where they came from."
+    answers: pd.DataFrame
+    source: str
+
+    def __len__(self) -> int: return int(self.answers["participant"].nunique())
+    @property
+    def n_items(self) -> int: return int(self.answers["item"].nunique())
+    @property
+    def groups(self) -> list[str]: return list(dict.fromkeys(self.answers["group"]))
+    @property
+    def items(self) -> pd.DataFrame:
+        "One row per pair: the truth and MAD-Sherlock's answer."
+        return self.answers.drop_duplicates("item")[["item", "truth", "ai"]].reset_index(drop=True)
+
+def load_user_study(path: str | Path, groups: Optional[dict] = None) -> UserStudy:
+    """Read the authors' user-study CSV (the columns of `USER_STUDY_FIELDS`) into a `UserStudy`. Groups come from
+    `groups` (participant Id -> group), else a `Group` column, else the authors' assignment in `user_study_spec()`.
+    An unanswered question stays missing (it counts as wrong when scored, as in the authors' analysis)."""
+    spec = user_study_spec()["csv"]
+    p = Path(path) if path else None
+    if p is None or not p.is_file():
+        raise MissingData(p or Path("."), "the MAD-Sherlock user study", f"one CSV file ({spec['file']})",
+                          f"download {spec['file']} from {spec['page']} (licence: {spec['licence']})")
+    df = pd.read_csv(p, dtype=str, keep_default_na=False)
+    df.columns = [c.strip() for c in df.columns]
+    items = sorted(int(c[2:]) for c in df.columns if c.startswith("GT") and c[2:].isdigit())
+    need = ["Id"] + [f"{f}{k}" for k in items for f in USER_STUDY_FIELDS]
+    if not items or (miss := [c for c in need if c not in df.columns]):
+        raise UserStudyError(f"{p}: not the authors' user-study format; missing columns: {', '.join(miss[:6]) if items else 'GT1, MP1, ...'}")
+    if groups is None and "Group" in df.columns: groups = dict(zip(df["Id"].str.strip(), df["Group"].str.strip()))
+    if groups is None: groups = {str(i): g for g, ids in user_study_spec()["groups"].items() for i in ids}
+    groups = {str(k).strip(): v for k, v in groups.items()}
+    if nogroup := [i.strip() for i in df["Id"] if i.strip() not in groups]:
+        raise UserStudyError(f"{p}: participants {', '.join(nogroup[:8])} have no group; pass groups={{Id: group}} or add a Group column")
+    rows = []
+    for _, r in df.iterrows():
+        pid = r["Id"].strip()
+        for k in items:
+            w = f"{p.name}, Id {pid}"
+            rows.append({"participant": pid, "group": groups[pid], "item": k,
+                         "truth": _yes_no(r[f"GT{k}"], f"{w}, GT{k}"), "ai": _yes_no(r[f"MP{k}"], f"{w}, MP{k}"),
+                         "before": _yes_no(r[f"C{k}"], f"{w}, C{k}"), "conf_before": _confidence(r[f"CONF{k}"], f"{w}, CONF{k}"),
+                         "after": _yes_no(r[f"RE-C{k}"], f"{w}, RE-C{k}"), "conf_after": _confidence(r[f"RE-CONF{k}"], f"{w}, RE-CONF{k}")})
+    ans = pd.DataFrame(rows)
+    for col in ("truth", "ai"):  # every participant saw the same pairs and the same insights
+        if (bad := [k for k, s in ans.groupby("item")[col] if s.isna().any() or s.nunique() != 1]):
+            raise UserStudyError(f"{p}: {col.upper() if col == 'truth' else 'MP'} differs between participants (or is missing) for pairs {bad}")
+    return UserStudy(ans, str(p))
 
 # %% ../../nbs/07b_debate.data.ipynb #f5b1b06d
 LOADERS = {"verite": load_verite, "newsclippings": load_newsclippings, "mmfakebench": load_mmfakebench,

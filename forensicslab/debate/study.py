@@ -13,9 +13,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from ..core import ChatModel, Sample
-from ..metrics import fmt_ci, mcnemar, metric_table, paper_numbers, write_table
+from ..metrics import bootstrap_ci, fmt_ci, mcnemar, metric_table, paper_numbers, write_table
 from ..runs import Case, Run, part_skipped, part_written, portable_path, project_root
 from .records import DebateConfig
 from .retrieval import ChatQA, make_retriever
@@ -25,10 +26,11 @@ from .judge import majority
 from .agents import DebateInput, models_from_spec, run_debate
 
 # %% auto #0
-__all__ = ['CONVENTIONS', 'BY_CONSTRUCTION', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str', 'paper_cost', 'debate_case_fn',
-           'run_llm_setup', 'study_retriever', 'results_row', 'backend_status', 'implied_accuracy', 'paper_table',
-           'data_spec', 'publish_table', 'llm_rows', 'compare', 'equal_rows', 'debate_dynamics', 'flip_matrix',
-           'offline_table']
+__all__ = ['CONVENTIONS', 'BY_CONSTRUCTION', 'USER_STUDY_CONVENTIONS', 'score_rows', 'fmt_scores', 'paper_ref', 'paper_str',
+           'paper_cost', 'debate_case_fn', 'run_llm_setup', 'study_retriever', 'results_row', 'backend_status',
+           'implied_accuracy', 'paper_table', 'data_spec', 'publish_table', 'llm_rows', 'compare', 'equal_rows',
+           'debate_dynamics', 'flip_matrix', 'offline_table', 'user_study_participants', 'user_study_table3',
+           'user_study_table4', 'user_study_switches']
 
 # %% ../../nbs/07f_debate.study.ipynb #3f40f72b
 CONVENTIONS = {"pred": "ties broken by the first agent", "pred_authors": "unresolved counted as misinformation (authors')"}
@@ -280,3 +282,83 @@ def offline_table(ov: OfflineViews, setups: Sequence[tuple], kinds=None, protoco
         r["note"] = "; ".join(notes) or "-"
         out.append(r)
     return out, preds
+
+# %% ../../nbs/07f_debate.study.ipynb #bf333761
+def user_study_participants(us) -> pd.DataFrame:
+    "One row per participant of a `UserStudy`: group, accuracy before and after (%), mean confidence before and after, the authors' confidence figure, unanswered questions."
+    a = us.answers.assign(ok_before=lambda d: d["before"] == d["truth"], ok_after=lambda d: d["after"] == d["truth"])
+    out = []
+    for pid, g in a.groupby("participant", sort=False):
+        n = len(g)
+        out.append({"participant": pid, "group": g["group"].iloc[0], "items": n,
+                    "accuracy before": 100 * g["ok_before"].mean(), "accuracy after": 100 * g["ok_after"].mean(),
+                    "confidence before": g["conf_before"].mean(), "confidence after": g["conf_after"].mean(),
+                    "authors' confidence before": g.loc[g["ok_before"], "conf_before"].fillna(0).sum() / n,
+                    "authors' confidence after": g.loc[g["ok_after"], "conf_after"].fillna(0).sum() / n,
+                    "unanswered": int(g["before"].isna().sum() + g["after"].isna().sum())})
+    return pd.DataFrame(out)
+
+# %% ../../nbs/07f_debate.study.ipynb #734d52fe
+def _mean_sd(x) -> str:
+    x = np.asarray(x, float)
+    return f"{x.mean():.1f} +/- {x.std():.1f}"
+
+def user_study_table3(us, n_boot: int = 1000) -> pd.DataFrame:
+    "The paper's Table 3 from a `UserStudy`: accuracy (mean +/- population SD, as the authors compute it), sample SD, bootstrap 95% interval, the paired test against the unaided participants, and the paper's numbers."
+    p = user_study_participants(us)
+    paper = paper_numbers("debate", "user_study")["rows"]
+    b, a = p["accuracy before"].to_numpy(), p["accuracy after"].to_numpy()
+    it = us.items
+    ai = np.full(len(p), 100 * float((it["ai"] == it["truth"]).mean()))
+    d = a - b
+    test = stats.wilcoxon(a, b) if np.any(d != 0) else None
+    paired = (f"p = {test.pvalue:.2g} (Wilcoxon signed-rank); {int((d > 0).sum())} better, {int((d == 0).sum())} same, "
+              f"{int((d < 0).sum())} worse") if test is not None else "no participant changed"
+    out = []
+    for name, x, vs in (("Humans", b, "-"), ("Humans + MAD-Sherlock", a, paired), ("MAD-Sherlock", ai, "-")):
+        ci = bootstrap_ci(lambda i, x=x: x[i].mean(), len(x), n_boot)
+        out.append({"study setup": name, "accuracy % (mean +/- SD, authors' population SD)": _mean_sd(x),
+                    "sample SD": f"{x.std(ddof=1):.1f}" if len(x) > 1 else "-", "mean, 95% CI": fmt_ci(ci, scale=1.0),
+                    "participants": len(x) if name != "MAD-Sherlock" else f"{len(it)} pairs", "vs Humans (paired)": vs,
+                    "paper": " +/- ".join(f"{v:.1f}" for v in paper[name]) if name in paper else "n/a"})
+    return pd.DataFrame(out)
+
+# %% ../../nbs/07f_debate.study.ipynb #b432111c
+USER_STUDY_CONVENTIONS = {"authors": "as printed: accuracy SD in correct answers out of the number of pairs; confidence = the confidence of correct answers summed over pairs / number of pairs",
+                          "plain": "accuracy SD in %; confidence = mean confidence (0-10) over the answered questions"}
+
+def user_study_table4(us, convention: str = "authors") -> pd.DataFrame:
+    "The paper's Table 4 from a `UserStudy`: per group, accuracy and confidence before and with MAD-Sherlock (mean +/- sample SD) under `convention`, with the paper's printed values."
+    if convention not in USER_STUDY_CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(USER_STUDY_CONVENTIONS)}, got {convention!r}")
+    p = user_study_participants(us)
+    printed = paper_numbers("debate", "user_study")["table4"]
+    conf = "authors' confidence" if convention == "authors" else "confidence"
+    sd_scale = us.n_items / 100 if convention == "authors" else 1.0
+    known = list(next(iter(printed.values())).keys())   # the paper's column order first
+    groups = [g for g in known if g in us.groups] + [g for g in us.groups if g not in known]
+    out = []
+    for metric, col, scale in (("Accuracy (only human)", "accuracy before", sd_scale), ("Confidence (only human)", f"{conf} before", 1.0),
+                               ("Accuracy (with MAD-Sherlock)", "accuracy after", sd_scale), ("Confidence (with MAD-Sherlock)", f"{conf} after", 1.0)):
+        row = {"metric": metric, "convention": convention}
+        for g in groups:
+            x = p.loc[p["group"] == g, col].to_numpy(float)
+            sd = x.std(ddof=1) * scale if len(x) > 1 else float("nan")
+            row[f"{g} (n={len(x)})"] = f"{x.mean():.1f} +/- {sd:.1f}"
+            ref = printed.get(metric, {}).get(g)
+            row[f"{g} (paper)"] = f"{ref[0]:.1f} +/- {ref[1]:.1f}" if ref else "n/a"
+        out.append(row)
+    return pd.DataFrame(out)
+
+# %% ../../nbs/07f_debate.study.ipynb #ef5003d7
+def user_study_switches(us) -> pd.DataFrame:
+    "Per pair: the truth, MAD-Sherlock's answer, participants right before and after, and the switches right->wrong and wrong->right (unanswered after: counted apart)."
+    out = []
+    for k, g in us.answers.groupby("item", sort=True):
+        ok_b, ok_a = g["before"] == g["truth"], g["after"] == g["truth"]
+        out.append({"pair": int(k), "truth": "misinformation" if g["truth"].iloc[0] else "not misinformation",
+                    "MAD-Sherlock": "right" if g["ai"].iloc[0] == g["truth"].iloc[0] else "WRONG",
+                    "right before": int(ok_b.sum()), "right after": int(ok_a.sum()),
+                    "right -> wrong": int((ok_b & ~ok_a & g["after"].notna()).sum()), "wrong -> right": int((~ok_b & ok_a).sum()),
+                    "followed the AI after": int((g["after"] == g["ai"]).sum()), "unanswered after": int(g["after"].isna().sum())})
+    return pd.DataFrame(out)
