@@ -249,7 +249,8 @@ class CappedTransport(httpx.HTTPTransport):
     one total deadline (connection, headers and the whole body; none given: an hour) and at most `max_bytes` bytes
     (asked for uncompressed, so the cap is on what is parsed): `request_capped`'s guarantees for a client that reads
     replies itself, such as the official API clients, which then see its `DeadlineExceeded`, `BodyTooLarge` or
-    `Retryable` (a dropped body) as the cause of their own connection error. `kw` goes to `httpx.HTTPTransport`."""
+    `Retryable` (a dropped body) as the cause of their own connection error. A JSON reply must be UTF-8 (RFC 8259): one
+    that is not is a `Retryable` too, so no client silently replaces the bad bytes. `kw` goes to `httpx.HTTPTransport`."""
     def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic, **kw):
         super().__init__(**kw)
         self.max_bytes, self.clock = int(max_bytes), clock
@@ -261,4 +262,8 @@ class CappedTransport(httpx.HTTPTransport):
         r = super().handle_request(request)
         try: body = _read_capped(r, f"{request.method} {request.url}", t0 + deadline_s, deadline_s, self.max_bytes, self.clock, r.iter_raw)
         finally: r.close()
+        if "json" in r.headers.get("content-type", "").lower():
+            try: body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise Retryable(f"{request.method} {request.url}: JSON reply is not valid UTF-8 (byte {e.start} of {len(body)})") from None
         return httpx.Response(r.status_code, headers=r.headers, content=body, extensions=r.extensions)

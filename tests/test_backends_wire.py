@@ -208,6 +208,14 @@ def test_invalid_utf8_is_retried_traced_and_a_failure_if_it_persists(tmp_path):
     assert "UTF-8" in read_trace(tmp_path / "t.jsonl")[0]["error"]
 
 
+def test_invalid_utf8_from_gemini_is_retried_not_replaced():
+    "The google-genai client would decode a stray byte as U+FFFD; the transport refuses it, so the policy retries."
+    bad = Fault(200, body=json.dumps(gemini_response("caf_")).encode().replace(b"caf_", b"caf\xe9"))
+    with gemini_server(lambda req: bad if len(url.calls) < 2 else gemini_response("fine")) as url:
+        r = get_model("gemini:gemini-2.5-flash", controls(), base_url=url, api_key="g-test-0123456789").chat("x")
+    assert r.text == "fine" and r.attempts == 2
+
+
 async def _drip(scope, receive, send):
     "A chat reply sent one byte every 0.2 s (a per-read timeout never fires)."
     if scope["type"] != "http": return
