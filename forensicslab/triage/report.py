@@ -117,7 +117,8 @@ def region_statement(res: CaseResult, detections: dict[str, Detection], hot: flo
 CREDIBILITY_NOTE = ("Credibility (rule judge) = margin (how far the score is above its threshold, rescaled to [0, 1]) x compactness "
                     "(share of the map's hot mass in its one or two largest regions), combined with the margin of every "
                     "corroborating same-scope detector, times the lone-positive factor when same-scope detectors are confidently "
-                    "silent (a factor of 1 changes nothing). It is a rule's weighting of the scores, not a probability: 1.00 "
+                    "silent (a factor of 1 changes nothing), and, in a configuration that adds provenance evidence, combined with "
+                    "an edit hint from the file's provenance (or scaled down by a trusted signer's unedited-capture statement). It is a rule's weighting of the scores, not a probability: 1.00 "
                     "means a score at its ceiling with a compact map, not certainty.")
 "What the decision path's credibility numbers are computed from."
 
