@@ -16,13 +16,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import cv2
 import forensicslab
 from ..core import ForensicsLabError, Sample
+from .builtin.face_blend import locate_faces, most_face_like
+from .signals import analysis_rgb
 from ..imageio import load_image
 
 # %% auto #0
-__all__ = ['WEIGHTS_DIR', 'npr', 'NPRNet', 'FillSegNet', 'to_tensor', 'save_weights', 'WeightsMissing', 'load_net', 'centre_crop',
-           'even_crop', 'train_npr', 'train_inpaint_net']
+__all__ = ['WEIGHTS_DIR', 'NETS', 'SPLICE_GROUPS', 'npr', 'NPRNet', 'FillSegNet', 'FaceCropNet', 'to_tensor', 'save_weights',
+           'WeightsMissing', 'load_net', 'centre_crop', 'even_crop', 'train_npr', 'train_inpaint_net',
+           'calibration_split', 'face_box', 'face_crop', 'train_face_swap_net', 'train_splice_net', 'face_swap_logit',
+           'splice_probability']
 
 # %% ../../nbs/04i_detectors.learned.ipynb #cbca87a5
 def npr(x: torch.Tensor) -> torch.Tensor:
@@ -72,6 +77,20 @@ class FillSegNet(nn.Module):
         u1 = self.d1(torch.cat([F.interpolate(u2, size=h1.shape[-2:], mode="nearest"), h1], 1))
         return self.out(u1)
 
+class FaceCropNet(nn.Module):
+    "A small CNN over a face crop (RGB plus the high-pass residual of `FillSegNet.residual`); one logit per crop (manipulated > 0)."
+    def __init__(self, width: int = 12):
+        super().__init__()
+        w = width
+        self.features = nn.Sequential(_block(6, w), _block(w, w, 2), _block(w, 2 * w), _block(2 * w, 2 * w, 2),
+                                      _block(2 * w, 4 * w), _block(4 * w, 4 * w, 2))
+        self.head = nn.Linear(4 * w, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        "`x`: `(B, 3, H, W)` in [0, 1] -> `(B,)` logits."
+        f = self.features(torch.cat([x, FillSegNet.residual(x)], 1))
+        return self.head(f.mean(dim=(2, 3))).squeeze(1)
+
 # %% ../../nbs/04i_detectors.learned.ipynb #84006e88
 WEIGHTS_DIR = Path(forensicslab.__file__).parent / "detectors" / "weights"
 
@@ -91,16 +110,21 @@ def save_weights(model: nn.Module, path: str | Path, meta: dict | None = None) -
 class WeightsMissing(ForensicsLabError, FileNotFoundError):
     "A learned detector whose weights file is not there; the message says how to train them."
 
+NETS = {"npr": (NPRNet, {}), "inpaint_net": (FillSegNet, {}), "face_swap_net": (FaceCropNet, {}),
+        "splice_net": (FillSegNet, {"width": 8})}
+"Network class and its arguments per learned detector id (the weights file is `<id>.safetensors`)."
+
 @functools.lru_cache(maxsize=None)
 def load_net(kind: str, path: str | None = None) -> nn.Module:
-    "The trained `npr` or `inpaint_net` network in eval mode (cached per process)."
+    "The trained network of a learned detector (`npr`, `inpaint_net`, `face_swap_net`, `splice_net`) in eval mode (cached per process)."
     from safetensors.torch import load_file
-    cls = {"npr": NPRNet, "inpaint_net": FillSegNet}[kind]
+    if kind not in NETS: raise WeightsMissing(f"no learned network named {kind!r}; known: {', '.join(NETS)}")
+    cls, kw = NETS[kind]
     p = Path(path) if path else WEIGHTS_DIR / f"{kind}.safetensors"
     if not p.is_file():
         raise WeightsMissing(f"{p}: no weights for the {kind!r} detector; train them with nbs/studies/detectors_training.ipynb "
-                                f"(forensicslab.detectors.learned.train_{'npr' if kind == 'npr' else 'inpaint_net'})")
-    m = cls()
+                                f"(forensicslab.detectors.learned.train_{kind})")
+    m = cls(**kw)
     m.load_state_dict(load_file(str(p)))
     return m.eval()
 
@@ -206,3 +230,144 @@ def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 
         sched.step()
         if log and (step + 1) % log_every == 0: log(f"inpaint_net step {step+1}/{steps} loss {loss.item():.4f}")
     return model.eval()
+
+# %% ../../nbs/04i_detectors.learned.ipynb #b7d1e002
+def calibration_split(samples: Sequence[Sample], every: int = 3) -> tuple[list[Sample], list[Sample]]:
+    "(train part, calibration part): in sorted id order, every `every`-th sample of each label is held out for calibration."
+    fit, cal = [], []
+    for label in (0, 1):
+        for i, s in enumerate(sorted((s for s in samples if s.label == label), key=lambda s: s.id)):
+            (cal if i % every == every - 1 else fit).append(s)
+    return fit, cal
+
+def face_box(rgb: np.ndarray, face_side: int = 384, min_face: int = 32) -> tuple[tuple[int, int, int, int], bool]:
+    "The face box `(x, y, w, h)` in image pixels (the largest cascade face, else the most face-like window) and whether a face passed the cascade."
+    small, s = analysis_rgb(rgb, face_side)
+    faces, _ = locate_faces(small, min_face)
+    box = faces[0] if faces else most_face_like(small, min_face)[0]
+    return tuple(int(round(v / s)) for v in box), bool(faces)
+
+def face_crop(rgb: np.ndarray, box, side: int = 64, grow: float = 1.3, shift=(0.0, 0.0), zoom: float = 1.0) -> np.ndarray:
+    "The square around `box` (enlarged `grow` x `zoom`, centre moved by `shift` box sizes), clipped to the image, resized to `side` (area)."
+    x, y, w, h = box
+    half = 0.5 * max(w, h) * grow * zoom
+    cx, cy = x + w / 2 + shift[0] * w, y + h / 2 + shift[1] * h
+    H, W = rgb.shape[:2]
+    x0, y0 = int(max(0, cx - half)), int(max(0, cy - half))
+    x1, y1 = int(min(W, cx + half)), int(min(H, cy + half))
+    if x1 - x0 < 2 or y1 - y0 < 2: x0, y0, x1, y1 = 0, 0, W, H
+    return cv2.resize(np.ascontiguousarray(rgb[y0:y1, x0:x1, :3]), (side, side), interpolation=cv2.INTER_AREA)
+
+
+# %% ../../nbs/04i_detectors.learned.ipynb #b7d1e004
+def _seeded(seed: int):
+    "Seed torch and numpy, one torch thread (restored by the caller); returns the numpy generator and the previous thread count."
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    return np.random.default_rng(seed), n
+
+def _own(samples: Sequence[Sample], groups: tuple[str, ...], family: str, what: str) -> tuple[list[Sample], list[Sample]]:
+    "The `train` samples of `groups`: (manipulated of `family`, authentic); a clear error when either side is empty."
+    own = [s for s in samples if s.split == "train" and s.provenance.get("group") in groups]
+    pos = [s for s in own if s.label == 1 and s.family == family]
+    neg = [s for s in own if s.label == 0]
+    if not pos or not neg:
+        raise ValueError(f"{what} needs {family} and authentic train samples of the groups {', '.join(groups)}; got {len(pos)} and {len(neg)}")
+    return pos, neg
+
+def train_face_swap_net(samples: Sequence[Sample], steps: int = 300, batch: int = 32, lr: float = 2e-3, seed: int = 0,
+                        log_every: int = 100, log=print) -> FaceCropNet:
+    """Train `FaceCropNet` on face crops of the `face_blend` group of the `train` collection only (its training part,
+    `calibration_split`): manipulated faces (label 1) against the group's authentic portraits, with jittered crops."""
+    pos, neg = _own(samples, ("face_blend",), "face", "train_face_swap_net")
+    (fit, _) = calibration_split(pos + neg)
+    rng, n_threads = _seeded(seed)
+    try:
+        data = []
+        for s in fit:
+            a = _load_rgb(s)
+            data.append((a, face_box(a)[0], float(s.label)))
+        model = FaceCropNet()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+        n1 = sum(y for _, _, y in data)
+        weights = np.array([0.5 / n1 if y else 0.5 / (len(data) - n1) for _, _, y in data])
+        model.train()
+        for step in range(steps):
+            xs, ys = [], []
+            for i in rng.choice(len(data), batch, p=weights):
+                a, box, y = data[i]
+                p = face_crop(a, box, shift=tuple(rng.uniform(-0.08, 0.08, 2)), zoom=float(rng.uniform(0.9, 1.1)))
+                if rng.random() < 0.5: p = p[:, ::-1]
+                xs.append(to_tensor(p))
+                ys.append(y)
+            loss = F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            if log and (step + 1) % log_every == 0: log(f"face_swap_net step {step+1}/{steps} loss {loss.item():.4f}")
+    finally: torch.set_num_threads(n_threads)
+    return model.eval()
+
+SPLICE_GROUPS = ("adq", "copymove", "cfa")
+"The benchmark groups whose manipulations are splices (the `splice` family): `splice_net`'s own family."
+
+def train_splice_net(samples: Sequence[Sample], steps: int = 500, batch: int = 16, crop: int = 64, lr: float = 3e-3,
+                     seed: int = 0, log_every: int = 100, log=print) -> FillSegNet:
+    """Train a width-8 `FillSegNet` to segment spliced pixels, on the splice groups of the `train` collection only
+    (their training part, `calibration_split`): splices with masks against those groups' authentic images."""
+    pos, neg = _own(samples, SPLICE_GROUPS, "splice", "train_splice_net")
+    fit, _ = calibration_split(pos + neg)
+    rng, n_threads = _seeded(seed)
+    try:
+        data = []
+        for s in fit:
+            a = _load_rgb(s)
+            m = _load_mask(s, a.shape) if s.label == 1 else np.zeros(a.shape[:2], np.float32)
+            ys, xs = np.nonzero(m)
+            data.append((a, m, (int(ys.mean()), int(xs.mean())) if len(ys) else None))
+        model = FillSegNet(width=8)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+        n1 = sum(c is not None for _, _, c in data)
+        weights = np.array([0.6 / n1 if c is not None else 0.4 / (len(data) - n1) for _, _, c in data])
+        model.train()
+        for step in range(steps):
+            xs, ms = [], []
+            for i in rng.choice(len(data), batch, p=weights):
+                a, m, c = data[i]
+                r, cc = _crop(rng, a, crop, 4, c if (c is not None and rng.random() < 0.7) else None)
+                p, q = a[r:r + crop, cc:cc + crop], m[r:r + crop, cc:cc + crop]
+                if rng.random() < 0.5: p, q = p[:, ::-1], q[:, ::-1]
+                xs.append(to_tensor(p))
+                ms.append(torch.from_numpy(np.ascontiguousarray(q))[None])
+            x, m = torch.stack(xs), torch.stack(ms)
+            logits = model(x)
+            prob = torch.sigmoid(logits)
+            dice = 1 - (2 * (prob * m).sum() + 1) / (prob.sum() + m.sum() + 1)
+            loss = F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            if log and (step + 1) % log_every == 0: log(f"splice_net step {step+1}/{steps} loss {loss.item():.4f}")
+    finally: torch.set_num_threads(n_threads)
+    return model.eval()
+
+
+# %% ../../nbs/04i_detectors.learned.ipynb #b7d1e006
+def face_swap_logit(rgb: np.ndarray, path: str | None = None) -> tuple[float, tuple[int, int, int, int], bool]:
+    "`face_swap_net`'s logit on the face crop of `rgb`, the face box (image pixels) and whether a face passed the cascade."
+    box, found = face_box(rgb)
+    with torch.inference_mode():
+        logit = float(load_net("face_swap_net", path)(to_tensor(face_crop(rgb, box))[None])[0])
+    return logit, box, found
+
+def splice_probability(rgb: np.ndarray, path: str | None = None) -> np.ndarray:
+    "`splice_net`'s per-pixel probability of a spliced pixel, `(H', W')` for the image cropped to multiples of 4."
+    a = even_crop(np.asarray(rgb)[..., :3], 4)
+    with torch.inference_mode():
+        return torch.sigmoid(load_net("splice_net", path)(to_tensor(a)[None]))[0, 0].numpy()
+

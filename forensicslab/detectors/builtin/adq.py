@@ -169,6 +169,8 @@ class ADQDetector:
     min_frequencies = 3          # frequencies that show double quantisation
     min_low = 2                  # ... of which at least this many among the five lowest AC frequencies
     min_evidence = 250.0         # total gain over the image (nats): small images need a larger gain per block
+    gated = True                 # False: score every image (a lossless file on its pixel grid, an untestable JPEG as it is)
+                                 # and report the applicability test as a fact (`adq_ungated`, detectors.builtin.ungated)
 
     def _testable(self, used, n_blocks: int) -> tuple[bool, float, int]:
         gain, low = float(sum(u[4] for u in used)), int(sum(u[0] in ZIGZAG[1:6] for u in used))
@@ -180,15 +182,23 @@ class ADQDetector:
         H, W = image.height, image.width
         coef, qt, source = jpeg_luma_coefficients(image)
         if coef is not None: coef = coef[:H // 8, :W // 8]      # full blocks only (padded border blocks repeat pixels)
+        why = None
+        if coef is None and not self.gated and min(H, W) >= 16:     # ungated: the 8x8 grid recomputed from the pixels,
+            coef = np.round(blockwise_dct(luma(image.rgb))).astype(np.int32)   # unquantised (step 1 at every frequency)
+            qt, source, why = np.ones(64, np.float32), "pixels, unquantised grid", "not a JPEG: no quantisation grid"
         if coef is None or coef.shape[0] < 2 or coef.shape[1] < 2:
             why = "not a JPEG: no quantisation grid" if coef is None else "image smaller than 2x2 JPEG blocks"
+            if not self.gated:   # nothing to compute on: no evidence either way
+                return make_detection(self.card, 0.0, dict(applicable=False, reason=why, source=source),
+                                      heatmap=np.zeros((H, W), np.float32))
             return not_applicable(self.card, why, (H, W), source=source)
         llr, used = dq_log_ratio(coef, qt, image.rgb)
         ok, gain, low = self._testable(used, coef.shape[0] * coef.shape[1])
-        if not ok:
-            return not_applicable(self.card, "no aligned double quantisation: saved once, re-saved with steps that are multiples "
-                                  "of the first (e.g. a much lower quality) or the same table, or the first grid was shifted by a crop",
-                                  (H, W), source=source, frequencies=len(used), low_frequencies=low, dq_gain=round(gain, 3))
+        untestable = "no aligned double quantisation: saved once, re-saved with steps that are multiples " \
+                     "of the first (e.g. a much lower quality) or the same table, or the first grid was shifted by a crop"
+        if not ok and self.gated:
+            return not_applicable(self.card, untestable, (H, W), source=source, frequencies=len(used), low_frequencies=low,
+                                  dq_gain=round(gain, 3))
         bh, bw = llr.shape
         rgb = np.ascontiguousarray(image.rgb[:bh * 8, :bw * 8])
         inside = cv2.inRange(rgb, (2, 2, 2), (253, 253, 253))
@@ -198,6 +208,9 @@ class ADQDetector:
         x0, y0, x1, y1 = (8 * v for v in r["box"])
         raw = dict(applicable=True, source=source, frequencies=len(used), dq_gain=round(gain, 3),
                    first_steps={int(u[0]): u[1] for u in used}, second_steps={int(u[0]): u[2] for u in used},
-                   tampered_fraction=float(np.median([u[3] for u in used])), background=round(r["background"], 4),
+                   tampered_fraction=float(np.median([u[3] for u in used])) if used else 0.0, background=round(r["background"], 4),
                    region_box=[x0, y0, x1, y1])
+        if not self.gated:
+            raw.update(applicable=bool(ok and why is None), low_frequencies=low)
+            if not raw["applicable"]: raw["reason"] = why or untestable
         return make_detection(self.card, r["peak"], raw, heatmap=to_image_map(post, H, W, cell=8))

@@ -128,6 +128,8 @@ class CFADetector:
     match_tol = 0.05        # median block re-interpolation residual (grey levels) below which an algorithm matches
     residual_scale = 1.0    # re-interpolation evidence: clip(residual / residual_scale, 0, 1)
     probe_pixels = 2_000_000  # above this, applicability is first decided on a centre crop of this area
+    gated = True            # False: compare against whatever signature the image has, however weak, and report the
+                            # applicability test as a fact (`cfa_ungated`, detectors.builtin.ungated)
 
     def _strength(self, pat: np.ndarray, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         "Informative-block weights, the image's median phase signature P and its norm."
@@ -147,27 +149,34 @@ class CFADetector:
     def detect(self, image: LoadedImage) -> Detection:
         H, W = image.height, image.width
         if min(H, W) < self.block:
+            if not self.gated:    # nothing to compute on: no evidence either way
+                return make_detection(self.card, 0.0, dict(applicable=False, reason=f"image smaller than one {self.block}x{self.block} block"),
+                                      heatmap=np.zeros((H, W), np.float32))
             return not_applicable(self.card, f"image smaller than one {self.block}x{self.block} block", (H, W))
-        if H * W > self.probe_pixels:   # large photo: a centre crop without a trace settles it at bounded cost
+        if H * W > self.probe_pixels and self.gated:   # large photo: a centre crop without a trace settles it at bounded cost
             probe = self._probe(image.rgb)
             if probe < self.min_strength:
                 return not_applicable(self.card, "no usable demosaicing trace in the centre crop (resized, compressed, "
                                       "or not from a camera)", (H, W), cfa_strength=round(probe, 4), probe="centre crop")
         pat, energy = cfa_phase_signature(image.rgb, self.block)
         informative, P, strength = self._strength(pat, energy)
-        if strength < self.min_strength:
+        if strength < self.min_strength and self.gated:
             return not_applicable(self.card, "no usable demosaicing trace (resized, compressed, or not from a camera)",
                                   (H, W), cfa_strength=round(strength, 4))
         layout = bayer_layout(P)
         algo, med, res = reinterpolation_residual(image.rgb, layout, self.block)
         if med < self.match_tol:
             ev, evidence = np.clip(res / self.residual_scale, 0, 1), "reinterpolation"
-        else:
+        elif strength > 0:
             ev, evidence = np.clip(1 - (pat @ P / strength ** 2) / self.k, 0, 1) * informative, "signature"
+        else:                   # ungated, no informative block at all: nothing measured
+            ev, evidence = np.zeros_like(energy), "signature"
         r = compact_region(ev, frac=0.2)
         b = self.block
         raw = dict(applicable=True, cfa_strength=round(strength, 4), bayer_layout=layout, evidence=evidence,
                    demosaic_match=algo if evidence == "reinterpolation" else None, match_residual=round(med, 4),
                    peak=round(r["peak"], 4), background=round(r["background"], 4),
                    region_box=[v * b for v in r["box"]])
+        if not self.gated and strength < self.min_strength:
+            raw.update(applicable=False, reason="no usable demosaicing trace (resized, compressed, or not from a camera)")
         return make_detection(self.card, r["contrast"], raw, heatmap=to_image_map(ev, H, W, cell=b))

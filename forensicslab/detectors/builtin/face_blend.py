@@ -18,7 +18,7 @@ from ...imageio import LoadedImage, luma
 from ..signals import analysis_rgb
 
 # %% auto #0
-__all__ = ['find_faces', 'find_faces_haar', 'locate_faces', 'face_ellipse', 'blend_face', 'FaceBlendDetector']
+__all__ = ['find_faces', 'find_faces_haar', 'locate_faces', 'most_face_like', 'face_ellipse', 'blend_face', 'FaceBlendDetector']
 
 # %% ../../../nbs/04h_detectors.builtin.face_blend.ipynb #febc8e0d
 _LOCAL = threading.local()   # cascade objects are not thread-safe: one per thread (Stage 0 and studies run in threads)
@@ -74,6 +74,22 @@ def locate_faces(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5) -> tup
     if _haar() is not None: return find_faces_haar(rgb, min_size, max_faces), "haar"
     return find_faces(rgb, min_size, max_faces), "lbp"
 
+def most_face_like(rgb: np.ndarray, min_size: int = 24) -> tuple[tuple[int, int, int, int], str]:
+    """The single most face-like window `(x, y, w, h)` when no face passes the cascade: the candidate that reached the
+    Haar cascade's deepest stage with the highest stage weight (no neighbour vote), else a centred square of half the short
+    side; and where it came from (`haar candidate`, `centre`)."""
+    H, W = rgb.shape[:2]
+    cc = _haar()
+    if cc is not None and min(H, W) >= min_size:
+        g = rgb if rgb.ndim == 2 else cv2.cvtColor(np.ascontiguousarray(rgb[..., :3]), cv2.COLOR_RGB2GRAY)
+        boxes, levels, weights = cc.detectMultiScale3(cv2.equalizeHist(np.ascontiguousarray(g, np.uint8)), scaleFactor=1.1,
+                                                      minNeighbors=0, minSize=(min_size, min_size), outputRejectLevels=True)
+        if len(boxes):
+            i = max(range(len(boxes)), key=lambda k: (int(np.ravel(levels)[k]), float(np.ravel(weights)[k]), -k))
+            return tuple(int(v) for v in boxes[i]), "haar candidate"
+    s = max(1, min(H, W) // 2)
+    return ((W - s) // 2, (H - s) // 2, s, s), "centre"
+
 # %% ../../../nbs/04h_detectors.builtin.face_blend.ipynb #c84e5f4d
 def face_ellipse(shape: tuple[int, int], box, scale: float = 1.0) -> np.ndarray:
     "Normalised elliptic radius `u` (HxW float32; `u < 1` = inner face) of the face `box` (x, y, w, h)."
@@ -108,11 +124,17 @@ class FaceBlendDetector:
     min_face = 32       # pixels, at the face-search size
     face_px = 96        # larger faces are measured in a window shrunk to this face width
     r0, s0 = 0.290, 0.063  # authentic train faces: log residual ratio, median and spread
+    gated = True        # False: with no face found, measure the most face-like region (`most_face_like`) and report
+                        # whether a face was found as a fact (`face_blend_ungated`, detectors.builtin.ungated)
 
     def detect(self, image: LoadedImage) -> Detection:
         H, W = image.height, image.width
         small, s = analysis_rgb(image, self.face_side)
         faces, finder = locate_faces(small, self.min_face)
+        face_like = None
+        if not faces and not self.gated:
+            face_like, finder = most_face_like(small, self.min_face)
+            faces = [face_like]
         if not faces:
             return make_detection(self.card, 0.0, dict(faces=0, reason="no frontal face found: out of scope"),
                                   heatmap=np.zeros((H, W), np.float32))
@@ -142,9 +164,16 @@ class FaceBlendDetector:
             quiet = (quiet * (u < 1.3) * float(np.clip(z / 4, 0, 1))).astype(np.float32)
             if f < 1: quiet = cv2.resize(quiet, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
             heat[y0:y1, x0:x1] = np.maximum(heat[y0:y1, x0:x1], quiet)
+        facts = {} if self.gated else dict(applicable=face_like is None)   # ungated: whether a face was there, as a fact
+        if face_like is not None:
+            facts.update(reason="no frontal face found: measured on the most face-like region",
+                         face_like_box=[round(v / s) for v in face_like])
         if not per_face:
-            return make_detection(self.card, 0.0, dict(faces=len(faces), reason="faces too small to compare"),
+            return make_detection(self.card, 0.0, dict(faces=0 if face_like is not None else len(faces),
+                                                       reason="faces too small to compare",
+                                                       **({**facts, "applicable": False} if facts else {})),
                                   heatmap=np.zeros((H, W), np.float32))
         heat = cv2.resize(heat, (W, H), interpolation=cv2.INTER_LINEAR) if heat.shape != (H, W) else heat
-        return make_detection(self.card, best, dict(faces=len(per_face), finder=finder, per_face=per_face),
+        return make_detection(self.card, best, dict(faces=0 if face_like is not None else len(per_face), finder=finder,
+                                                    per_face=per_face, **facts),
                               heatmap=np.clip(heat, 0, 1).astype(np.float32))

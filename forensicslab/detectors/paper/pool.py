@@ -11,7 +11,8 @@ import importlib
 import sys
 from typing import Optional
 
-from ..pool import OPT_IN, _FACTORIES, list_detectors
+from ..builtin.ungated import UNGATED_POOL
+from ..pool import OPT_IN, _FACTORIES, DetectorNotFound, list_detectors
 from ..weights import SOURCES, FileSpec, WeightsError, WeightsSource, installed, register_source
 
 # %% auto #0
@@ -72,7 +73,7 @@ def paper_sources() -> dict[str, WeightsSource]:
     return {i: SOURCES[i] for i in PAPER_POOL}
 
 # %% ../../../nbs/04v_detectors.paper.pool.ipynb #aaafc697
-PRESETS = ("default", "paper")
+PRESETS = ("default", "paper", "builtin-ungated")
 "Pool names `resolve_pool` knows besides an explicit list of ids."
 
 def runnable(det_id: str) -> bool:
@@ -88,9 +89,15 @@ def paper_pool() -> list[str]:
     return [i for i in PAPER_POOL if runnable(i)]
 
 def resolve_pool(spec: str | None) -> list[str]:
-    "Detector ids for a pool name (`default`, `paper`) or a comma-separated list of ids."
+    "Detector ids for a pool name (`default`, `paper`, `builtin-ungated`) or a comma-separated list of ids."
     s = (spec or "default").strip()
     if s == "default": return list_detectors()
+    if s == "builtin-ungated":
+        missing = [i for i in UNGATED_POOL if i not in list_detectors(include_opt_in=True)]
+        if missing:
+            raise DetectorNotFound(f"pool 'builtin-ungated': {', '.join(missing)} not registered (card missing); write the cards "
+                                   "with nbs/studies/detectors_training.ipynb (retrain=True)")
+        return list(UNGATED_POOL)
     if s == "paper":
         ids = paper_pool()
         if not ids:
