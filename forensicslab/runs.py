@@ -29,10 +29,10 @@ from tqdm.auto import tqdm
 from .core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['SET_ASIDE', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash', 'RunBusy',
-           'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root', 'study_output_dir',
-           'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable', 'machine_info',
-           'read_run_record', 'note_run', 'part_files', 'part_written', 'part_skipped', 'skipped_parts',
+__all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash',
+           'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root',
+           'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable',
+           'machine_info', 'read_run_record', 'note_run', 'part_files', 'part_written', 'part_skipped', 'skipped_parts',
            'write_run_record']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
@@ -239,6 +239,13 @@ def _atomic_write(path: Path, text: str | bytes):
 
 
 # %% ../nbs/02_runs.ipynb #08cf0b4e
+PROGRESS_NOTES: dict[str, Callable[[], str]] = {}
+"Live notes a run's progress bar shows beside its counts: name -> a function giving a short text ('' hides it). Layers above add theirs (the chat endpoints' adaptive limits)."
+
+def _notes() -> dict:
+    "The non-empty progress notes now."
+    return {k: t for k, f in list(PROGRESS_NOTES.items()) if (t := f())}
+
 class Run(RunFolder):
     "A resumable run folder: `manifest.json` plus `rows.jsonl` with one row per finished case; one writer at a time."
     def execute(self, cases: Iterable[Case], fn: Callable[[Any], dict], workers: int = 4,
@@ -276,7 +283,7 @@ class Run(RunFolder):
                 failures += 1
             self._append(row)
             bar.update(1)
-            bar.set_postfix(failed=failures, refresh=False)
+            bar.set_postfix(failed=failures, **_notes(), refresh=False)
 
 # %% ../nbs/02_runs.ipynb #01416e12
 def _timed(fn, payload):

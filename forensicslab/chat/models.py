@@ -30,6 +30,7 @@ from .backends import (Backend, Blocked, Capabilities, Completion, GeminiBackend
 from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
 from ..core import ChatFailure, ForensicsLabError, Reply
 from ..net import is_rate_limit
+from ..runs import PROGRESS_NOTES
 from .reliability import (Budget, BudgetExceeded, PriceTable,
                                            RetryPolicy, Tracer, call_with_retries, clean_usage, install_log_redaction,
                                            redact)
@@ -236,6 +237,13 @@ def _limiter(endpoint: str, n: int) -> AdaptiveLimiter:
     "One limiter per (endpoint, ceiling): models built from the same spec share their limit."
     with _LIMITERS_LOCK:
         return _LIMITERS.setdefault((endpoint, n), AdaptiveLimiter(n))
+
+def _throttled() -> str:
+    "The models whose endpoint's adaptive limit is below its ceiling, as `model limit/ceiling` (a progress note; '' when none)."
+    with _LIMITERS_LOCK: items = list(_LIMITERS.items())
+    return ", ".join(f"{ep.split('@', 1)[0]} {l.limit}/{l.ceiling}" for (ep, _), l in items if l.limit < l.ceiling)
+
+PROGRESS_NOTES["limit"] = _throttled
 
 # %% ../../nbs/05_chat.models.ipynb #18401b01
 @dataclass
