@@ -181,6 +181,7 @@ class ProvenanceFacts(BaseModel):
     present: list[str] = Field(default_factory=list)
     edit_hints: list[str] = Field(default_factory=list)
     capture_hints: list[str] = Field(default_factory=list)
+    unreadable: list[str] = Field(default_factory=list)   # providers that could not read (optional library missing, or an error)
 
 class CaseFacts(BaseModel):
     """What the rule-based agents measure on one case: faces (when a face-scoped card exists) and map shapes; `content`

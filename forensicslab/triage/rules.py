@@ -359,4 +359,4 @@ def provenance_facts(ev: dict[str, ProvenanceEvidence]) -> ProvenanceFacts:
     m = ev.get("metadata")
     if m is not None: edit += list(m.flags)
     return ProvenanceFacts(text=evidence_text(ev), flags=provenance_flags(ev), present=[k for k, e in ev.items() if e.status == "present"],
-                           edit_hints=edit, capture_hints=capture)
+                           edit_hints=edit, capture_hints=capture, unreadable=[k for k, e in ev.items() if e.status in ("unavailable", "error")])

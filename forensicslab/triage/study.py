@@ -257,7 +257,7 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
             with chat_context(case=s.id): row = case_row(s, runner(img, dets, cards, facts), cards, dets)   # traces name the case
         if cfg.provenance:
             pv = facts.provenance
-            row["provenance"] = dict(present=pv.present, edit_hints=pv.edit_hints, capture_hints=pv.capture_hints)
+            row["provenance"] = dict(present=pv.present, edit_hints=pv.edit_hints, capture_hints=pv.capture_hints, unreadable=pv.unreadable)
         missing = row["record"].get("details", {}).get("auditor_failures") or {}
         if missing:
             row["missing_auditors"] = sorted(missing)
@@ -386,7 +386,7 @@ def provenance_summary(results: dict[tuple[str, str], list[dict]], name: str = "
     (`any_evidence`) and per provider, images with an edit or a capture hint, and against `base` on the same images:
     verdicts that differ (`changed`) and verdicts that agree but name another decisive tool (`changed_decisive`)."""
     cols = ["collection", "images", "any_evidence", "c2pa", "metadata", "duplicates", "jpeg_tables", "edit_hint", "capture_hint",
-            "compared", "changed", "changed_decisive"]
+            "unreadable", "compared", "changed", "changed_decisive"]
     out = []
     for (n, coll), rows in results.items():
         if n != name: continue
@@ -399,7 +399,8 @@ def provenance_summary(results: dict[tuple[str, str], list[dict]], name: str = "
         out.append(dict(collection=coll, images=len(rows), any_evidence=sum(bool(s - {"jpeg"}) for s in present),
                         **{k: sum(k in s for s in present) for k in ("c2pa", "metadata", "duplicates")},
                         jpeg_tables=sum("jpeg" in s for s in present), edit_hint=sum(bool(p.get("edit_hints")) for p in pv),
-                        capture_hint=sum(bool(p.get("capture_hints")) for p in pv), compared=len(both),
+                        capture_hint=sum(bool(p.get("capture_hints")) for p in pv), unreadable=sum(bool(p.get("unreadable")) for p in pv),
+                        compared=len(both),
                         changed=sum(r.get("pred") != q.get("pred") for r, q in both),
                         changed_decisive=sum(r.get("pred") == q.get("pred") and r.get("decisive") != q.get("decisive") for r, q in both)))
     return pd.DataFrame(out, columns=cols)
@@ -408,7 +409,8 @@ def provenance_finding(summary: pd.DataFrame, name: str = "rules-provenance", ba
     "One sentence per collection of `provenance_summary`: how many images carried provenance and how many verdicts it changed."
     return " ".join(f"{r.collection.upper()}: {r.any_evidence} of {r.images} images carried any provenance evidence beyond the JPEG "
                     f"tables (C2PA {r.c2pa}, metadata {r.metadata}), {r.edit_hint} an edit hint and {r.capture_hint} a capture hint; "
-                    f"{name} changed {r.changed} of {r.compared} verdicts against {base}"
+                    + (f"a provider could not read {r.unreadable} of them (optional library missing or a read error); " if r.unreadable else "")
+                    + f"{name} changed {r.changed} of {r.compared} verdicts against {base}"
                     + (f" and the decisive tool of {r.changed_decisive} more" if r.changed_decisive else "") + "."
                     for r in summary.itertuples())
 
