@@ -21,7 +21,7 @@ from skimage.transform import swirl
 
 from ..core import Box, EvidenceItem, Sample, load_samples, save_samples
 from ..runs import config_hash, project_root
-from ..data.datasets import load_folder   # the one folder loader (real/ + fake/)
+from ..data.datasets import DatasetError, DatasetSpec, Samples   # the one dataset reader
 from ..imageio import load_image
 from .records import ZoomInputError, ZoomAnswer, norm_to_box, where_phrase
 from .agents import steps_from_plan
@@ -382,12 +382,15 @@ def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", sp
     return out
 
 # %% ../../nbs/08c_zoom.data.ipynb #6b637433
-def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, seed: int = 0) -> list[Sample]:
-    "Samples for a study: `artifacts`, `groundfake:<folder>` or `folder:<root>`; `n` > 0 keeps a balanced subset."
-    if spec == "artifacts": samples = load_artifacts(split)
-    elif spec.startswith("groundfake:"): samples = load_groundfake(spec.split(":", 1)[1], split=split)
-    elif spec.startswith("folder:"): samples = load_folder(spec.split(":", 1)[1], family="synthesis")
-    else: raise ZoomInputError(f"unknown data spec {spec!r}; use artifacts, groundfake:<folder> or folder:<root>")
+def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, seed: int = 0) -> Samples:
+    """Samples for a study: `artifacts`, `groundfake:<folder>`, or any dataset spec `DatasetSpec` reads (`folder:<root>`,
+    `manifest:<csv>`, `casia2:<root>`, ...: unreadable images are skipped and named in `skipped`, which the subset keeps);
+    `n` > 0 keeps a balanced subset."""
+    if spec == "artifacts": samples = Samples(load_artifacts(split))
+    elif spec.startswith("groundfake:"): samples = Samples(load_groundfake(spec.split(":", 1)[1], split=split))
+    else:
+        try: samples = DatasetSpec.parse(spec).load()
+        except DatasetError as e: raise ZoomInputError(f"{e} (zoom data: artifacts, groundfake:<folder> or a dataset spec)") from None
     if not samples: raise ZoomInputError(f"data {spec!r} split {split!r} holds no samples")
     if n and n < len(samples):
         rng = np.random.default_rng(seed)
@@ -396,7 +399,7 @@ def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, se
         for l, k in ((0, n // 2), (1, n - n // 2)):
             idx = rng.permutation(len(by[l]))[:k]
             keep += [by[l][i] for i in sorted(idx)]
-        samples = sorted(keep, key=lambda s: s.id)
+        samples = Samples(sorted(keep, key=lambda s: s.id), samples.skipped)
     return samples
 
 # %% ../../nbs/08c_zoom.data.ipynb #3506ebd7
