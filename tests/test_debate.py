@@ -23,7 +23,7 @@ from forensicslab.core import Sample
 from forensicslab.debate.records import STRATEGIES, DebateConfig
 from forensicslab.debate.agents import DebateInput, run_debate
 from forensicslab.debate.rules import Argument, EvidenceDebater, evidence_debate, verite_views
-from forensicslab.debate.study import compare, run_llm_setup, score_rows, study_retriever
+from forensicslab.debate.study import compare, results_row, run_llm_setup, score_rows, study_retriever
 from forensicslab.debate.cli import debate_app
 from forensicslab.chat.models import get_model
 from forensicslab.data.datasets import MissingData
@@ -57,6 +57,9 @@ def scripted(req):
     if name == "Critique":
         return json.dumps({"satisfied": n >= 2, "flaws": [] if n >= 2 else ["the date is not established"], "questions": []})
     yes = req["model"].endswith("yes") or (req["model"].endswith("persuadable") and n >= 2)
+    system = json.dumps(req["messages"][0])
+    if "argue that the image-caption pair is not misinformation" in system: yes = False   # a judged debater keeps its stance
+    elif "argue that the image-caption pair is misinformation" in system: yes = True
     out = {"explanation": f"turn {n}: the date in the caption {'contradicts' if yes else 'fits'} the context"}
     if name == "DisambiguationAnswer":
         out["questions"] = ["When was the photo taken?"]
@@ -262,6 +265,67 @@ def test_disagreeing_debaters_end_to_end(strategy, nc_fixture, tmp_path):
         else:   # the same reader without answers to its question: unmoved through k = 3 rounds, decided by the first agent
             assert (row["converged_round"], agent2, row["pred"], row["unresolved"]) == (None, [False] * 4, 1, True)
             assert len(rec["rounds"]) == 4 and not rec["qa"]
+
+
+def _chase(req):
+    "A follower (round 0: YES; then its peer's last answer) and a contrarian (round 0: NO; then the opposite of its peer's)."
+    n, last = _n_user(req), _last_user(req)
+    peer_yes = "misinformation: YES" in last
+    yes = (n == 1 or peer_yes) if req["model"].endswith("follower") else (n > 1 and not peer_yes)
+    if req["model"].endswith("follower") and n > 1: yes = peer_yes
+    return json.dumps({"explanation": f"turn {n} of {req['model'].rsplit('#', 1)[-1]}", "misinformation": yes})
+
+
+@pytest.mark.parametrize("strategy", ["sync_ai", "async_ai", "sync_human"])
+def test_synchronous_rounds_hear_only_the_previous_round(strategy):
+    "Issue 31: in a synchronous round every agent reads the others' answers of the round before; asynchronously agent 2 reads agent 1's answer of this round."
+    with openai_server(_chase) as url:
+        pair = [get_model(f"openai-compatible:{url}#follower"), get_model(f"openai-compatible:{url}#contrarian")]
+        r = run_debate(DebateInput(_sample(), CTX), pair, DebateConfig(strategy=strategy, max_rounds=3))
+        heard = [_last_user(c.json) for c in url.calls if c.json["model"].endswith("contrarian")]
+        system = json.dumps(url.calls[0].json["messages"][0])
+    if strategy.startswith("sync"):
+        assert "turn 1 of follower" in heard[1] and "turn 2 of follower" not in heard[1]   # round 1: the follower's round-0 answer
+        assert r.rounds == [{"agent1": True, "agent2": False}, {"agent1": False, "agent2": False}]
+        assert (r.converged_round, r.final, r.unresolved) == (1, False, False)
+    else:
+        assert "turn 2 of follower" in heard[1]                                            # round 1: the follower's round-1 answer
+        assert (r.converged_round, r.unresolved, len(r.rounds)) == (None, True, 4)         # they chase each other for k rounds
+    assert ("with a human fact-checker" in system, "with another AI model" in system) == (strategy.endswith("human"), strategy.endswith("ai"))
+
+
+def _off_stance_once(req):
+    "A judged debater that argues its own view first and keeps to its assigned side once reminded (the judge says YES)."
+    system, last = json.dumps(req["messages"][0]), _last_user(req)
+    if "argue that the image-caption pair" not in system:   # the judge
+        return json.dumps({"explanation": "the misinformation side argued better", "misinformation": True})
+    assigned = "argue that the image-caption pair is misinformation" in system
+    reminded = "side you were not assigned" in last
+    yes = assigned if (reminded or req["model"].endswith("obedient")) else not assigned
+    return json.dumps({"explanation": f"{'reminded: ' if reminded else ''}arguing {'YES' if yes else 'NO'}", "misinformation": yes})
+
+
+def test_judged_debater_off_stance_is_reasked_then_failed(nc_fixture, tmp_path):
+    "Issue 31: a reply that argues the other side is asked again once (kept out of the judge's transcript), then the case fails; both are counted in the row."
+    with openai_server(_off_stance_once) as url:
+        m = get_model(f"openai-compatible:{url}#wayward")
+        r = run_debate(DebateInput(_sample(), CTX), m, DebateConfig(strategy="judged", max_rounds=1))
+        judge = [c.json for c in url.calls if "argue that the image-caption pair" not in json.dumps(c.json["messages"][0])][-1]
+    assert r.status == "ok" and r.stance_reasks == 4 and r.rounds == [{"agent1": True, "agent2": False}] * 2
+    assert [t.kind for t in r.turns].count("off_stance") == 4 and r.final is True
+    transcript = _last_user(judge)
+    assert transcript.count("reminded: arguing") == 4 and "arguing NO" not in transcript.split("agent1")[1].split("agent2")[0]
+
+    ds, _ = nc_fixture
+    def deaf(req):   # never keeps to an assigned side: always "not misinformation"
+        return json.dumps({"explanation": "the caption fits", "misinformation": False})
+    with openai_server(deaf) as url:
+        rows = run_llm_setup(ds, [get_model(f"openai-compatible:{url}#deaf")] * 2, DebateConfig(strategy="judged", max_rounds=1),
+                             tmp_path / "run", None, workers=2)
+        assert url.hits == 2 * len(ds)                       # per pair: agent1's reply and its one re-ask, nothing after
+    assert all(r["status"] == "failed" and r["failure_kind"] == "stance" and r["stance_reasks"] == 1 for r in rows)
+    row = results_row({"setup": "judged"}, rows, n_boot=20)
+    assert row["failed"] == len(ds) and row["stance re-asks / stance failures"] == f"{len(ds)} / {len(ds)}"
 
 
 def test_judge_sees_no_external_information():

@@ -25,11 +25,15 @@ def _prompt(name: str, **fields) -> str:
     return render_prompt("debate", name, **fields).strip()
 
 # %% auto #0
-__all__ = ['LENSES', 'RUN_CONTROLS', 'AgentFailed', 'LLMAgent', 'format_answer', 'DebateInput', 'run_debate', 'models_from_spec']
+__all__ = ['LENSES', 'RUN_CONTROLS', 'AgentFailed', 'StanceBroken', 'LLMAgent', 'format_answer', 'DebateInput', 'run_debate',
+           'models_from_spec']
 
 # %% ../../nbs/07e_debate.agents.ipynb #df25a589
 class AgentFailed(ForensicsLabError):
     "An agent's answer stayed malformed after the models layer's repair and re-ask."
+
+class StanceBroken(AgentFailed):
+    "A judged debater argued the side it was not assigned, and again when asked once more: the case is recorded as failed."
 
 class LLMAgent:
     "One debater: a chat model with its own conversation and its own identity (case, role, round) in every call."
@@ -94,8 +98,10 @@ class DebateInput:
         return "" if self.image() is not None else "\n(The image file is not available to you: judge from the caption and the context.)\n"
 
 # %% ../../nbs/07e_debate.agents.ipynb #dc0d85c9
-_OPPONENT = {"async_human": "human fact-checker", "async_ai": "AI model", "disambiguation": "AI model", "judged": "opposing debater"}
-_PERSONA = {"async_human": "persona_human", "async_ai": "persona_ai", "disambiguation": "persona_ai", "judged": "persona_ai",
+_OPPONENT = {"async_human": "human fact-checker", "async_ai": "AI model", "sync_human": "human fact-checker", "sync_ai": "AI model",
+             "disambiguation": "AI model", "judged": "opposing debater"}
+_PERSONA = {"async_human": "persona_human", "async_ai": "persona_ai", "sync_human": "persona_human", "sync_ai": "persona_ai",
+            "disambiguation": "persona_ai", "judged": "persona_ai",
             "actor_skeptic": "persona_none", "single": "persona_none", "self_consistency": "persona_none"}
 LENSES = ("lens_people", "lens_place_time", "lens_event")
 "The prompts that give each agent of a `diversity='lens'` debate its own lens (agent i gets `LENSES[i % 3]`)."
@@ -112,12 +118,13 @@ def run_debate(inp: DebateInput, models: ChatModel | Sequence[ChatModel], config
                        retrieval_error=ctx.error if (ctx is not None and cfg.retrieval) else None)
     t0 = time.perf_counter()
     try:
-        if cfg.strategy in ("async_human", "async_ai", "disambiguation", "single"): _async(inp, models, cfg, res, qa or ExtractiveQA())
+        if cfg.strategy in ("async_human", "async_ai", "sync_human", "sync_ai", "disambiguation", "single"): _async(inp, models, cfg, res, qa or ExtractiveQA())
         elif cfg.strategy == "self_consistency": _self_consistency(inp, models, cfg, res)
         elif cfg.strategy == "judged": _judged(inp, models, cfg, res, judge or models[0])
         else: _actor_skeptic(inp, models, cfg, res)
     except AgentFailed as e:
         res.status, res.failure, res.final = "failed", str(e), None
+        res.failure_kind = "stance" if isinstance(e, StanceBroken) else "malformed"
         agent = str(e).split(":")[0]
         res.turns.append(Turn(round=len(res.rounds), agent=agent, kind="failure", failure=str(e)))
     res.latency_s = time.perf_counter() - t0
@@ -145,7 +152,7 @@ def _record(res: DebateResult, latest: dict, rnd: int, agent: str, kind: str, an
 
 # %% ../../nbs/07e_debate.agents.ipynb #31964ead
 def _async(inp, models, cfg, res, qa):
-    dis = cfg.strategy == "disambiguation"
+    dis, sync = cfg.strategy == "disambiguation", cfg.strategy.startswith("sync_")
     schema = DisambiguationAnswer if dis else DebateAnswer
     extra = _prompt("disambiguation") if dis else ""
     agents = [_agent(f"agent{i+1}", models[i % len(models)], _system(cfg.strategy, extra), cfg, inp, i) for i in range(cfg.n_agents)]
@@ -159,8 +166,9 @@ def _async(inp, models, cfg, res, qa):
     check_convergence(res, 0)
     for r in range(1, cfg.max_rounds + 1):
         if cfg.strategy == "single" or res.converged_round is not None: break
-        for a in agents:  # asynchronous: each agent sees the others' latest answers, including this round's
-            others = "\n\n".join(format_answer(n, v) for n, v in latest.items() if n != a.name)
+        heard = dict(latest)   # the answers of round r - 1
+        for a in agents:  # asynchronous: the others' latest answers, this round's included; synchronous: round r - 1's only
+            others = "\n\n".join(format_answer(n, v) for n, v in (heard if sync else latest).items() if n != a.name)
             text = _prompt("first_round" if r == 1 else "later_round", opponent=others,
                            opponent_kind=_OPPONENT[cfg.strategy] + ("s" if cfg.n_agents > 2 else ""))
             if answers_block: text = answers_block + "\n\n" + text
@@ -194,25 +202,35 @@ def _self_consistency(inp, models, cfg, res):
 
 
 # %% ../../nbs/07e_debate.agents.ipynb #d7db13e9
+def _on_stance(a, text, stance, res, latest, rnd, kind, image=None):
+    "Ask judged debater `a`; a reply that argues the other side is kept as `off_stance`, asked again once, then the case fails."
+    ans, rep = a.ask(text, DebateAnswer, image, rnd=rnd)
+    if ans.misinformation != stance[0]:
+        res.turns.append(_turn(rnd, a.name, "off_stance", ans, rep))
+        res.stance_reasks += 1
+        ans, rep = a.ask(_prompt("stance_reminder", stance=stance[1]), DebateAnswer, rnd=rnd)
+        if ans.misinformation != stance[0]:
+            res.turns.append(_turn(rnd, a.name, "off_stance", ans, rep))
+            raise StanceBroken(f"{a.name}: argued the other side again after a reminder (assigned: the pair {stance[1]})")
+    _record(res, latest, rnd, a.name, kind, ans, rep)
+
 def _judged(inp, models, cfg, res, judge_model):
     stances = {"agent1": (True, "is misinformation"), "agent2": (False, "is not misinformation")}
     agents = [_agent(n, models[i % len(models)], _system("judged", _prompt("stance", stance=s[1])), cfg, inp)
               for i, (n, s) in enumerate(stances.items())]
     latest: dict = {}
     for a in agents:
-        ans, rep = a.ask(_initial(inp, cfg), DebateAnswer, inp.image(), rnd=0)
-        _record(res, latest, 0, a.name, "initial", ans, rep)
+        _on_stance(a, _initial(inp, cfg), stances[a.name], res, latest, 0, "initial", inp.image())
     res.rounds.append({k: v.misinformation for k, v in latest.items()})
     for r in range(1, cfg.max_rounds + 1):  # fixed stances: no early stop
         for a in agents:
             other = next(n for n in latest if n != a.name)
             text = _prompt("first_round" if r == 1 else "later_round", opponent=format_answer(other, latest[other]),
                            opponent_kind=_OPPONENT["judged"])
-            ans, rep = a.ask(text, DebateAnswer, rnd=r)
-            _record(res, latest, r, a.name, "first" if r == 1 else "later", ans, rep)
+            _on_stance(a, text, stances[a.name], res, latest, r, "first" if r == 1 else "later")
         res.rounds.append({k: v.misinformation for k, v in latest.items()})
     transcript = "\n\n".join(f"Round {t.round}, {t.agent} (arguing the pair {stances[t.agent][1]}):\n{t.explanation}"
-                             for t in res.turns if t.agent in stances)
+                             for t in res.turns if t.agent in stances and t.kind != "off_stance")
     j = _agent("judge", judge_model, _prompt("judge_system"), cfg, inp)
     ans, rep = j.ask(_prompt("judge", caption=inp.caption_text(), transcript=fence(transcript, "debate transcript")),
                      DebateAnswer, rnd=cfg.max_rounds + 1)

@@ -54,7 +54,7 @@ class Turn(BaseModel):
     "One agent's contribution in one round."
     round: int
     agent: str
-    kind: str  # initial | first | later | judge | critique | revise | claim
+    kind: str  # initial | first | later | judge | critique | revise | claim | off_stance | failure
     answer: Optional[bool] = None
     explanation: str = ""
     questions: list[str] = Field(default_factory=list)
@@ -78,17 +78,19 @@ class DebateResult(BaseModel):
     unresolved: bool = False
     status: Literal["ok", "failed"] = "ok"
     failure: Optional[str] = None
+    failure_kind: Optional[str] = None  # malformed (an answer stayed malformed) | stance (a judged debater argued the other side twice)
     context: str = ""
     qa: list[dict] = Field(default_factory=list)
     latency_s: float = 0.0
     prompts: str = ""
     sources: list[dict] = Field(default_factory=list)
     retrieval_error: Optional[str] = None
+    stance_reasks: int = 0  # judged: replies that argued the other side and were asked again
 
     @property
     def cost_usd(self) -> float: return float(sum(t.cost_usd for t in self.turns))
     @property
-    def n_calls(self) -> int: return sum(t.kind != "claim" for t in self.turns)
+    def n_calls(self) -> int: return sum(t.kind not in ("claim", "failure") for t in self.turns)
 
     @property
     def pred_authors(self) -> Optional[int]:
@@ -100,19 +102,20 @@ class DebateResult(BaseModel):
         "A flat results row (predictions under both conventions, label, convergence, sources, cost, latency, full record)."
         return {"sample_id": self.sample_id, "strategy": self.strategy, "retrieval": self.retrieval, "label": label,
                 "pred": None if self.final is None else int(self.final), "pred_authors": self.pred_authors,
-                "status": self.status, "failure": self.failure,
+                "status": self.status, "failure": self.failure, "failure_kind": self.failure_kind,
                 "sources": [f"{d.get('title') or '(untitled)'} <{d.get('url')}>" + ("" if d.get("used", True) else f" [not used: {d.get('reason')}]")
                             for d in self.sources],
                 "retrieval_error": self.retrieval_error,
                 "converged_round": self.converged_round, "unresolved": self.unresolved, "n_rounds": len(self.rounds) - 1,
                 "cost_usd": self.cost_usd, "latency_s": self.latency_s, "n_calls": self.n_calls,
-                "cached_calls": sum(t.cached for t in self.turns), "prompts": self.prompts, **extra,
+                "cached_calls": sum(t.cached for t in self.turns), "prompts": self.prompts,
+                **({"stance_reasks": self.stance_reasks} if self.strategy == "judged" else {}), **extra,
                 "record": self.model_dump(mode="json")}
 
 # %% ../../nbs/07_debate.records.ipynb #fd1eb217
 class DebateError(ForensicsLabError, ValueError):
     "A debate cannot run as asked (an unknown strategy or tie-break)."
-STRATEGIES = ("async_human", "async_ai", "judged", "actor_skeptic", "disambiguation", "single", "self_consistency")
+STRATEGIES = ("async_human", "async_ai", "sync_human", "sync_ai", "judged", "actor_skeptic", "disambiguation", "single", "self_consistency")
 DIVERSITY = ("lens", "sample", "none")
 
 class DebateConfig(BaseModel):

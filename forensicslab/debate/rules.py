@@ -66,8 +66,9 @@ def _say(d: EvidenceDebater, prior: float, note: str) -> Turn:
 
 def evidence_debate(sample_id: str, debaters: Sequence[EvidenceDebater], prior: float = 0.0, max_rounds: int = 3,
                     min_strength: float = 0.5, tie_break: str = "first", retrieval: bool = True,
-                    strategy: str = "evidence_debate") -> DebateResult:
-    "Run the offline debate: debaters argue their strongest supporting evidence and adopt only strong evidence they lack."
+                    strategy: str = "evidence_debate", synchronous: bool = False) -> DebateResult:
+    """Run the offline debate: debaters argue their strongest supporting evidence and adopt only strong evidence they lack
+    (asynchronous turns: each hears the others' current arguments; `synchronous`: their arguments at the round's start)."""
     t0 = time.perf_counter()
     res = DebateResult(sample_id=sample_id, strategy=strategy, retrieval=retrieval)
     for d in debaters:
@@ -76,8 +77,9 @@ def evidence_debate(sample_id: str, debaters: Sequence[EvidenceDebater], prior: 
     check_convergence(res, 0)
     for r in range(1, max_rounds + 1):
         if len(debaters) == 1 or res.converged_round is not None: break
-        for d in debaters:  # asynchronous: each hears the others' current arguments
-            heard = [(p.name, p.argument(prior)) for p in debaters if p is not d]
+        said = {p.name: p.argument(prior) for p in debaters}   # the arguments at the start of the round
+        for d in debaters:  # asynchronous: each hears the others' current arguments; synchronous: those of the round's start
+            heard = [(p.name, said[p.name] if synchronous else p.argument(prior)) for p in debaters if p is not d]
             new = [e for _, e in heard if e is not None and e.view not in d.views() and abs(e.llr) >= min_strength]
             for e in {e.view: e for e in new}.values(): d.held.append(e)
             note = ("adopted " + ", ".join(f"{e.view} ({e.claim})" for e in new)) if new else "no new strong evidence: answer kept"
@@ -191,7 +193,7 @@ def fit_threshold(scores, labels, lower_is_positive: bool = True) -> float:
     return float(cands[int(np.argmax(acc))])
 
 # %% ../../nbs/07d_debate.rules.ipynb #7c7abb73
-OFFLINE_METHODS = ("majority", "clip_threshold", "single_agent", "evidence_debate")
+OFFLINE_METHODS = ("majority", "clip_threshold", "single_agent", "evidence_debate", "evidence_debate_sync")
 PROTOCOLS = {"split": "project split: 30% of groups fit, metrics on the other 70%",
              "published": "all pairs scored (VERITE's protocol), calibrated by two-fold cross-fitting over groups"}
 
@@ -246,7 +248,8 @@ def _fold_predict(self, fit, test, method: str, retrieval: bool) -> list[dict]:
     for i in test:
         debaters = [EvidenceDebater(n, [Argument(n, float(cals[n].llr(self.views[n][i:i+1])[0]), self._claim(n, i))] if n in cals else [])
                     for n in names]
-        res = evidence_debate(self.ids[i], debaters, prior, self.max_rounds, self.min_strength, retrieval=retrieval)
+        res = evidence_debate(self.ids[i], debaters, prior, self.max_rounds, self.min_strength, retrieval=retrieval,
+                              strategy=method, synchronous=method == "evidence_debate_sync")
         rows.append(self._row(i, int(res.final), res))
     return rows
 

@@ -120,6 +120,9 @@ def results_row(setup: dict, rows: Sequence[dict], paper=None, n_boot: int = 100
         a = score_rows(rows, n_boot=n_boot, pred="pred_authors")
         for m in ("accuracy", "precision", "recall"):
             out[f"{m.title()} (unresolved = misinformation)"] = "same" if a[m][0] == s[m][0] or (a[m][0] != a[m][0] and s[m][0] != s[m][0]) else fmt_ci(a[m])
+    if any("stance_reasks" in r for r in rows):   # judged: replies that argued the other side, and the cases failed for it
+        out["stance re-asks / stance failures"] = (f"{sum(r.get('stance_reasks') or 0 for r in rows)} / "
+                                                   f"{sum(r.get('failure_kind') == 'stance' for r in rows)}")
     out["total cost $"] = f"{s['total_cost_usd']:.4f}"
     out["paper (acc / prec / rec)"] = paper_str(paper)
     return out
@@ -255,6 +258,7 @@ def flip_matrix(rows: Sequence[dict]) -> list[dict]:
 # %% ../../nbs/07f_debate.study.ipynb #931ca98b
 BY_CONSTRUCTION = {
     ("evidence_debate", False): "without retrieval only the visual debater holds evidence: the CLIP view with a vote (by construction)",
+    ("evidence_debate_sync", False): "without retrieval only the visual debater holds evidence: the CLIP view with a vote (by construction)",
     ("single_agent", False): "one view: a logistic threshold on CLIP similarity (by construction close to the CLIP threshold)",
     ("majority", False): "a constant: the fit part's most common label",
 }
