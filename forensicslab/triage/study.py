@@ -22,6 +22,8 @@ from ..chat.models import ModelControls, get_model
 from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
 from ..data.datasets import describe_dataset, parse_dataset_spec
+from ..imageio import load_image
+from ..provenance.evidence import gather
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, share_ci
 from ..runs import Case, Run, config_hash, project_root
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
@@ -29,7 +31,7 @@ from .data import PROVENANCE_VERSION, Evidence, stage0
 from .judge import AUTHENTIC, LearnedJudge, TriagePipeline, algorithmic_fusion, ds_fusion
 from .records import CaseResult, TriageConfigError, TriageError
 from .rules import (FACTS_VERSION, ContentOracleAuditor, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent,
-                                      content_facts)
+                                      content_facts, measure_facts, provenance_facts)
 
 # %% auto #0
 __all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'LEVER_GRID',
@@ -177,14 +179,31 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
     if cfg.judge is None: raise TriageConfigError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
     if cfg.kind == "single":
         single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge, "single"))
-        return TriagePipeline(cfg.name, single=single, workers=workers)
+        return _reading_provenance(TriagePipeline(cfg.name, single=single, workers=workers), cfg)
     auditor = (None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else ContentOracleAuditor(rp)
                if cfg.auditor == "oracle" else LLMAuditor(model(cfg.auditor, "auditor")))
     if cfg.judge == "learned" and learned is None:
         raise TriageConfigError(f"configuration {cfg.name!r} has a learned judge: fit one (fit_learned_judge) and pass it as learned=")
     judge = (RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else learned if cfg.judge == "learned"
              else LLMJudge(model(cfg.judge, "judge"), guided=cfg.guided))
-    return TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers)
+    return _reading_provenance(TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers), cfg)
+
+def _reading_provenance(runner: TriagePipeline, cfg: TriageConfig) -> Callable[..., CaseResult]:
+    """`runner` as is, or for a configuration that reads provenance, a runner that gives a case whose facts carry none the
+    provenance of its image file (so `forensicslab analyze --config rules-provenance` reads it too); pixels without a file
+    are a `TriageConfigError`."""
+    if not cfg.provenance: return runner
+    def run(image, detections, cards, facts=None) -> CaseResult:
+        img = load_image(image)
+        if facts is None: facts = measure_facts(img, detections, cards)
+        if facts.provenance is None:
+            if img.path is None:
+                raise TriageConfigError(f"configuration {cfg.name!r} reads the file's provenance: give an image file, not pixels")
+            adq = detections.get("adq")
+            ev = gather(img, adq=adq if adq is not None and adq.status == "ok" else None, exiftool=False)
+            facts = facts.model_copy(update={"provenance": provenance_facts(ev)})
+        return runner(img, detections, cards, facts)
+    return run
 
 # %% ../../nbs/06e_triage.study.ipynb #8d9a6719
 def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard], detections: dict | None = None) -> dict:
