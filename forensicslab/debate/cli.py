@@ -17,9 +17,10 @@ import typer
 from ..core import ForensicsLabError, Sample
 from .records import STRATEGIES, DebateConfig, DebateError, DebateResult
 from .retrieval import LocalIndex, PageHit, make_retriever
-from .data import FETCH, build_teaching_set, fetch_dataset
+from .data import FETCH, build_teaching_set, fetch_dataset, load_user_study
 from .rules import OfflinePairDebate, teaching_photos
 from .agents import DebateInput, models_from_spec, run_debate
+from .study import USER_STUDY_CONVENTIONS, user_study_switches, user_study_table3, user_study_table4
 from ..imageio import load_image
 from ..chat.cache import CACHE_MODES
 from ..chat.cli import cache_root
@@ -27,10 +28,10 @@ from ..data.cli import register_fetcher
 from ..runs import cache_dir as runs_cache_dir
 
 # %% auto #0
-__all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd']
+__all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd', 'debate_user_study_cmd']
 
 # %% ../../nbs/07g_debate.cli.ipynb #0a0f27cd
-debate_app = typer.Typer(help="MAD-Sherlock debate: debate one image-caption pair, or build a local retrieval index.",
+debate_app = typer.Typer(help="MAD-Sherlock debate: debate one image-caption pair, build a local retrieval index, or recompute the user study from the authors' CSV.",
                          no_args_is_help=True, add_completion=False)
 
 def _fail(msg: str) -> None:
@@ -139,6 +140,20 @@ def debate_index_cmd(sources: Path = typer.Argument(..., help="JSONL: one {image
     except ForensicsLabError as e: _fail(e)
     ix.save(out)
     typer.echo(f"indexed {len(ix)} images ({sum(map(len, by_image.values()))} pages) -> {out}")
+
+# %% ../../nbs/07g_debate.cli.ipynb #c78e2ce6
+@debate_app.command("user-study")
+def debate_user_study_cmd(csv: Path = typer.Argument(..., help="The authors' user_study_data.csv (download it from their repository; it is not shipped)."),
+                          convention: str = typer.Option("authors", help="Table 4: authors (as printed: SD in answers out of 10) or plain (SD in %, mean confidence)."),
+                          n_boot: int = typer.Option(1000, "--n-boot", help="Bootstrap resamples for Table 3's interval.")):
+    "Recompute MAD-Sherlock's user-study Tables 3 and 4 (and who was persuaded by a wrong insight) from the authors' CSV."
+    try:
+        us = load_user_study(csv)
+        t3, t4, sw = user_study_table3(us, n_boot), user_study_table4(us, convention), user_study_switches(us)
+    except (ForensicsLabError, ValueError) as e: _fail(e)
+    typer.echo(f"{len(us)} participants, {us.n_items} pairs ({csv.name})\n\nTable 3\n{t3.to_markdown(index=False)}\n\n"
+               f"Table 4 ({convention}: {USER_STUDY_CONVENTIONS[convention]})\n{t4.to_markdown(index=False)}\n\n"
+               f"Switches per pair\n{sw.to_markdown(index=False)}")
 
 # %% ../../nbs/07g_debate.cli.ipynb #11ef4b30
 for _name in FETCH: register_fetcher(_name, partial(fetch_dataset, _name))
