@@ -539,7 +539,7 @@ def _correct(rows: list[dict]) -> np.ndarray:
 
 def compare_table(rows: dict[str, list[dict]], n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per configuration: accuracy, specificity, recall, arbitration with bootstrap 95% intervals (`study.triage_metrics`),
-    ECE and Brier where it gives a probability, mean IoU / pixel F1 of the decisive map where a mask exists, and its
+    balanced accuracy (the mean of specificity and recall: what the majority class alone cannot win), ECE and Brier where it gives a probability, mean IoU / pixel F1 of the decisive map where a mask exists, and its
     container-only control's accuracy beside every learned row."""
     out = []
     for name, rs in rows.items():
@@ -550,6 +550,7 @@ def compare_table(rows: dict[str, list[dict]], n_boot: int = 1000, seed: int = 0
         ctl = CONTROL_OF.get(name)
         out.append(dict(config=name, n=m["n"], **{f"{k}{s}": m[k][i] for k in ("accuracy", "specificity", "recall", "arbitration")
                                                    for i, s in enumerate(("", "_lo", "_hi"))},
+                        balanced=(m["specificity"][0] + m["recall"][0]) / 2,
                         ece=np.nan if cal is None else cal["ece"], brier=np.nan if cal is None else cal["brier"],
                         region_n=len(reg), region_iou=np.mean([r["region_iou"] for r in reg]) if reg else np.nan,
                         region_f1=np.mean([r["region_f1"] for r in reg]) if reg else np.nan,
