@@ -35,9 +35,10 @@ def _texts(trajs):
 def test_sft_loss_finite_and_decreasing_on_repeated_batch(tmp_path):
     trajs, _ = smoke_task(tmp_path / "data", n=1)
     cfg = ZoomTrainConfig.smoke(sft_steps=8, sft_batch_size=1, sft_lr=1e-2, tiny=TINY,
-                                lora_modules_to_save=["lm_head", "embed_tokens"])
+                                lora_modules_to_save=["lm_head", "embed_tokens"], trl_sft={"max_grad_norm": 0.5})
     model, proc = load_policy(cfg, texts=_texts(trajs))
     trainer = run_sft(cfg, model, proc, trajs * 8, tmp_path / "run")
+    assert trainer.args.max_grad_norm == 0.5                     # a TRL SFTConfig field from the config reaches the trainer
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert len(losses) == 8 and all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.8 * losses[0], losses
@@ -249,6 +250,9 @@ def test_shipped_configs_load_and_validate():
         ZoomTrainConfig.from_yaml("base: tiny\nlearning_rate: 1\n")
     with pytest.raises(ZoomConfigError, match="not divisible"):
         c.sft_per_device(3)
+    with pytest.raises(ZoomConfigError, match="trl_grpo: lerning_rate not field"):
+        ZoomTrainConfig.from_yaml("base: tiny\ntrl_grpo: {lerning_rate: 1.0e-5}\n")
+    assert "trl_sft" not in q.as_dict() and ZoomTrainConfig.quick(trl_sft={"weight_decay": 0.1}).as_dict()["trl_sft"] == {"weight_decay": 0.1}
 
 
 def test_real_base_without_a_config_is_refused(tmp_path):

@@ -51,7 +51,7 @@ __all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_vi
            'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
-_LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid"}
+_LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}}
 
 @dataclass
 class ZoomTrainConfig:
@@ -111,6 +111,8 @@ class ZoomTrainConfig:
                                             # "forensic" adds noise-residual, error-level, copy-move and cue views with readouts
     reward_funcs: str = "hybrid"            # "hybrid": R_total as one GRPO reward function; "components": one named function per
                                             # part (format, classification, evidence_rule, evidence_verifier), weighted to R_total
+    trl_sft: dict = field(default_factory=dict)    # any TRL `SFTConfig` field, passed as is (it overrides the recipe's value)
+    trl_grpo: dict = field(default_factory=dict)   # any TRL `GRPOConfig` field, passed as is (e.g. `vllm_mode: server`)
     notes: dict = field(default_factory=dict)      # free-form provenance (e.g. which settings the paper states)
 
     def __post_init__(self):
@@ -120,6 +122,9 @@ class ZoomTrainConfig:
         tool_views(self.tools)   # an unknown tool set is a ZoomConfigError here, not at the first crop
         if self.reward_funcs not in ("hybrid", "components"):
             raise ZoomConfigError(f"reward_funcs must be 'hybrid' or 'components', got {self.reward_funcs!r}")
+        for name, cls, given in (("trl_sft", SFTConfig, self.trl_sft), ("trl_grpo", GRPOConfig, self.trl_grpo)):
+            unknown = sorted(set(given) - {f.name for f in fields(cls)})
+            if unknown: raise ZoomConfigError(f"{name}: {', '.join(unknown)} not field(s) of TRL's {cls.__name__}")
         try:
             RewardConfig(**self.reward)  # validate early
             VerifierTrainConfig(**self.verifier)
@@ -430,10 +435,11 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     output_dir, save_kw, resume = _trainer_dir(cfg, trainer_root or out_dir, "sft")
-    args = SFTConfig(output_dir=output_dir, max_steps=cfg.sft_steps, num_train_epochs=cfg.sft_epochs,
-                     per_device_train_batch_size=cfg.sft_per_device(world_size()), gradient_accumulation_steps=cfg.sft_grad_accum,
-                     learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
-                     assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True}, **{**_common_args(cfg), **save_kw})
+    recipe = dict(output_dir=output_dir, max_steps=cfg.sft_steps, num_train_epochs=cfg.sft_epochs,
+                  per_device_train_batch_size=cfg.sft_per_device(world_size()), gradient_accumulation_steps=cfg.sft_grad_accum,
+                  learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
+                  assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True})
+    args = SFTConfig(**{**recipe, **_common_args(cfg), **save_kw, **cfg.trl_sft})   # the config's own TRL fields win
     ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools))
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                          peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft", append=resume is not None), *callbacks])
@@ -576,12 +582,13 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
         if importlib.util.find_spec("vllm") is None:
             raise ZoomConfigError("use_vllm is set but vllm is not installed (pip install vllm); or set use_vllm: false")
         vllm = dict(vllm_mode="colocate", vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
-    args = GRPOConfig(output_dir=output_dir, max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
-                      per_device_train_batch_size=cfg.grpo_batch_size, num_generations=cfg.num_generations,
-                      max_completion_length=cfg.max_completion_length, max_tool_calling_iterations=cfg.max_tool_calls,
-                      temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
-                      epsilon_high=cfg.epsilon_high, mask_truncated_completions=cfg.mask_truncated_completions,
-                      use_vllm=cfg.use_vllm, lr_scheduler_type="constant", **vllm, **{**_common_args(cfg), **save_kw})
+    recipe = dict(output_dir=output_dir, max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
+                  per_device_train_batch_size=cfg.grpo_batch_size, num_generations=cfg.num_generations,
+                  max_completion_length=cfg.max_completion_length, max_tool_calling_iterations=cfg.max_tool_calls,
+                  temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
+                  epsilon_high=cfg.epsilon_high, mask_truncated_completions=cfg.mask_truncated_completions,
+                  use_vllm=cfg.use_vllm, lr_scheduler_type="constant", **vllm)
+    args = GRPOConfig(**{**recipe, **_common_args(cfg), **save_kw, **cfg.trl_grpo})   # the config's own TRL fields win
     split = cfg.reward_funcs == "components"
     if split: args.reward_weights = reward.weights()   # one named reward function per component, weighted as R_total
     peft_config = None if hasattr(model, "peft_config") else lora_config(cfg)
