@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -22,21 +23,23 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from ..core import Detection, ForensicsLabError, Sample, ToolCard
+from ..imageio import load_image
 from ..metrics import mcnemar
 from ..provenance.jpeg import estimate_quality
 from .data import Evidence
 from .judge import AUTHENTIC, TriagePipeline, algorithmic_fusion, ds_fusion
 from .records import CaseFacts, CaseResult, Verdict
-from .rules import RuleAuditor, RuleJudge, RuleParams
-from .study import case_row, triage_metrics
+from .rules import RuleAuditor, RuleJudge, RuleParams, measure_facts
+from .study import TriageConfig, case_row, triage_metrics
 
 # %% auto #0
 __all__ = ['CONTEXT_FACTS', 'JPEG_BANDS', 'SIZE_BANDS', 'KINDS', 'STORE_VERSION', 'FEATURE_SETS', 'FIXED', 'FITTED', 'CONTROL_OF',
-           'TrustError', 'container_facts', 'context_of', 'bucket_key', 'observe', 'ExperienceRow', 'experience_row',
-           'experience_rows', 'Rate', 'TrustStore', 'store_summary', 'summary_text', 'trust_reliabilities', 'trust_ds',
-           'lr_posterior', 'lr_judge', 'describe_context', 'trust_rules', 'combiner_features', 'Combiner', 'EvalCase',
-           'eval_cases', 'region_scores', 'fixed_rows', 'fit_all', 'fitted_row', 'folds', 'crossfit', 'transfer',
-           'calibration', 'compare_table', 'mcnemar_against', 'stream_curve']
+           'TRUST_CONFIGS', 'TrustError', 'container_facts', 'context_of', 'bucket_key', 'observe', 'ExperienceRow',
+           'experience_row', 'experience_rows', 'Rate', 'TrustStore', 'store_summary', 'summary_text',
+           'trust_reliabilities', 'trust_ds', 'lr_posterior', 'lr_judge', 'describe_context', 'trust_rules',
+           'combiner_features', 'Combiner', 'EvalCase', 'eval_cases', 'region_scores', 'fixed_rows', 'fit_all',
+           'fitted_row', 'folds', 'crossfit', 'transfer', 'calibration', 'compare_table', 'mcnemar_against',
+           'stream_curve', 'trust_runner']
 
 # %% ../../nbs/06ea_triage.trust.ipynb #3b45f16e
 class TrustError(ForensicsLabError, ValueError):
@@ -130,8 +133,9 @@ class Rate(BaseModel):
         if not 0 <= k <= n: raise TrustError(f"a fire count must be within 0..n, got {k} of {n}")
         return cls(n=int(n), k=int(k), a=round(a0 + k, 6), b=round(b0 + n - k, 6))
 
-KINDS = ("authentic", "in_scope", "out_of_scope")
-"What a rate is measured on: authentic images, manipulated images of a family in the detector's scope, and outside it."
+KINDS = ("authentic", "in_scope", "out_of_scope", "unknown_family")
+"""What a rate is measured on: authentic images, manipulated images of a family in the detector's scope, outside it, and
+manipulated images whose family the dataset does not name (a `folder:` set of real/fake files)."""
 
 # %% ../../nbs/06ea_triage.trust.ipynb #0032b677
 STORE_VERSION = 1
@@ -155,7 +159,7 @@ class TrustStore(BaseModel):
     @classmethod
     def fit(cls, rows: Sequence[ExperienceRow], context_facts: Sequence[str] = CONTEXT_FACTS, prior: tuple[float, float] = (1.0, 1.0),
             strength: float = 4.0, sources: Sequence[str] = ()) -> "TrustStore":
-        "Count fires per detector, kind and bucket on labelled `rows` (manipulated rows of unknown family count only as manipulated classes)."
+        "Count fires per detector, kind and bucket on labelled `rows` (manipulated rows of unknown family under `unknown_family`)."
         if not rows: raise TrustError("no labelled rows to fit a trust store on")
         bad = [f for f in context_facts if f not in CONTEXT_FACTS]
         if bad: raise TrustError(f"unknown context fact(s) {bad}; known: {list(CONTEXT_FACTS)}")
@@ -169,8 +173,9 @@ class TrustStore(BaseModel):
             key = bucket_key(r.context, context_facts)
             for d, f in r.fired.items():
                 scopes.setdefault(d, list(r.scopes.get(d, [])))
-                if f is None or cl == "unknown": continue
-                kind = "authentic" if r.label == 0 else "in_scope" if r.family in scopes[d] else "out_of_scope"
+                if f is None: continue
+                kind = ("authentic" if r.label == 0 else "unknown_family" if cl == "unknown" else
+                        "in_scope" if r.family in scopes[d] else "out_of_scope")
                 for b in ("*", key):
                     c = counts.setdefault((d, kind, b), [0, 0])
                     c[0] += int(f); c[1] += 1
@@ -197,9 +202,16 @@ class TrustStore(BaseModel):
         m = self.overall[detector][kind].mean
         return Rate(n=0, k=0, a=round(self.strength * m, 6) or 1e-6, b=round(self.strength * (1 - m), 6) or 1e-6)
 
+    def detection_kind(self, detector: str) -> str:
+        "The kind whose rate is the detector's detection rate: in scope, or, when the store saw no in-scope case but unnamed-family ones, those."
+        o = self.overall[detector]
+        return "unknown_family" if o["in_scope"].n == 0 and o.get("unknown_family") and o["unknown_family"].n > 0 else "in_scope"
+
     def reliability(self, detector: str, context: dict[str, str] | None = None) -> float:
-        "The detector's reliability in `context` for Dempster-Shafer discounting: Youden's J = in-scope fire rate - authentic fire rate, clipped to [0, 1]."
-        return float(np.clip(self.rate(detector, "in_scope", context).mean - self.rate(detector, "authentic", context).mean, 0, 1))
+        """The detector's reliability in `context` for Dempster-Shafer discounting: Youden's J = detection rate (in scope,
+        see `detection_kind`) - authentic fire rate, clipped to [0, 1]."""
+        det = self.rate(detector, self.detection_kind(detector), context).mean
+        return float(np.clip(det - self.rate(detector, "authentic", context).mean, 0, 1))
 
     def save(self, path: str | Path) -> Path:
         "Write the store as indented JSON (a file to read, diff, version and share)."
@@ -223,7 +235,7 @@ class TrustStore(BaseModel):
         try: return cls.model_validate(data)
         except ValueError as e: raise TrustError(f"{p}: not a valid trust store ({str(e).splitlines()[0]})") from None
 
-# %% ../../nbs/06ea_triage.trust.ipynb #45ea7c44
+# %% ../../nbs/06ea_triage.trust.ipynb #a4246569
 def store_summary(store: TrustStore, level: float = 0.95) -> pd.DataFrame:
     "One line per detector and bucket (`all` first): cases, fires and posterior fire rate with its interval, per kind."
     out = []
@@ -249,14 +261,15 @@ def summary_text(store: TrustStore, max_buckets: int = 3) -> str:
     for d in store.detectors:
         sd = s[s.detector == d]
         o = sd.iloc[0]
-        lines.append(f"{d:12s} fires on authentic {pct(o, 'authentic')}; in scope {pct(o, 'in_scope')}; out of scope {pct(o, 'out_of_scope')}")
+        lines.append(f"{d:12s} fires on authentic {pct(o, 'authentic')}; in scope {pct(o, 'in_scope')}; out of scope {pct(o, 'out_of_scope')}"
+                     + (f"; family not named {pct(o, 'unknown_family')}" if o["unknown_family_n"] else ""))
         b = sd.iloc[1:][sd.iloc[1:].authentic_n > 0].copy()
         b["dev"] = (b.authentic_rate - o.authentic_rate).abs()
         for _, r in b.sort_values(["dev", "bucket"], ascending=[False, True]).head(max_buckets).iterrows():
             lines.append(f"{'':12s}   {r.bucket}: authentic {pct(r, 'authentic')}")
     return "\n".join(lines)
 
-# %% ../../nbs/06ea_triage.trust.ipynb #805e0342
+# %% ../../nbs/06ea_triage.trust.ipynb #a0f7c7a3
 def trust_reliabilities(store: TrustStore, detectors: Sequence[str], context: dict[str, str] | None = None,
                         default: float = 0.8) -> dict[str, float]:
     "Each detector's reliability in this context (`TrustStore.reliability`); `default` for one the store has not seen."
@@ -270,22 +283,23 @@ def trust_ds(store: TrustStore, detections: dict[str, Detection], cards: dict[st
     info["reliability"] = rel
     return v, info
 
-# %% ../../nbs/06ea_triage.trust.ipynb #947bc02b
+# %% ../../nbs/06ea_triage.trust.ipynb #19efea47
 def lr_posterior(store: TrustStore, fired: dict[str, Optional[bool]], context: dict[str, str] | None = None,
                  prior_manipulated: float | None = None) -> dict:
     """The likelihood-ratio judge's arithmetic: each hypothesis (authentic, or one manipulation family) explains each
     detector's observation with the store's rate in this context (a family in the detector's scope: its in-scope rate,
     else its out-of-scope rate); detectors are treated as independent given the hypothesis. Returns the posterior over
     hypotheses, P(manipulated), and per detector its log-likelihood ratio of manipulated (the family mixture) against authentic."""
-    fams = [c for c in store.classes if c not in (AUTHENTIC, "unknown") and store.classes[c] > 0]
-    if not fams or not store.classes.get(AUTHENTIC): raise TrustError("the store needs authentic and manipulated cases of known family to judge")
+    fams = [c for c in store.classes if c != AUTHENTIC and store.classes[c] > 0]   # "unknown": manipulated, family not named
+    if not fams or not store.classes.get(AUTHENTIC): raise TrustError("the store needs authentic and manipulated cases to judge")
     n_m = sum(store.classes[f] for f in fams)
     pm = prior_manipulated if prior_manipulated is not None else n_m / (n_m + store.classes[AUTHENTIC])
     if not 0 < pm < 1: raise TrustError(f"prior_manipulated must be in (0, 1), got {pm}")
     prior = {AUTHENTIC: 1 - pm, **{f: pm * store.classes[f] / n_m for f in fams}}
     seen = {d: f for d, f in fired.items() if f is not None and d in store.overall}
     def loglik(d, h):
-        kind = "authentic" if h == AUTHENTIC else "in_scope" if h in store.scopes.get(d, []) else "out_of_scope"
+        kind = ("authentic" if h == AUTHENTIC else "unknown_family" if h == "unknown" else
+                "in_scope" if h in store.scopes.get(d, []) else "out_of_scope")
         r = store.rate(d, kind, context).mean
         return math.log(r if seen[d] else 1 - r)
     ll = {h: {d: loglik(d, h) for d in seen} for h in prior}
@@ -317,14 +331,15 @@ def lr_judge(store: TrustStore, detections: dict[str, Detection], cards: dict[st
                        arbitrated_tools=[], decision_path=lines + ["Authentic."]), info
     fam = info["family"]
     ranked = sorted(llr, key=lambda d: (-llr[d], d))
-    tools = [d for d in ranked if info["observed"][d] and fam in cards[d].scope] or [d for d in ranked if info["observed"][d]] or ranked[:1]
+    tools = ([d for d in ranked if info["observed"][d] and (fam == "unknown" or fam in cards[d].scope)]
+             or [d for d in ranked if info["observed"][d]] or ranked[:1])
     loc = "global" if set(cards[tools[0]].scope) <= {"synthesis"} else "local"
     return Verdict(reasoning=f"Likelihood-ratio judge: P(manipulated) = {p:.3f}; most probable family {fam} "
                              f"({info['posterior'][fam]:.3f}); decisive {tools[0]} (log LR {llr[tools[0]]:+.2f}).",
                    is_manipulated=True, locality=loc, arbitrated_tools=tools,
                    decision_path=lines + [f"Family {fam}: decisive {tools[0]}"]), info
 
-# %% ../../nbs/06ea_triage.trust.ipynb #bc2ed09f
+# %% ../../nbs/06ea_triage.trust.ipynb #8c151357
 def _pct(r: Rate) -> str:
     lo, hi = r.interval()
     return f"{100 * r.mean:.0f}% (95% interval {100 * lo:.0f}-{100 * hi:.0f}%)"
@@ -340,15 +355,16 @@ def trust_rules(store: TrustStore, detector: str, context: dict[str, str] | None
     """The store's rates for `detector` as the auditor prompt's extra rules (its `{extra_rules}` slot): how often it fired
     on similar authentic images and on similar manipulated images in its scope, with counts; empty when the store has not seen it."""
     if detector not in store.overall: return ""
-    a, s = store.rate(detector, "authentic", context), store.rate(detector, "in_scope", context)
+    a, s = store.rate(detector, "authentic", context), store.rate(detector, store.detection_kind(detector), context)
     where = f"similar images ({describe_context({f: context[f] for f in store.context_facts})})" if context and store.context_facts else "the labelled images"
     own = a.n > 0 or s.n > 0
     lines = ["EXTRA RULES (data-driven false-positive signals from labelled cases; they never override STEP 1)"]
     if own:
         lines.append(f"- On {a.n} {where} that were authentic, {detector} fired on {a.k}: false-alarm rate {_pct(a)}.")
-        lines.append(f"- On {s.n} {where} manipulated within its scope, it fired on {s.k}: detection rate {_pct(s)}.")
+        what = "manipulated within its scope" if store.detection_kind(detector) == "in_scope" else "manipulated (family not named)"
+        lines.append(f"- On {s.n} {where} {what}, it fired on {s.k}: detection rate {_pct(s)}.")
     else:
-        o, oi = store.overall[detector]["authentic"], store.overall[detector]["in_scope"]
+        o, oi = store.overall[detector]["authentic"], store.overall[detector][store.detection_kind(detector)]
         lines.append(f"- No labelled case matched this image's context; over all {o.n} authentic images {detector} fired on {o.k} "
                      f"({_pct(o)}), over {oi.n} in-scope manipulated ones on {oi.k} ({_pct(oi)}).")
     lr = s.mean / a.mean
@@ -356,7 +372,7 @@ def trust_rules(store: TrustStore, detector: str, context: dict[str, str] | None
                  + (" : weak evidence on its own." if lr < 3 else "."))
     return "\n".join(lines) + "\n"
 
-# %% ../../nbs/06ea_triage.trust.ipynb #6b29574c
+# %% ../../nbs/06ea_triage.trust.ipynb #beef9c9a
 FEATURE_SETS = ("pixel", "all", "container")
 "The learned combiner's inputs: `pixel` = detector scores, applicability and face present (what the pixels say); `all` = pixel plus the container; `container` = only the file container (format, JPEG quality, size): the control."
 
@@ -408,7 +424,7 @@ class Combiner:
                                  f"the highest-scoring detector {top} is named.", is_manipulated=True, locality=loc,
                        arbitrated_tools=[top], decision_path=[f"P(manipulated) = {p:.3f}", f"Named: {top}"]), {"p_manipulated": p}
 
-# %% ../../nbs/06ea_triage.trust.ipynb #4ed51d11
+# %% ../../nbs/06ea_triage.trust.ipynb #81db6117
 class EvalCase:
     "One labelled case for the evaluation: the sample, its experience row and its Stage 0 evidence."
     __slots__ = ("sample", "row", "image", "detections", "cards", "facts")
@@ -423,7 +439,7 @@ def eval_cases(samples: list[Sample], evidence: Evidence, dataset: str | None = 
         out.append(EvalCase(s, experience_row(s, img, dets, cards, facts, dataset), img, dets, cards, facts))
     return out
 
-# %% ../../nbs/06ea_triage.trust.ipynb #832bf21c
+# %% ../../nbs/06ea_triage.trust.ipynb #78b8d639
 def region_scores(heatmap: np.ndarray, mask_path: str | Path, hot: float = 0.5) -> dict[str, float]:
     "IoU and pixel F1 of a detector's map (hot where >= `hot`, resized to the mask) against a ground-truth mask (white = edited)."
     m = np.asarray(Image.open(mask_path).convert("L")) > 127
@@ -438,7 +454,7 @@ def _region(case: EvalCase, decisive: str | None) -> dict:
     if d is None or d.heatmap is None or not case.sample.mask or not Path(case.sample.mask).is_file(): return {}
     return region_scores(d.heatmap, case.sample.mask)
 
-# %% ../../nbs/06ea_triage.trust.ipynb #d37e269c
+# %% ../../nbs/06ea_triage.trust.ipynb #234bec5a
 FIXED = ("fusion", "ds", "rules")
 "The configurations that need no labelled cases: algorithmic fusion, Dempster-Shafer fusion (global reliability 0.8), rule triage with the guided judge."
 FITTED = ("trust-lr", "trust-lr-face", "trust-ds", "combiner-pixel", "combiner-all", "container")
@@ -521,7 +537,7 @@ def transfer(train: list[EvalCase], test: list[EvalCase], methods: Sequence[str]
     models = fit_all([c.row for c in train], methods)
     return {m: [fitted_row(c, m, models) for c in test] for m in methods}
 
-# %% ../../nbs/06ea_triage.trust.ipynb #5bd49ed3
+# %% ../../nbs/06ea_triage.trust.ipynb #3a9f718a
 def calibration(y: Sequence[int], p: Sequence[float], bins: int = 10) -> dict:
     "Expected calibration error (equal-width bins, weighted by cases), Brier score, and the reliability table (per bin: cases, mean p, share manipulated)."
     y, p = np.asarray(y, float), np.clip(np.asarray(p, float), 0, 1)
@@ -533,7 +549,7 @@ def calibration(y: Sequence[int], p: Sequence[float], bins: int = 10) -> dict:
     ece = sum(t["n"] * abs(t["mean_p"] - t["observed"]) for t in table if t["n"]) / len(y)
     return dict(ece=float(ece), brier=float(np.mean((p - y) ** 2)), table=pd.DataFrame(table))
 
-# %% ../../nbs/06ea_triage.trust.ipynb #7ab98fcb
+# %% ../../nbs/06ea_triage.trust.ipynb #6a6a017e
 def _correct(rows: list[dict]) -> np.ndarray:
     return np.array([r.get("pred") is not None and r["pred"] == r["label"] for r in rows], bool)
 
@@ -569,7 +585,7 @@ def mcnemar_against(rows: dict[str, list[dict]], baselines: Sequence[str] = FIXE
             out.append(dict(config=a, against=b, acc_diff=_correct(rows[a]).mean() - _correct(rows[b]).mean(), **t))
     return pd.DataFrame(out)
 
-# %% ../../nbs/06ea_triage.trust.ipynb #425ce2eb
+# %% ../../nbs/06ea_triage.trust.ipynb #dca97450
 def stream_curve(cases: list[EvalCase], sizes: Sequence[int], k: int = 5, seed: int = 0,
                  methods: Sequence[str] = ("trust-lr", "trust-ds", "combiner-pixel", "container")) -> pd.DataFrame:
     """What a lab deploying this would see: for each fold, the other folds' cases arrive in a seeded order; after `n`
@@ -594,3 +610,35 @@ def stream_curve(cases: list[EvalCase], sizes: Sequence[int], k: int = 5, seed: 
     if not len(df): return df
     return (df.groupby(["method", "n_seen"]).agg(accuracy=("accuracy", "mean"), specificity=("specificity", "mean"), folds=("fold", "nunique"))
               .reset_index())
+
+# %% ../../nbs/06ea_triage.trust.ipynb #8f2dc5f1
+TRUST_CONFIGS = {
+    "trust-lr": TriageConfig(name="trust-lr", label="Likelihood-ratio judge over the experience store", kind="algorithmic"),
+    "trust-ds": TriageConfig(name="trust-ds", label="Dempster-Shafer fusion with the store's context reliabilities", kind="ds"),
+}
+"The store's two no-agent uses as triage configurations (kinds of the existing no-agent configurations: no auditor, no judge model)."
+
+def _rounded(x):
+    if isinstance(x, dict): return {str(k): _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [_rounded(v) for v in x]
+    if isinstance(x, (float, np.floating)): return round(float(x), 6)
+    return x
+
+def trust_runner(store: TrustStore, name: str = "trust-lr", prior_manipulated: float | None = None):
+    """A runner like `study.build_config`'s, `runner(image, detections, cards, facts=None) -> CaseResult`, for a
+    configuration of `TRUST_CONFIGS`: it measures the image's context (facts when not given) and judges with the store."""
+    if name not in TRUST_CONFIGS: raise TrustError(f"unknown trust configuration {name!r}; one of {', '.join(TRUST_CONFIGS)}")
+    def run(image, detections, cards, facts=None) -> CaseResult:
+        t0 = time.perf_counter()
+        img = load_image(image)
+        facts = facts or measure_facts(img, detections, cards)
+        ctx = context_of(facts, container_facts(img.width, img.height, img.quantization))
+        if name == "trust-lr":
+            v, info = lr_judge(store, detections, cards, ctx, prior_manipulated)
+            keep = {k: info[k] for k in ("p_manipulated", "prior_manipulated", "llr", "moved_most", "family", "posterior")}
+        else:
+            v, info = trust_ds(store, detections, cards, ctx)
+            keep = {k: info[k] for k in ("reliability", "bel_manipulated", "bel_authentic", "betp")}
+        return CaseResult(config=name, verdict=v, facts=facts, seconds=time.perf_counter() - t0,
+                          details={"trust": _rounded(keep), "context": ctx})
+    return run
