@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import hashlib
 import json
 import os
+import re
 import platform
 import socket
 import subprocess
@@ -32,8 +33,8 @@ from .core import ForensicsLabError
 __all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash',
            'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root',
            'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable',
-           'machine_info', 'read_run_record', 'note_run', 'part_files', 'part_written', 'part_skipped', 'skipped_parts',
-           'write_run_record']
+           'shown_path', 'shown_text', 'machine_info', 'read_run_record', 'note_run', 'part_files', 'part_written',
+           'part_skipped', 'skipped_parts', 'write_run_record']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -380,6 +381,23 @@ def resolve_portable(p: str, folder: str | Path) -> Path:
     q = Path(p)
     return q if q.is_absolute() else (Path(folder) / q).resolve()
 
+def shown_path(path: str | Path, root: str | Path | None = None) -> str:
+    """`path` as an output shows it (a caption, `run.json`, a printed line): relative to the checkout (`root`) when
+    inside it, else `.../<last part>`, so no committed output carries a machine's absolute path."""
+    p, r = Path(path).expanduser(), Path(root) if root else project_root()
+    if not p.is_absolute(): return p.as_posix()
+    try: return p.resolve().relative_to(r.resolve()).as_posix()
+    except ValueError: return f".../{p.name}"
+
+_ABS_PATH = re.compile(r"(?<![\w.~/])(?:~/|/(?!/))[^\s,;:'\"]+")   # a path, not a URL's //host
+
+def shown_text(value: Any, root: str | Path | None = None) -> Any:
+    "`value` (a string, or lists and dicts of them) with every absolute path in it written by `shown_path` (URLs are left alone)."
+    if isinstance(value, str): return _ABS_PATH.sub(lambda m: shown_path(m.group(0), root), value)
+    if isinstance(value, Path): return shown_path(value, root)
+    if isinstance(value, (list, tuple)): return [shown_text(v, root) for v in value]
+    if isinstance(value, dict): return {k: shown_text(v, root) for k, v in value.items()}
+    return value
 
 # %% ../nbs/02_runs.ipynb #9a1c0e52
 RUN_RECORD = "run.json"
@@ -441,9 +459,9 @@ def write_run_record(folder: str | Path, study: str, params: dict | None = None,
                      seconds: float | None = None, error: str | None = None, root: str | Path | None = None) -> dict:
     """Write `<folder>/run.json`, the provenance of a study output folder: package version, git commit, dependency
     versions, Python and machine, data, backends, seed, every parameter, status, and the parts the notebook noted."""
-    params = dict(params or {})
-    notes = read_run_record(folder)
     root = Path(root) if root else (checkout_root() or project_root())
+    params = shown_text(dict(params or {}), root)     # user paths as `shown_path` writes them: no machine's absolute path
+    notes = read_run_record(folder)
     given = lambda v: v not in ("", None) and v != {} and v != []
     data = {k: v for k, v in params.items() if given(v) and (k in ("dataset", "datasets", "data", "collections")
             or k.endswith("_root") or k.endswith("_path"))}

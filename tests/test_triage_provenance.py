@@ -13,7 +13,8 @@ from forensicslab.core import Detection
 from forensicslab.detectors import pool as D
 from forensicslab.imageio import load_image
 from forensicslab.triage.all import (Evidence, GridResults, RuleParams, credibility, make_card, measure_facts, portable_spec,
-                                     preset, provenance_summary, run_grid, run_totals, shown_path, study_pool)
+                                     preset, provenance_summary, run_grid, run_totals, study_pool)
+from forensicslab.runs import shown_path
 
 NOISE = make_card("noise", ["classic_inpaint"], True)
 

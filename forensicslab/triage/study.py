@@ -25,7 +25,7 @@ from ..data.datasets import describe_dataset, parse_dataset_spec
 from ..imageio import load_image
 from ..provenance.evidence import gather
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, share_ci
-from ..runs import Case, Run, config_hash, project_root
+from ..runs import Case, Run, config_hash, shown_path
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
 from .data import PROVENANCE_VERSION, Evidence, stage0
 from .judge import AUTHENTIC, LearnedJudge, TriagePipeline, algorithmic_fusion, ds_fusion
@@ -41,7 +41,7 @@ __all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVEN
            'provenance_summary', 'provenance_finding', 'fire_events', 'triage_table', 'change_decomposition',
            'event_finding', 'figure2', 'GridResults', 'run_grid', 'run_totals', 'calibrate_rules', 'judge_axis_configs',
            'fit_learned_judge', 'table4_rule_params', 'study_configs', 'open_bench', 'rows_written', 'dataset_note',
-           'shown_path', 'portable_spec']
+           'portable_spec']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 OFFLINE_ROLES = ("rules", "oracle", "learned")
@@ -745,14 +745,6 @@ def dataset_note(spec: str, samples: list[Sample]) -> str:
     if kind != "bench" and arg and ("/" in arg or "\\" in arg):
         text = text.replace(arg, f".../{Path(arg).name or arg}")
     return text
-
-def shown_path(path: str | Path, root: str | Path | None = None) -> str:
-    """`path` as a study writes it into a caption, `run.json` or a printed line: relative to the checkout (`root`) when
-    inside it, else `.../<last part>`, so no committed output carries a machine's absolute path."""
-    p, r = Path(path).expanduser(), Path(root) if root else project_root()
-    if not p.is_absolute(): return p.as_posix()
-    try: return p.resolve().relative_to(r.resolve()).as_posix()
-    except ValueError: return f".../{p.name}"
 
 def portable_spec(spec: str, root: str | Path | None = None) -> str:
     "A dataset spec (several comma-separated) with each local path written by `shown_path`: what `run.json` and captions store."
