@@ -26,19 +26,25 @@ from ..chat.cli import model_options
 from ..chat.models import chat_context
 from ..core import ForensicsLabError
 from ..data.datasets import IMAGE_EXTS
+from ..data.datasets import dataset_key
 from ..detectors import pool as D
+from ..detectors.paper.pool import paper_sources
 from ..imageio import ImageError, fit_within, load_image
 from ..provenance.duplicates import ReferenceIndex
 from ..provenance.evidence import evidence_json, gather, provenance_flags
 from ..runs import Case, Run, config_hash
 from .report import OFFLINE_NOTE, file_facts, write_case_report
+from .data import Evidence, stage0, study_samples
 from .study import build_config, failure_history, preset
+from .trust import (CONTEXT_FACTS, TRUST_CONFIGS, TrustStore, calibration, crossfit, eval_cases, summary_text,
+                                       trust_runner)
 
 # %% auto #0
-__all__ = ['OFFLINE_LINE', 'INDEX_SCRIPT', 'INDEX_CSS', 'INDEX_COLUMNS', 'AnalyzeError', 'pool_cards', 'check_detectors',
-           'analyze_image', 'case_provenance', 'stage0_line', 'verdict_lines', 'Inputs', 'collect_inputs',
-           'expand_inputs', 'report_name', 'index_rows', 'write_index', 'run_identity', 'analyze_batch', 'default_out',
-           'analyze_cmd']
+__all__ = ['OFFLINE_LINE', 'INDEX_SCRIPT', 'INDEX_CSS', 'INDEX_COLUMNS', 'trust_app', 'AnalyzeError', 'pool_cards',
+           'check_detectors', 'analyze_config', 'load_store', 'analyze_image', 'case_provenance', 'stage0_line',
+           'verdict_lines', 'Inputs', 'collect_inputs', 'expand_inputs', 'report_name', 'index_rows', 'write_index',
+           'run_identity', 'analyze_batch', 'default_out', 'analyze_cmd', 'fit_store', 'reliability_text',
+           'trust_fit_cmd', 'trust_show_cmd']
 
 # %% ../../nbs/06g_triage.cli.ipynb #ce621ed3
 class AnalyzeError(ForensicsLabError, ValueError):
@@ -53,22 +59,56 @@ def pool_cards(dets: dict) -> dict:
     return out
 
 def check_detectors(names: list[str] | None) -> list[str] | None:
-    "`names` (None = the whole pool) after checking each is registered; an `AnalyzeError` lists the registered ones."
+    """`names` (None = the default pool) after checking each is registered, opt-in detectors (the paper adapters among
+    them) included; a paper detector without a local adapter or weights is named with the reason, any other unknown
+    name gets the list of registered ones (an `AnalyzeError`)."""
     if not names: return None
-    have = D.list_detectors()
+    have = D.list_detectors(include_opt_in=True)
     bad = [n for n in names if n not in have]
-    if bad: raise AnalyzeError(f"unknown detector(s) {', '.join(bad)}; registered: {', '.join(have)}")
+    if bad:
+        paper = paper_sources()
+        why = [f"{n} ({paper[n].note or 'a paper detector that is not installed here'})" for n in bad if n in paper]
+        other = [n for n in bad if n not in paper]
+        raise AnalyzeError("; ".join(([f"not runnable here: {', '.join(why)}"] if why else [])
+                                     + ([f"unknown detector(s) {', '.join(other)}"] if other else []))
+                           + f"; registered: {', '.join(have)}")
     return list(dict.fromkeys(names))
 
+def analyze_config(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
+                   trust_store: str | Path | None = None):
+    """The configuration `analyze` runs: a preset (`study.preset`), or with `trust_store` one of the store's configurations
+    (`trust.TRUST_CONFIGS`: `trust-lr`, `trust-ds`); an `AnalyzeError` for a mismatch."""
+    if trust_store is not None:
+        if config not in TRUST_CONFIGS:
+            raise AnalyzeError(f"--trust-store is read by the configurations {', '.join(TRUST_CONFIGS)}; got --config {config}")
+        if auditor_backend or judge_backend: raise AnalyzeError(f"configuration {config} has no auditor or judge model")
+        return TRUST_CONFIGS[config]
+    if config in TRUST_CONFIGS:
+        raise AnalyzeError(f"configuration {config} needs --trust-store FILE (write one with `forensicslab trust fit DATASET --out FILE`)")
+    return preset(config, auditor=auditor_backend, judge=judge_backend)
+
+_STORES: dict = {}
+
+def load_store(path: str | Path) -> TrustStore:
+    "A trust store read once per file version (path, size and modification time) in this process."
+    p = Path(path)
+    key = (str(p.resolve()), *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (None, None)))
+    if key not in _STORES: _STORES[key] = TrustStore.load(p)
+    return _STORES[key]
+
 def analyze_image(image, config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
-                  detectors: list[str] | None = None, cache: bool = True, model_cache: str = "off", controls=None):
+                  detectors: list[str] | None = None, cache: bool = True, model_cache: str = "off", controls=None,
+                  trust_store: str | Path | None = None):
     """Stage 0 (the whole pool or `detectors`) + a configuration on one image: returns `(image, detections, cards, CaseResult)`.
-    `controls`: model run controls (`forensicslab.chat.models.ModelControls`) for every model the configuration calls."""
+    `controls`: model run controls (`forensicslab.chat.models.ModelControls`) for every model the configuration calls;
+    `trust_store`: an experience store file for the configurations `trust-lr` and `trust-ds`."""
     img = load_image(image)
-    cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
+    cfg = analyze_config(config, auditor_backend, judge_backend, trust_store)
+    store = None if trust_store is None else load_store(trust_store)
     dets = D.run_pool(img, check_detectors(detectors), cache=cache or None)
     cards = pool_cards(dets)
-    runner = build_config(cfg, model_cache=model_cache, controls=None if cfg.offline else controls)
+    runner = (trust_runner(store, cfg.name) if store is not None else
+              build_config(cfg, model_cache=model_cache, controls=None if cfg.offline else controls))
     return img, dets, cards, runner(img, dets, cards)
 
 def case_provenance(img, dets: dict, reference: ReferenceIndex | None = None, trust=None, on: bool = True) -> dict | None:
@@ -167,12 +207,14 @@ def _sha256(p: Path) -> str:
     return h.hexdigest()
 
 def _case_row(p: Path, name: str, sha: str, out: Path, config: str, backends: dict, detectors, cache: bool, model_cache: str,
-              history: dict, max_attempts: int, controls=None, reference=None, trust=None, provenance: bool = True) -> dict:
+              history: dict, max_attempts: int, controls=None, reference=None, trust=None, provenance: bool = True,
+              trust_store=None) -> dict:
     "Analyse one image of a batch into a results row (failures recorded; model failures and unwritten reports marked for a retry)."
     row = dict(image=name, sha256=sha, verdict="failed", decisive=None, score=None, region=None, failure=None, report=None)
     try:
         with chat_context(case=name):      # traces and errors name the image
-            img, dets, cards, res = analyze_image(p, config, backends.get("auditor"), backends.get("judge"), detectors, cache, model_cache, controls)
+            img, dets, cards, res = analyze_image(p, config, backends.get("auditor"), backends.get("judge"), detectors, cache, model_cache, controls,
+                                                  trust_store)
     except ImageError as e:
         row["failure"] = f"ImageError: {e}".replace(str(p), name)     # relative names only: a shared page leaks no folder
         return row
@@ -304,8 +346,9 @@ def write_index(out: Path, rows: list[dict], title: str, about: dict | None = No
     (out / ".index.html.tmp").replace(out / "index.html")
     return out / "index.html"
 
-def run_identity(cfg, detectors: list[str] | None, provenance: bool, reference: Path | None, trust) -> dict:
-    "What makes a folder run's results comparable: configuration and backends, the detector pool (names and card versions), provenance settings."
+def run_identity(cfg, detectors: list[str] | None, provenance: bool, reference: Path | None, trust, trust_store=None) -> dict:
+    """What makes a folder run's results comparable: configuration and backends, the detector pool (names and card versions),
+    provenance settings, and the experience store's content hash when one is used."""
     names = detectors or D.list_detectors()
     versions = {}
     for k in names:
@@ -314,7 +357,8 @@ def run_identity(cfg, detectors: list[str] | None, provenance: bool, reference: 
     trust_id = None
     if trust: trust_id = hashlib.sha256(Path(trust).read_bytes()).hexdigest()[:16] if Path(trust).is_file() else str(trust)
     return dict(kind="analyze", configuration=cfg.model_dump(), detectors=detectors, pool=versions,
-                provenance=dict(on=provenance, reference=str(Path(reference).resolve()) if reference else None, trust=trust_id))
+                provenance=dict(on=provenance, reference=str(Path(reference).resolve()) if reference else None, trust=trust_id),
+                **({"trust_store": hashlib.sha256(Path(trust_store).read_bytes()).hexdigest()[:16]} if trust_store else {}))
 
 def _claim_out(out: Path, ident: str, label: str):
     "Record the run identity of `out`, or refuse when the folder already holds another identity's results."
@@ -332,16 +376,19 @@ def _claim_out(out: Path, ident: str, label: str):
 def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules", auditor_backend: str | None = None,
                   judge_backend: str | None = None, detectors: list[str] | None = None, cache: bool = True,
                   model_cache: str = "off", progress: bool = True, max_attempts: int = 3, controls=None,
-                  provenance: bool = True, reference: str | Path | None = None, trust: str | Path | None = None) -> list[dict]:
+                  provenance: bool = True, reference: str | Path | None = None, trust: str | Path | None = None,
+                  trust_store: str | Path | None = None) -> list[dict]:
     """Analyse every image of `paths` into `out` (resumable): case reports, thumbnails, `results.csv`, `results.json`, `index.html`;
-    returns the rows. `reference`: a folder to search for near-duplicates (its index is refreshed); `trust`: a PEM trust list for C2PA."""
+    returns the rows. `reference`: a folder to search for near-duplicates (its index is refreshed); `trust`: a PEM trust list for C2PA;
+    `trust_store`: an experience store for the configurations `trust-lr` and `trust-ds`."""
     inputs = collect_inputs(paths)
     if not inputs.files: raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}"
                                             + (f" ({'; '.join(f'{p}: {w}' for p, w in inputs.skipped[:5])})" if inputs.skipped else ""))
-    cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
+    cfg = analyze_config(config, auditor_backend, judge_backend, trust_store)
+    if trust_store is not None: load_store(trust_store)     # a bad store stops the batch before the first image
     detectors = check_detectors(detectors)
     out = Path(out)
-    manifest = run_identity(cfg, detectors, provenance, reference, trust)
+    manifest = run_identity(cfg, detectors, provenance, reference, trust, trust_store)
     ident = config_hash(manifest)[:12]
     _claim_out(out, ident, cfg.label)
     ref_index = ReferenceIndex.load(reference) if (provenance and reference) else None
@@ -355,7 +402,7 @@ def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules
                              + "), metadata, JPEG history" + (f", near-duplicates in {Path(reference).name} ({len(ref_index)} images)" if ref_index else "")),
                  offline=cfg.offline, offline_note=OFFLINE_NOTE, skipped=inputs.skipped, identity=ident)
     fn = lambda a: _case_row(a[0], a[1], a[2], out, config, backends, detectors, cache, model_cache, history, max_attempts, controls,
-                             ref_index, trust, provenance)
+                             ref_index, trust, provenance, trust_store)
     title = f"forensicslab analyze: {cfg.label}"
     try: rows = run.execute(cases, fn, workers=1, desc="analyze", progress=progress)
     except BaseException as err:            # a spent budget, Ctrl-C, a crash: the finished rows still get their index
@@ -376,16 +423,18 @@ def _split(names: list[str] | None) -> list[str] | None:
 
 def default_out(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
                 detectors: list[str] | None = None, root: str | Path = "forensicslab-analyze", provenance: bool = True,
-                reference: str | Path | None = None, trust: str | Path | None = None) -> Path:
+                reference: str | Path | None = None, trust: str | Path | None = None, trust_store: str | Path | None = None) -> Path:
     "The output folder of one run identity: `root/<preset>-<hash of preset, backends, pool and provenance settings>` (in the working folder)."
-    cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
-    return Path(root) / f"{cfg.name}-{config_hash(run_identity(cfg, check_detectors(detectors), provenance, reference, trust))[:8]}"
+    cfg = analyze_config(config, auditor_backend, judge_backend, trust_store)
+    return Path(root) / f"{cfg.name}-{config_hash(run_identity(cfg, check_detectors(detectors), provenance, reference, trust, trust_store))[:8]}"
 
 def _single(image: Path, config, auditor_backend, judge_backend, detectors, report, no_cache, as_json, controls=None,
-            out_dir: Path | None = None, provenance: bool = True, reference: Path | None = None, trust: Path | None = None) -> int:
+            out_dir: Path | None = None, provenance: bool = True, reference: Path | None = None, trust: Path | None = None,
+            trust_store: Path | None = None) -> int:
     "Analyse one image on the terminal (its case report into `out_dir`, or at `report`); returns the exit status."
     with chat_context(case=Path(image).name):
-        img, dets, cards, res = analyze_image(image, config, auditor_backend, judge_backend, detectors, cache=not no_cache, controls=controls)
+        img, dets, cards, res = analyze_image(image, config, auditor_backend, judge_backend, detectors, cache=not no_cache, controls=controls,
+                                              trust_store=trust_store)
     prov = case_provenance(img, dets, ReferenceIndex.load(reference) if (provenance and reference) else None, trust, provenance)
     out = Path(report) if report else (out_dir or default_out(config, auditor_backend, judge_backend, detectors)) / f"{Path(image).stem}.triage.html"
     if as_json:
@@ -414,7 +463,8 @@ def _single(image: Path, config, auditor_backend, judge_backend, detectors, repo
 @model_options
 def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or folders (searched recursively) to analyse."),
                 config: str = typer.Option("rules", help="Configuration preset: rules, rules-unguided, rules-single, fusion, ds, "
-                                                         "single, unguided, complete, complete-other, complete-judge."),
+                                                         "single, unguided, complete, complete-other, complete-judge; with "
+                                                         "--trust-store: trust-lr (the default then) or trust-ds."),
                 auditor_backend: Optional[str] = typer.Option(None, help="Model spec for the auditors, e.g. openai:gpt-4o."),
                 judge_backend: Optional[str] = typer.Option(None, help="Model spec for the judge (or the single agent)."),
                 detectors: Optional[list[str]] = typer.Option(None, "--detectors", help="Run only these detectors (comma-separated or repeated)."),
@@ -428,6 +478,9 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
                 trust: Optional[Path] = typer.Option(None, help="PEM file of trust anchors for Content Credentials (default: "
                                                                 "$FORENSICSLAB_C2PA_TRUST, else none: signers reported as not on a trust list)."),
                 no_provenance: bool = typer.Option(False, "--no-provenance", help="Do not read provenance (C2PA, metadata, JPEG history)."),
+                trust_store: Optional[Path] = typer.Option(None, "--trust-store", help="An experience store (`forensicslab trust fit`): judge "
+                                                           "with its likelihood-ratio judge (trust-lr) or its context reliabilities in "
+                                                           "Dempster-Shafer fusion (--config trust-ds)."),
                 controls=None):
     """Analyse images: the detector pool and a triage configuration, the verdict, and a case report per image.
     The model run controls (`--backend auditor=SPEC`, `--max-tokens`, `--timeout`, ...) apply to every model call."""
@@ -435,7 +488,8 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
     no_cache = no_cache or controls.cache == "off"
     if no_cache and controls.cache != "off": controls = type(controls).of(controls, cache="off")
     try:
-        kind = preset(config).kind
+        if trust_store is not None and config == "rules": config = "trust-lr"   # the default configuration of a store
+        kind = analyze_config(config, trust_store=trust_store).kind
         if controls is not None and kind == "pipeline":
             auditor_backend = auditor_backend or controls.backends.get("auditor") or controls.backends.get("*")
         if controls is not None and kind in ("pipeline", "single"):
@@ -445,14 +499,16 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
         if not inputs.files:
             why = "; ".join(f"{p}: {w}" for p, w in inputs.skipped[:5])
             raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}" + (f" ({why})" if why else ""))
-        target = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust)
+        target = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust,
+                                    trust_store=trust_store)
         if len(inputs.files) == 1 and not paths[0].is_dir():
             raise typer.Exit(_single(inputs.files[0][0], config, auditor_backend, judge_backend, dets, report, no_cache, as_json, controls,
-                                     target, not no_provenance, reference, trust))
+                                     target, not no_provenance, reference, trust, trust_store))
         for p, w in inputs.skipped:
             if not as_json: typer.echo(f"skipped {p}: {w}", err=True)
         rows = analyze_batch(paths, target, config, auditor_backend, judge_backend, dets, cache=not no_cache, progress=not as_json,
-                             controls=controls, provenance=not no_provenance, reference=reference, trust=trust)
+                             controls=controls, provenance=not no_provenance, reference=reference, trust=trust,
+                                    trust_store=trust_store)
     except typer.Exit: raise
     except ImageError as e:
         typer.echo(f"error: {e}", err=True)
@@ -460,7 +516,8 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
     except (ForensicsLabError, KeyError, ValueError) as e:
         typer.echo(f"error: {e.args[0] if e.args else e}", err=True)
         if out is not None or paths and len(paths) > 1 or paths[0].is_dir():
-            t = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust)
+            t = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust,
+                                    trust_store=trust_store)
             if (Path(t) / "index.html").is_file() and "stopped" in (Path(t) / "index.html").read_text(encoding="utf-8"):
                 typer.echo(f"the finished images are in {Path(t) / 'index.html'}; run the same command again to resume", err=True)
         raise typer.Exit(2)
@@ -474,3 +531,76 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
         typer.echo(f"{len(rows)} images, {n_failed} failed; results: {target / 'results.csv'}; index: {target / 'index.html'}")
         if all(((r.get("record") or {}).get("usage") or {}).get("calls", 0) == 0 for r in rows): typer.echo(OFFLINE_LINE)
     raise typer.Exit(1 if n_failed else 0)
+
+# %% ../../nbs/06g_triage.cli.ipynb #7a1c2e02
+trust_app = typer.Typer(help="Trust learned from experience: fit an experience store from labelled datasets, or show one.",
+                        no_args_is_help=True)
+
+def fit_store(datasets: list[str], out: str | Path, detectors: list[str] | None = None, context: tuple[str, ...] = CONTEXT_FACTS,
+              n_per_family: int | None = None, n_authentic: int | None = None, seed: int = 0, bench_root: str | Path | None = None,
+              folds: int = 5, workers: int = 2, cache_dir: str | Path | None = None, progress: bool = True) -> tuple[TrustStore, dict | None]:
+    """Fit a store on the labelled `datasets` and write it to `out`; returns it and the calibration of its likelihood-ratio
+    judge cross-fitted on the same cases (`None` with `folds` < 2 or too few cases of a class to fit every fold)."""
+    if not datasets: raise AnalyzeError("name at least one labelled dataset, e.g. bench:train or folder:PATH")
+    ev = Evidence(cache_dir, detectors=check_detectors(detectors))
+    cases, sources = [], []
+    for spec in datasets:
+        ss = study_samples(spec, n_per_family, n_authentic, seed, bench_root)
+        stage0(ss, ev, workers, progress)
+        cs = eval_cases(ss, ev, dataset_key(spec))
+        cases += cs
+        sources.append(f"{dataset_key(spec)}: {len(cs)} images ({sum(c.sample.label for c in cs)} manipulated)")
+    store = TrustStore.fit([c.row for c in cases], context, sources=sources)
+    store.save(out)
+    cal = None
+    if folds >= 2:
+        try: rows = crossfit(cases, folds, seed, methods=("trust-lr",))["trust-lr"]
+        except ForensicsLabError: rows = None     # some fold lacks a class to fit on
+        if rows: cal = calibration([r["label"] for r in rows], [r["p_manipulated"] for r in rows]) | {
+            "accuracy": sum(r["pred"] == r["label"] for r in rows) / len(rows), "folds": folds}
+    return store, cal
+
+def reliability_text(cal: dict, width: int = 30) -> str:
+    "A reliability diagram in text: per bin of predicted P(manipulated), the cases and the share that were manipulated."
+    lines = [f"likelihood-ratio judge, {cal['folds']}-fold cross-fitted on these cases: accuracy {100 * cal['accuracy']:.1f}%, "
+             f"ECE {cal['ece']:.3f}, Brier {cal['brier']:.3f}", "predicted  cases  observed"]
+    for _, t in cal["table"].iterrows():
+        if not t.n: continue
+        bar = "#" * int(round(width * t.observed))
+        lines.append(f"{t.lo:.1f}-{t.hi:.1f}  {int(t.n):5d}  {t.observed:5.2f} |{bar:<{width}}| mean p {t.mean_p:.2f}")
+    return "\n".join(lines)
+
+@trust_app.command("fit")
+def trust_fit_cmd(datasets: list[str] = typer.Argument(..., help="Labelled dataset specs: bench:train, folder:PATH, noso:PATH, ..."),
+                  out: Path = typer.Option(..., "--out", help="The store file to write (JSON: read it, version it, share it)."),
+                  detectors: Optional[list[str]] = typer.Option(None, "--detectors", help="Only these detectors (comma-separated or repeated)."),
+                  context: str = typer.Option(",".join(CONTEXT_FACTS), help="Context facts to bucket by (comma-separated; empty: none)."),
+                  n_per_family: Optional[int] = typer.Option(None, help="Cap of manipulated images per family (seeded draw)."),
+                  n_authentic: Optional[int] = typer.Option(None, help="Cap of authentic images."),
+                  seed: int = typer.Option(0, help="Seed of the draws and folds."),
+                  bench_root: Optional[Path] = typer.Option(None, help="The benchmark folder for bench: specs (default: the project's)."),
+                  folds: int = typer.Option(5, help="Folds of the cross-fitted reliability diagram (0: skip it)."),
+                  workers: int = typer.Option(2, help="Stage 0 threads."),
+                  cache_dir: Optional[Path] = typer.Option(None, help="Detection cache (default: the shared one, so fits resume and reuse)."),
+                  quiet: bool = typer.Option(False, "--quiet", help="No progress bars.")):
+    """Fit an experience store: per detector and context bucket, Beta posteriors of its fire rate on authentic and on
+    manipulated images, with counts. Prints its summary and a cross-fitted reliability diagram."""
+    try:
+        facts = tuple(f.strip() for f in context.split(",") if f.strip())
+        store, cal = fit_store(datasets, out, _split(detectors), facts, n_per_family, n_authentic, seed, bench_root, folds, workers,
+                               cache_dir, progress=not quiet)
+    except (ForensicsLabError, KeyError, ValueError) as e:
+        typer.echo(f"error: {e.args[0] if e.args else e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(summary_text(store))
+    if cal is not None: typer.echo(reliability_text(cal))
+    elif folds >= 2: typer.echo("(no cross-fitted reliability diagram: some fold lacks authentic or manipulated cases to fit on)")
+    typer.echo(f"store: {out}")
+
+@trust_app.command("show")
+def trust_show_cmd(store: Path = typer.Argument(..., help="A store written by `forensicslab trust fit`.")):
+    "Print a store's summary: cases, and per detector its fire rates and the context buckets that depart most from them."
+    try: typer.echo(summary_text(TrustStore.load(store)))
+    except ForensicsLabError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
