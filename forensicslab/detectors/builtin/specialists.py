@@ -14,7 +14,7 @@ import numpy as np
 
 from ...core import Detection, Sample
 from .inpaint_net import fill_contrast
-from .ungated import calibrate, calibrated_card, write_card
+from .ungated import PRESET, calibrate, calibrated_card, write_card
 from ..learned import face_swap_logit, splice_probability
 from ..pool import CARDS_DIR, load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
@@ -45,6 +45,7 @@ def splice_measure(image) -> tuple[float, dict, np.ndarray]:
 
 class _Specialist:
     max_side = 1024
+    preset = PRESET           # a member of the builtin-ungated pool
     def detect(self, image: LoadedImage) -> Detection: raise NotImplementedError
 
 def _registered(cls):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -30,9 +31,10 @@ from ..pool import CARDS_DIR, card_from_dict, get_card, load_card, make_detectio
 from ...imageio import load_image
 
 # %% auto #0
-__all__ = ['BASES', 'PRECONDITIONS', 'SPECIALISTS', 'OWN_GROUPS', 'UNGATED_POOL', 'MISSING_CARDS', 'SAME_AS_GATED', 'ungated_id',
-           'CalibrationError', 'own_group', 'eer_threshold', 'calibrate', 'ungated_class', 'native_measure',
-           'calibrated_card', 'ungated_card', 'write_card', 'calibration_record', 'write_ungated_cards', 'rescore']
+__all__ = ['BASES', 'PRECONDITIONS', 'SPECIALISTS', 'OWN_GROUPS', 'UNGATED_POOL', 'PRESET', 'MISSING_CARDS', 'SAME_AS_GATED',
+           'ungated_id', 'CalibrationError', 'own_group', 'eer_threshold', 'calibrate', 'ungated_class',
+           'native_measure', 'calibrated_card', 'ungated_card', 'write_card', 'calibration_record',
+           'write_ungated_cards', 'rescore']
 
 # %% ../../../nbs/04l_detectors.builtin.ungated.ipynb #c0a10007
 BASES = {"adq": ADQDetector, "cfa": CFADetector, "copymove": CopyMoveDetector, "face_blend": FaceBlendDetector,
@@ -61,8 +63,11 @@ def ungated_id(base: str) -> str:
     "The id of a built-in detector's ungated variant (`adq` -> `adq_ungated`)."
     return f"{base}_ungated"
 
-UNGATED_POOL = tuple(ungated_id(b) for b in sorted(BASES)) + SPECIALISTS
-"The `builtin-ungated` pool: the eight ungated variants and the two specialists."
+UNGATED_POOL = tuple(sorted([ungated_id(b) for b in BASES] + list(SPECIALISTS)))
+"The `builtin-ungated` pool: the eight ungated variants and the two specialists, sorted."
+
+PRESET = "builtin-ungated"
+"The pool name its members carry in their `preset` attribute (what `resolve_pool` collects)."
 
 class CalibrationError(ForensicsLabError, ValueError):
     "Calibration data that cannot be used (an unknown detector, or no manipulated or no authentic image of its own group)."
@@ -136,7 +141,7 @@ def ungated_class(base: str, card=None) -> type:
         return d.model_copy(update={"raw": raw})
 
     name = f"{cls.__name__}Ungated"
-    return type(name, (cls,), dict(card=card, version=card.version, gated=False, base_id=base, cache_salt=_salt(base),
+    return type(name, (cls,), dict(card=card, version=card.version, gated=False, base_id=base, cache_salt=_salt(base), preset=PRESET,
                                    detect=detect, __module__=__name__, __qualname__=name,
                                    __doc__=f"{cls.__doc__} Ungated: scores every image, applicability as a fact, own-group calibration."))
 
@@ -205,7 +210,10 @@ MISSING_CARDS: list[str] = []
 
 for _b in BASES:
     if (CARDS_DIR / f"{ungated_id(_b)}.yaml").is_file(): register(ungated_id(_b), opt_in=True)(ungated_class(_b))
-    elif ungated_id(_b) not in MISSING_CARDS: MISSING_CARDS.append(ungated_id(_b))
+    elif ungated_id(_b) not in MISSING_CARDS:
+        MISSING_CARDS.append(ungated_id(_b))
+        warnings.warn(f"{ungated_id(_b)}: no card in {CARDS_DIR}; it is left out of the {PRESET} pool until "
+                      "write_ungated_cards writes it")
 
 # %% ../../../nbs/04l_detectors.builtin.ungated.ipynb #c0a10025
 SAME_AS_GATED = tuple(b for b in BASES if b not in ("adq", "cfa", "face_blend"))

@@ -11,12 +11,12 @@ import importlib
 import sys
 from typing import Optional
 
-from ..builtin.ungated import UNGATED_POOL
 from ..pool import OPT_IN, _FACTORIES, DetectorNotFound, list_detectors
 from ..weights import SOURCES, FileSpec, WeightsError, WeightsSource, installed, register_source
 
 # %% auto #0
-__all__ = ['PAPER_POOL', 'KNOWN', 'PRESETS', 'load_adapters', 'paper_sources', 'runnable', 'paper_pool', 'resolve_pool']
+__all__ = ['PAPER_POOL', 'KNOWN', 'PRESETS', 'load_adapters', 'paper_sources', 'runnable', 'paper_pool', 'preset_members',
+           'resolve_pool']
 
 # %% ../../../nbs/04v_detectors.paper.pool.ipynb #f1fd81bd
 PAPER_POOL = ("clipsid", "d3", "effort", "forensicsadapter", "radar", "nfavit", "trufor")
@@ -88,16 +88,20 @@ def paper_pool() -> list[str]:
     "The ids of the paper's pool that can run here, in the paper's order."
     return [i for i in PAPER_POOL if runnable(i)]
 
+def preset_members(name: str) -> list[str]:
+    "Registered detectors (opt-in included) whose class names the preset `name` in its `preset` attribute, sorted."
+    return [i for i in list_detectors(include_opt_in=True) if getattr(_FACTORIES.get(i), "preset", None) == name]
+
 def resolve_pool(spec: str | None) -> list[str]:
     "Detector ids for a pool name (`default`, `paper`, `builtin-ungated`) or a comma-separated list of ids."
     s = (spec or "default").strip()
     if s == "default": return list_detectors()
     if s == "builtin-ungated":
-        missing = [i for i in UNGATED_POOL if i not in list_detectors(include_opt_in=True)]
-        if missing:
-            raise DetectorNotFound(f"pool 'builtin-ungated': {', '.join(missing)} not registered (card missing); write the cards "
+        ids = preset_members(s)
+        if not ids:
+            raise DetectorNotFound("pool 'builtin-ungated': no member registered (their cards are missing); write the cards "
                                    "with nbs/studies/detectors_training.ipynb (retrain=True)")
-        return list(UNGATED_POOL)
+        return ids
     if s == "paper":
         ids = paper_pool()
         if not ids:
