@@ -7,12 +7,14 @@ Docs: https://forensicslab.github.io/forensicslab/runs.html.md"""
 # %% ../nbs/02_runs.ipynb #5f0ca519
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import hashlib
 import json
 import os
 import re
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +36,7 @@ __all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'Case', 'StopRun', 'pack
            'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root',
            'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable',
            'shown_path', 'shown_text', 'machine_info', 'read_run_record', 'note_run', 'part_files', 'part_written',
-           'part_skipped', 'skipped_parts', 'write_run_record']
+           'part_skipped', 'skipped_parts', 'write_run_record', 'replace_dir', 'WriteAside']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -476,3 +478,73 @@ def write_run_record(folder: str | Path, study: str, params: dict | None = None,
     Path(folder).mkdir(parents=True, exist_ok=True)
     _atomic_write(Path(folder) / RUN_RECORD, json.dumps(rec, indent=1, default=str) + "\n")
     return rec
+
+# %% ../nbs/02_runs.ipynb #5e1f0a62
+def replace_dir(new: str | Path, dest: str | Path) -> None:
+    """Move `new` to `dest`, replacing it: an old folder is first renamed to a hidden sibling (`.{name}.old-{pid}`) and
+    removed after the move, so `dest` is never a half-written mix (the one way outputs and checkpoints are swapped in)."""
+    new, dest = Path(new), Path(dest)
+    if dest.is_dir() and not dest.is_symlink():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        dest.rename(old)
+        new.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else: os.replace(new, dest)
+
+def _alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+class WriteAside:
+    "Write `target`'s new contents into a hidden sibling folder (`.path`) and move them into place only on success."
+    def __init__(self, target: str | Path, merge: bool = False):
+        self.target, self.merge, self.open = Path(target), merge, True
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self._clean_stale()
+        self.path = self._sibling("partial")
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path.mkdir()
+        atexit.register(self.abort)            # a process that stops before `commit` leaves nothing behind
+
+    def _sibling(self, kind: str, of: Path | None = None) -> Path:
+        of = of or self.target
+        return of.parent / f".{of.name}.{kind}-{os.getpid()}"
+
+    def _clean_stale(self) -> None:
+        "Remove work of dead processes; put back a target whose move was interrupted."
+        pat = re.compile(rf"^\.{re.escape(self.target.name)}\.(partial|old)-(\d+)$")
+        for p in sorted(self.target.parent.glob(f".{self.target.name}.*-*")):
+            m = pat.match(p.name)
+            if not m or _alive(int(m.group(2))): continue
+            if m.group(1) == "old" and not self.target.exists(): p.rename(self.target)
+            else: shutil.rmtree(p, ignore_errors=True)
+
+
+    def commit(self) -> Path:
+        "Move the new contents into place (whole folder, or entry by entry with `merge`); returns `target`."
+        if not self.open: raise RuntimeError(f"{self.target}: already committed or aborted")
+        if self.merge:
+            self.target.mkdir(exist_ok=True)
+            for e in sorted(self.path.iterdir()): replace_dir(e, self.target / e.name)
+            self.path.rmdir()
+        else: replace_dir(self.path, self.target)
+        self.open = False
+        atexit.unregister(self.abort)
+        return self.target
+
+    def abort(self) -> None:
+        "Drop the new contents; `target` stays as it was."
+        if self.open: shutil.rmtree(self.path, ignore_errors=True)
+        self.open = False
+
+    def final(self, p: str | Path) -> Path:
+        "Where `p` (a path inside `.path`) lies once committed."
+        return self.target / Path(p).relative_to(self.path)
+
+    def __enter__(self) -> Path: return self.path
+    def __exit__(self, exc_type, *_):
+        if exc_type is None: self.commit()
+        else: self.abort()

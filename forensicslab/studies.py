@@ -25,7 +25,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import (FolderLock, config_hash, note_run, part_files, project_root, skipped_parts, study_output_dir,
+from .runs import (FolderLock, config_hash, note_run, part_files, project_root, replace_dir, skipped_parts, study_output_dir,
                                write_run_record)
 
 # %% auto #0
@@ -144,14 +144,6 @@ def _one_line(e: BaseException) -> str:
     ename, evalue = getattr(e, "ename", type(e).__name__), getattr(e, "evalue", str(e))
     return " ".join(f"{ename}: {evalue}".split())[:600]
 
-def _replace_dir(src: Path, dest: Path) -> None:
-    "Move folder `src` to `dest`, replacing `dest` (the old one is renamed away first, then removed)."
-    old = dest.with_name(f".{dest.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists(): dest.rename(old)
-    src.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-
 def _carry_skipped(stage: Path, final: Path) -> None:
     "Copy the earlier files of every part the new run skipped from `final` into `stage`, and note them."
     if not final.is_dir(): return
@@ -218,14 +210,14 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else _one_line(e)
         write_run_record(stage, stem, record, status="failed", seconds=time.time() - t0, error=reason)
         failed.parent.mkdir(parents=True, exist_ok=True)
-        _replace_dir(stage, failed)
+        replace_dir(stage, failed)
         if isinstance(e, KeyboardInterrupt): raise
         raise StudyFailed(f"study {stem} failed: {reason}; {final} is unchanged, the failed attempt is in {failed}",
                           kept=failed, reason=reason) from e
     (stage / STAGE_MARK).unlink(missing_ok=True)
     _carry_skipped(stage, final)
     write_run_record(stage, stem, record, seconds=time.time() - t0)
-    _replace_dir(stage, final)
+    replace_dir(stage, final)
     shutil.rmtree(failed, ignore_errors=True)   # an earlier failed attempt is stale now
     return final / f"{stem}.ipynb"
 

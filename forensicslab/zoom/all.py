@@ -19,5 +19,6 @@ from .construct import *
 from .rewards import *
 from .checkpoint import *
 from .study import *
+from ..runs import WriteAside   # the training study writes its run folder aside
 
-__all__ = [n for m in _modules for n in m.__all__]   # so `import *` gives the face too
+__all__ = [n for m in _modules for n in m.__all__] + ["WriteAside"]   # so `import *` gives the face too

@@ -7,17 +7,13 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.checkpoint.html.md"""
 # %% ../../nbs/08g_zoom.checkpoint.ipynb #ceb16778
 from __future__ import annotations
 
-import atexit
 import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['find_checkpoints', 'checkpoint_info', 'checkpoint_label', 'policy_label', 'WriteAside', 'study_checkpoints']
+__all__ = ['find_checkpoints', 'checkpoint_info', 'checkpoint_label', 'policy_label', 'study_checkpoints']
 
 # %% ../../nbs/08g_zoom.checkpoint.ipynb #20b1e9f9
 def find_checkpoints(root: str | Path) -> dict[str, Path]:
@@ -43,71 +39,6 @@ def checkpoint_label(name: str, info: dict) -> str:
 def policy_label(spec: str) -> str:
     "Row label of a policy spec: `rules` is the rule policy (offline baseline); a chat backend keeps its spec."
     return "rule policy (offline baseline)" if spec == "rules" else spec
-
-# %% ../../nbs/08g_zoom.checkpoint.ipynb #5e1f0a62
-def _alive(pid: int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
-
-class WriteAside:
-    "Write `target`'s new contents into a hidden sibling folder (`.path`) and move them into place only on success."
-    def __init__(self, target: str | Path, merge: bool = False):
-        self.target, self.merge, self.open = Path(target), merge, True
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self._clean_stale()
-        self.path = self._sibling("partial")
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.path.mkdir()
-        atexit.register(self.abort)            # a process that stops before `commit` leaves nothing behind
-
-    def _sibling(self, kind: str, of: Path | None = None) -> Path:
-        of = of or self.target
-        return of.parent / f".{of.name}.{kind}-{os.getpid()}"
-
-    def _clean_stale(self) -> None:
-        "Remove work of dead processes; put back a target whose move was interrupted."
-        pat = re.compile(rf"^\.{re.escape(self.target.name)}\.(partial|old)-(\d+)$")
-        for p in sorted(self.target.parent.glob(f".{self.target.name}.*-*")):
-            m = pat.match(p.name)
-            if not m or _alive(int(m.group(2))): continue
-            if m.group(1) == "old" and not self.target.exists(): p.rename(self.target)
-            else: shutil.rmtree(p, ignore_errors=True)
-
-    def _replace(self, new: Path, dest: Path) -> None:
-        if dest.is_dir() and not dest.is_symlink():
-            old = self._sibling("old", dest)
-            dest.rename(old)
-            new.rename(dest)
-            shutil.rmtree(old)
-        else: os.replace(new, dest)
-
-    def commit(self) -> Path:
-        "Move the new contents into place (whole folder, or entry by entry with `merge`); returns `target`."
-        if not self.open: raise RuntimeError(f"{self.target}: already committed or aborted")
-        if self.merge:
-            self.target.mkdir(exist_ok=True)
-            for e in sorted(self.path.iterdir()): self._replace(e, self.target / e.name)
-            self.path.rmdir()
-        else: self._replace(self.path, self.target)
-        self.open = False
-        atexit.unregister(self.abort)
-        return self.target
-
-    def abort(self) -> None:
-        "Drop the new contents; `target` stays as it was."
-        if self.open: shutil.rmtree(self.path, ignore_errors=True)
-        self.open = False
-
-    def final(self, p: str | Path) -> Path:
-        "Where `p` (a path inside `.path`) lies once committed."
-        return self.target / Path(p).relative_to(self.path)
-
-    def __enter__(self) -> Path: return self.path
-    def __exit__(self, exc_type, *_):
-        if exc_type is None: self.commit()
-        else: self.abort()
 
 # %% ../../nbs/08g_zoom.checkpoint.ipynb #7fa5e823
 def study_checkpoints(checkpoints_root: str = "", quick: bool = True) -> dict[str, dict]:

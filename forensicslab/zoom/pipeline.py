@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..core import Sample
-from .checkpoint import WriteAside
+from ..runs import WriteAside
 from .tinyvlm import load_vlm
 from .rules import tool_views
 from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, sample_views,

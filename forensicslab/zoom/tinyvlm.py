@@ -20,7 +20,7 @@ from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 from transformers.models.qwen3_vl import Qwen3VLConfig, Qwen3VLProcessor
 
 from ..core import ForensicsLabError
-from .checkpoint import WriteAside
+from ..runs import WriteAside
 import trl
 from importlib import resources
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers

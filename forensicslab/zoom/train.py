@@ -38,7 +38,7 @@ from .agents import (TOOL_NAME, Episode, parse_action, prompt_messages, render_t
                                       tool_result)
 from .rules import ForensicViews, tool_views
 from .rewards import RewardConfig, episode_answer, zoom_reward
-from .checkpoint import WriteAside
+from ..runs import WriteAside
 from .tinyvlm import TinyVLMSpec, build_tiny_vlm, load_vlm, resolve_device_dtype, save_vlm
 from .vision import VisionPretrainConfig, pretrain_vision
 from .verifier import TEXT_LORA_TARGETS, VerifierTrainConfig

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..core import Box, EvidenceItem
 from ..runs import portable_path, resolve_portable
-from .checkpoint import WriteAside
+from ..runs import WriteAside
 from .tinyvlm import load_vlm
 from .records import ZoomInputError, where_phrase
 from ..imageio import load_image
