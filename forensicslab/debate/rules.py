@@ -94,7 +94,7 @@ def evidence_debate(sample_id: str, debaters: Sequence[EvidenceDebater], prior: 
 _YEAR = re.compile(r"\b(1[89]\d\d|20\d\d)\b")
 _MONTHS = "january february march april may june july august september october november december".split()
 _PLACE = re.compile(r"\b(?:in|at|near|from)\s+((?:[A-Z][\w'-]+)(?:\s+[A-Z][\w'-]+)*)")
-_CAP = re.compile(r"(?<![.!?]\s)(?<!^)\b(?:[A-Z][a-z][\w'-]+|[A-Z]{2,}[\w'-]*)")  # names, in any case: Collins, NASA, SpaceX
+_CAP = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z][\w'-]+|\b[A-Z]{2,}[\w'-]*")  # names: Collins, SpaceX (not opening a sentence), NASA (anywhere)
 _STOP = {"The", "This", "That", "These", "A", "An", "In", "At", "On", "From", "Near", "He", "She", "They", "It", "His", "Her"}
 
 def caption_entities(text: str) -> dict:
@@ -110,6 +110,7 @@ ENTITY_FEATURES = ("date_conflict", "date_match", "place_share", "name_share", "
 def entity_features(caption: str, context: Sequence[str]) -> np.ndarray:
     "The entities view's features (`ENTITY_FEATURES`) of one caption against its retrieved texts."
     c, x = caption_entities(caption), caption_entities(" ".join(context))
+    for d in (c, x): d["places"], d["names"] = {w.lower() for w in d["places"]}, {w.lower() for w in d["names"]}   # in any case
     share = lambda a, b: len(a & b) / len(a) if a else 0.5
     both_years = bool(c["years"]) and bool(x["years"])
     return np.array([float(both_years and not (c["years"] & x["years"])), float(bool(c["years"] & x["years"])),
