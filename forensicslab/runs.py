@@ -333,11 +333,8 @@ def _dispatch_ray(todo, fn, workers):
 
 # %% ../nbs/02_runs.ipynb #07c9883e
 def project_root(start: str | Path | None = None) -> Path:
-    "The repository root (the folder holding `pyproject.toml`), searched upwards from `start` or the cwd."
-    p = Path(start or Path.cwd()).resolve()
-    for d in [p, *p.parents]:
-        if (d / "pyproject.toml").exists() and (d / "nbs").is_dir(): return d
-    return p
+    "The checkout holding `start` (or the cwd) as `checkout_root` finds it; outside a checkout, `start` itself."
+    return checkout_root(start) or Path(start or Path.cwd()).resolve()
 
 def study_output_dir(study: str, out_dir: str | Path | None = None, quick: bool = True) -> Path:
     """Where a study writes: `out_dir` if given, else `outputs/<study>` for full runs, and for quick ones a new folder
