@@ -7,6 +7,7 @@ Docs: https://forensicslab.github.io/forensicslab/triage.trust.html.md"""
 # %% ../../nbs/06ea_triage.trust.ipynb #48b9da53
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -37,8 +38,8 @@ __all__ = ['CONTEXT_FACTS', 'JPEG_BANDS', 'SIZE_BANDS', 'KINDS', 'STORE_VERSION'
            'TRUST_CONFIGS', 'TrustError', 'container_facts', 'context_of', 'bucket_key', 'observe', 'ExperienceRow',
            'experience_row', 'experience_rows', 'Rate', 'TrustStore', 'store_summary', 'summary_text',
            'trust_reliabilities', 'trust_ds', 'lr_posterior', 'lr_judge', 'describe_context', 'trust_rules',
-           'combiner_features', 'Combiner', 'EvalCase', 'eval_cases', 'region_scores', 'fixed_rows', 'fit_all',
-           'fitted_row', 'folds', 'crossfit', 'transfer', 'calibration', 'compare_table', 'mcnemar_against',
+           'auditor_rules', 'combiner_features', 'Combiner', 'EvalCase', 'eval_cases', 'region_scores', 'fixed_rows',
+           'fit_all', 'fitted_row', 'folds', 'crossfit', 'transfer', 'calibration', 'compare_table', 'mcnemar_against',
            'stream_curve', 'trust_runner']
 
 # %% ../../nbs/06ea_triage.trust.ipynb #3b45f16e
@@ -191,6 +192,10 @@ class TrustStore(BaseModel):
 
     @property
     def detectors(self) -> list[str]: return list(self.overall)
+
+    def fingerprint(self) -> str:
+        "A short hash of the store's content (keys the runs that use it, so another store never reuses their rows)."
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
     def rate(self, detector: str, kind: str, context: dict[str, str] | None = None) -> Rate:
         "The posterior fire rate of `detector` on `kind` images in `context` (the bucket's, else its prior: the overall mean)."
@@ -371,6 +376,14 @@ def trust_rules(store: TrustStore, detector: str, context: dict[str, str] | None
     lines.append(f"- So a fire here is about {lr:.1f} times as likely on a manipulated image as on an authentic one"
                  + (" : weak evidence on its own." if lr < 3 else "."))
     return "\n".join(lines) + "\n"
+
+def auditor_rules(store: TrustStore):
+    """The auditor's extra-rules function for a store: `(image, detection, card, facts) -> text` for the `{extra_rules}`
+    slot, the context measured from the image and its facts (the hook an LLM auditor calls per detection)."""
+    def rules(image, det: Detection, card: ToolCard, facts: CaseFacts | None) -> str:
+        img = load_image(image)
+        return trust_rules(store, det.detector, context_of(facts, container_facts(img.width, img.height, img.quantization)))
+    return rules
 
 # %% ../../nbs/06ea_triage.trust.ipynb #beef9c9a
 FEATURE_SETS = ("pixel", "all", "container")
