@@ -370,8 +370,8 @@ def trust_rules(store: TrustStore, detector: str, context: dict[str, str] | None
         lines.append(f"- On {s.n} {where} {what}, it fired on {s.k}: detection rate {_pct(s)}.")
     else:
         o, oi = store.overall[detector]["authentic"], store.overall[detector][store.detection_kind(detector)]
-        lines.append(f"- No labelled case matched this image's context; over all {o.n} authentic images {detector} fired on {o.k} "
-                     f"({_pct(o)}), over {oi.n} in-scope manipulated ones on {oi.k} ({_pct(oi)}).")
+        lines.append(f"- No labelled case matched this image's context; over all {o.n} authentic images {detector} fired on {o.k}: "
+                     f"{_pct(o)}; over {oi.n} manipulated ones it should detect, on {oi.k}: {_pct(oi)}.")
     lr = s.mean / a.mean
     lines.append(f"- So a fire here is about {lr:.1f} times as likely on a manipulated image as on an authentic one"
                  + (" : weak evidence on its own." if lr < 3 else "."))
