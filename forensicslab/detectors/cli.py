@@ -54,7 +54,7 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
                panels: Optional[Path] = typer.Option(None, help="Write the heatmap panels into this folder."),
                as_json: bool = typer.Option(False, "--json", help="Print the detections as JSON."),
                remote: Optional[list[str]] = typer.Option(None, "--remote", help="Add a served detector: name=http://host:port (repeatable)."),
-               pool: Optional[str] = typer.Option(None, "--pool", help="A named pool instead of -d: default (the offline built-ins) or paper (the paper's seven, those with weights installed or served)."),
+               pool: Optional[str] = typer.Option(None, "--pool", help="A named pool instead of -d: default (the offline built-ins), builtin-ungated (the built-ins without their scope gates, each calibrated on its own family, plus two learned specialists) or paper (the paper's seven, those with weights installed or served)."),
                list_pool: bool = typer.Option(False, "--list", help="List the registered detectors and their cards, then exit.")):
     "Run the detector pool (Stage 0) on one image and print the dispatch table."
     paper_sources()   # imports the paper's adapters present in this build (opt-in); a --remote of the same id replaces it
@@ -65,7 +65,7 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
         raise typer.Exit(2)
     if list_pool:
         typer.echo(tabulate(pool_table(list_detectors(include_opt_in=True)), headers="keys", tablefmt="simple"))
-        typer.echo("opt-in (run with -d ID or --pool paper; weights: forensicslab weights list): " + ", ".join(sorted(OPT_IN)))
+        typer.echo("opt-in (run with -d ID, --pool builtin-ungated or --pool paper; weights: forensicslab weights list): " + ", ".join(sorted(OPT_IN)))
         for k, v in discovery_errors().items(): typer.echo(f"failed to load {k}: {v}", err=True)
         return
     if image is None:
