@@ -30,7 +30,7 @@ from .data.cli import bench_app, data_app
 from .debate.cli import debate_app
 from .provenance.cli import index_app
 from .detectors.cli import detect_cmd, serve_detector, weights_app
-from .triage.cli import analyze_cmd
+from .triage.cli import analyze_cmd, trust_app
 from .zoom.cli import train_app, zoom_cmd
 
 # %% auto #0
@@ -164,6 +164,7 @@ app.add_typer(models_app, name="models")
 app.command("analyze")(analyze_cmd)
 app.add_typer(index_app, name="index")
 app.add_typer(debate_app, name="debate")
+app.add_typer(trust_app, name="trust")
 app.command("zoom")(zoom_cmd)
 app.add_typer(train_app, name="train")
 
