@@ -1,4 +1,4 @@
-"""LLM debaters that keep their own conversations and give typed answers, the six strategies of MAD-Sherlock run over them, and the models built from a spec with the run controls.
+"""LLM debaters that keep their own conversations and give typed answers, the strategies of MAD-Sherlock (asynchronous and synchronous debate, judged with enforced stances, actor-skeptic, disambiguation) and a self-consistency control run over them, and the models built from a spec with the run controls.
 
 Docs: https://forensicslab.github.io/forensicslab/debate.agents.html.md"""
 
