@@ -38,9 +38,8 @@ PAGE = ("https://drive.google.com/file/d/1UlaAUTtsX87ofIibf38TtfAKIsnA7WVm (the 
 WEIGHTS = dict(
     model=dict(file="forensicsadapter.pth", url="https://drive.google.com/file/d/1UlaAUTtsX87ofIibf38TtfAKIsnA7WVm",
                sha256=None, licence="CC BY-NC 4.0",
-               layout="DS whole-model state dict (torch.save(model.state_dict())): clip_model.* (OpenAI CLIP ViT-L/14, text "
-                      "tower included), adapter.* (ViT-Tiny adapter, 128 queries, mask decoder), rec_attn_clip.* (aliases of "
-                      "clip_model.visual.* and clip_intra_blocks.0), masked_xray_post_process.*, clip_post_process.*; 1,253 keys"))
+               layout="the bare DS state dict: clip_model.* (CLIP ViT-L/14 with its text tower), adapter.*, rec_attn_clip.* "
+                      "(aliases of clip_model.visual.*), masked_xray_post_process.*, clip_post_process.*; 1,253 keys"))
 "The official file `forensicsadapter` reads (in `weights_dir('forensicsadapter')`), where it is published and its licence."
 LICENCE = dict(code="CC BY-NC 4.0", weights="CC BY-NC 4.0")
 FUSION = {1: 1, 2: 8, 3: 15}
