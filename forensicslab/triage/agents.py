@@ -14,7 +14,7 @@ import re
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from PIL import Image
@@ -126,17 +126,20 @@ def _chat(model, messages, schema, usage: "Usage | None", role: str | None = Non
 
 # %% ../../nbs/06b_triage.agents.ipynb #a8eb6cce
 class LLMAuditor:
-    "Stage 1 with a language model: one call per detector, the photograph plus its own two-panel map image."
+    """Stage 1 with a language model: one call per detector, the photograph plus its own two-panel map image.
+    `extra_rules(image, det, card, facts) -> str` fills the prompt's `{extra_rules}` slot (e.g. `trust.auditor_rules`:
+    how often this detector fired on similar labelled images); None leaves it empty."""
     kind = "llm"
-    def __init__(self, model, max_side: int = 1024, **params):
-        self.model, self.max_side, self.params = model, max_side, params
+    def __init__(self, model, max_side: int = 1024, extra_rules: Callable[..., str] | None = None, **params):
+        self.model, self.max_side, self.extra_rules, self.params = model, max_side, extra_rules, params
         self.params.setdefault("temperature", 0.0)
 
     def messages(self, image: LoadedImage, det: Detection, card: ToolCard, facts: CaseFacts | None = None) -> list[ChatMessage]:
         "The chat messages for auditing `det` on `image` (text from `auditor.txt`, images attached; provenance when `facts` carry it)."
         has_map = det.heatmap is not None
         text = render("auditor", card=card_text(card), tool_id=det.detector, raw=_raw_json(det),
-                      score=f"{det.score:.4f}", fired=str(det.fired).lower(), native=_native(det), extra_rules="",
+                      score=f"{det.score:.4f}", fired=str(det.fired).lower(), native=_native(det),
+                      extra_rules=self.extra_rules(image, det, card, facts) if self.extra_rules else "",
                       provenance=provenance_section(facts),
                       map_step=load_prompt("triage", "auditor_map" if has_map else "auditor_score").rstrip("\n"))
         parts: list[Any] = [text, "Image 1 (the photograph):", _small(image.rgb, self.max_side)]

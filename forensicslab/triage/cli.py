@@ -36,7 +36,7 @@ from ..runs import Case, Run, config_hash
 from .report import OFFLINE_NOTE, file_facts, write_case_report
 from .data import Evidence, stage0, study_samples
 from .study import build_config, failure_history, preset
-from .trust import (CONTEXT_FACTS, TRUST_CONFIGS, TrustStore, calibration, crossfit, eval_cases, summary_text,
+from .trust import (CONTEXT_FACTS, TRUST_CONFIGS, TrustStore, auditor_rules, calibration, crossfit, eval_cases, summary_text,
                                        trust_runner)
 
 # %% auto #0
@@ -77,12 +77,16 @@ def check_detectors(names: list[str] | None) -> list[str] | None:
 def analyze_config(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
                    trust_store: str | Path | None = None):
     """The configuration `analyze` runs: a preset (`study.preset`), or with `trust_store` one of the store's configurations
-    (`trust.TRUST_CONFIGS`: `trust-lr`, `trust-ds`); an `AnalyzeError` for a mismatch."""
-    if trust_store is not None:
-        if config not in TRUST_CONFIGS:
-            raise AnalyzeError(f"--trust-store is read by the configurations {', '.join(TRUST_CONFIGS)}; got --config {config}")
+    (`trust.TRUST_CONFIGS`: `trust-lr`, `trust-ds`) or a preset whose LLM auditors read the store's rates; an `AnalyzeError` for a mismatch."""
+    if trust_store is not None and config in TRUST_CONFIGS:
         if auditor_backend or judge_backend: raise AnalyzeError(f"configuration {config} has no auditor or judge model")
         return TRUST_CONFIGS[config]
+    if trust_store is not None:     # another configuration reads the store through its LLM auditors' extra rules
+        cfg = preset(config, auditor=auditor_backend, judge=judge_backend)
+        if cfg.auditor in (None, "rules", "oracle"):
+            raise AnalyzeError(f"--trust-store is read by the configurations {', '.join(TRUST_CONFIGS)} or by an LLM auditor "
+                               f"(--auditor-backend); configuration {config} has {'no' if cfg.auditor is None else 'a ' + cfg.auditor} auditor")
+        return cfg
     if config in TRUST_CONFIGS:
         raise AnalyzeError(f"configuration {config} needs --trust-store FILE (write one with `forensicslab trust fit DATASET --out FILE`)")
     return preset(config, auditor=auditor_backend, judge=judge_backend)
@@ -107,8 +111,9 @@ def analyze_image(image, config: str = "rules", auditor_backend: str | None = No
     store = None if trust_store is None else load_store(trust_store)
     dets = D.run_pool(img, check_detectors(detectors), cache=cache or None)
     cards = pool_cards(dets)
-    runner = (trust_runner(store, cfg.name) if store is not None else
-              build_config(cfg, model_cache=model_cache, controls=None if cfg.offline else controls))
+    runner = (trust_runner(store, cfg.name) if store is not None and cfg.name in TRUST_CONFIGS else
+              build_config(cfg, model_cache=model_cache, controls=None if cfg.offline else controls,
+                           auditor_rules=None if store is None else auditor_rules(store)))
     return img, dets, cards, runner(img, dets, cards)
 
 def case_provenance(img, dets: dict, reference: ReferenceIndex | None = None, trust=None, on: bool = True) -> dict | None:

@@ -160,9 +160,10 @@ def _jsonable(x):
 def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, reliability: dict | float = 0.8,
                  model_cache: str = "off", cache_path: str | Path | None = None, models: dict | None = None,
                  workers: int = 8, controls: Any = None, learned: LearnedJudge | None = None,
-                 **model_kw) -> Callable[..., CaseResult]:
+                 auditor_rules: Callable[..., str] | None = None, **model_kw) -> Callable[..., CaseResult]:
     """A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`. `learned` is the fitted
-    judge of a configuration whose judge is `"learned"`; `auditor="oracle"` is the content-oracle auditor. With `controls` (a
+    judge of a configuration whose judge is `"learned"`; `auditor="oracle"` is the content-oracle auditor;
+    `auditor_rules` fills an LLM auditor's extra-rules slot (`LLMAuditor(extra_rules=...)`, e.g. `trust.auditor_rules(store)`). With `controls` (a
     `forensicslab.chat.models.ModelControls` or anything `ModelControls.of` reads) every model is built from
     those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache)."""
     if cfg.kind == "algorithmic": return _fusion_result(cfg, algorithmic_fusion)
@@ -181,7 +182,7 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
         single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge, "single"))
         return _reading_provenance(TriagePipeline(cfg.name, single=single, workers=workers), cfg)
     auditor = (None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else ContentOracleAuditor(rp)
-               if cfg.auditor == "oracle" else LLMAuditor(model(cfg.auditor, "auditor")))
+               if cfg.auditor == "oracle" else LLMAuditor(model(cfg.auditor, "auditor"), extra_rules=auditor_rules))
     if cfg.judge == "learned" and learned is None:
         raise TriageConfigError(f"configuration {cfg.name!r} has a learned judge: fit one (fit_learned_judge) and pass it as learned=")
     judge = (RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else learned if cfg.judge == "learned"
