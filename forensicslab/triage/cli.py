@@ -28,7 +28,7 @@ from ..core import ForensicsLabError
 from ..data.datasets import IMAGE_EXTS
 from ..data.datasets import dataset_key
 from ..detectors import pool as D
-from ..detectors.paper.pool import paper_sources
+from ..detectors.paper.pool import paper_sources, runnable
 from ..imageio import ImageError, fit_within, load_image
 from ..provenance.duplicates import ReferenceIndex
 from ..provenance.evidence import evidence_json, gather, provenance_flags
@@ -63,11 +63,12 @@ def check_detectors(names: list[str] | None) -> list[str] | None:
     them) included; a paper detector without a local adapter or weights is named with the reason, any other unknown
     name gets the list of registered ones (an `AnalyzeError`)."""
     if not names: return None
+    paper = paper_sources()                   # loads every paper adapter first, so the answer never depends on import order
     have = D.list_detectors(include_opt_in=True)
-    bad = [n for n in names if n not in have]
+    bad = [n for n in names if n not in have or (n in paper and not runnable(n))]
     if bad:
-        paper = paper_sources()
-        why = [f"{n} ({paper[n].note or 'a paper detector that is not installed here'})" for n in bad if n in paper]
+        why = [f"{n} ({paper[n].note or 'a paper detector whose weights are not installed here: forensicslab weights add ' + n + ' FILE'})"
+               for n in bad if n in paper]
         other = [n for n in bad if n not in paper]
         raise AnalyzeError("; ".join(([f"not runnable here: {', '.join(why)}"] if why else [])
                                      + ([f"unknown detector(s) {', '.join(other)}"] if other else []))
