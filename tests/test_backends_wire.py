@@ -341,3 +341,15 @@ def test_image_detail_and_max_image_side_per_role():
     assert (judge["detail"], auditor["detail"]) == ("low", "high")
     size = lambda u: Image.open(io.BytesIO(base64.b64decode(u["url"].split(",", 1)[1]))).size
     assert size(judge) == (20, 13) and size(auditor) == (90, 60)
+
+
+def test_models_check_covers_every_study_role():
+    "The top-level CLI registers each study's roles with `models check`; a server that answers garbage fails each one, named."
+    from typer.testing import CliRunner
+    from forensicslab.cli import app
+    with openai_server(lambda req: "not json at all") as url:
+        res = CliRunner().invoke(app, ["models", "check", f"openai-compatible:{url}#m", "--check-tokens", "64"])
+    assert res.exit_code == 1, res.output
+    rows = {line.split()[0]: line for line in res.output.splitlines()[1:] if line.strip()}
+    for role in ("triage.auditor", "triage.judge", "debate.agent", "zoom.policy", "zoom.judge"):
+        assert role in rows and " NO " in rows[role], res.output

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from ..core import ForensicsLabError, Sample
-from .records import STRATEGIES, DebateConfig, DebateError, DebateResult
+from .records import STRATEGIES, DebateAnswer, DebateConfig, DebateError, DebateResult
 from .retrieval import LocalIndex, PageHit, make_retriever
 from .data import FETCH, build_teaching_set, fetch_dataset, load_user_study
 from .rules import OfflinePairDebate, teaching_photos
@@ -23,12 +23,16 @@ from .agents import DebateInput, models_from_spec, run_debate
 from .study import USER_STUDY_CONVENTIONS, user_study_switches, user_study_table3, user_study_table4
 from ..imageio import load_image
 from ..chat.cache import CACHE_MODES
-from ..chat.cli import cache_root
+from ..chat.cli import cache_root, register_check_role
 from ..data.cli import register_fetcher
 from ..runs import cache_dir as runs_cache_dir
 
 # %% auto #0
 __all__ = ['debate_app', 'print_result', 'debate_pair_cmd', 'debate_index_cmd', 'debate_user_study_cmd']
+
+# %% ../../nbs/07g_debate.cli.ipynb #12def9a7
+register_check_role("debate.agent", DebateAnswer, "Caption: 'A rocket lifts off at dawn.' Does this caption put the image in a "
+                    "false context? Explain briefly, then answer.", image=True)
 
 # %% ../../nbs/07g_debate.cli.ipynb #0a0f27cd
 debate_app = typer.Typer(help="MAD-Sherlock debate: debate one image-caption pair, build a local retrieval index, or recompute the user study from the authors' CSV.",

@@ -22,7 +22,8 @@ from urllib.parse import quote
 import typer
 from PIL import Image
 
-from ..chat.cli import model_options
+from ..chat.cli import model_options, register_check_role
+from .records import AuditVerdict, Verdict
 from ..chat.models import chat_context
 from ..core import ForensicsLabError
 from ..data.datasets import IMAGE_EXTS
@@ -45,6 +46,12 @@ __all__ = ['OFFLINE_LINE', 'INDEX_SCRIPT', 'INDEX_CSS', 'INDEX_COLUMNS', 'trust_
            'verdict_lines', 'Inputs', 'collect_inputs', 'expand_inputs', 'report_name', 'index_rows', 'write_index',
            'run_identity', 'analyze_batch', 'default_out', 'analyze_cmd', 'fit_store', 'reliability_text',
            'trust_fit_cmd', 'trust_show_cmd']
+
+# %% ../../nbs/06g_triage.cli.ipynb #a635319f
+register_check_role("triage.auditor", AuditVerdict, "A detector with id noise scored 0.71 (it fired) on this image. Decide "
+                    "whether its finding deserves trust here: reasoning first, then tool_id noise and your audit verdict.", image=True)
+register_check_role("triage.judge", Verdict, "Two detectors were kept: noise fired (0.71), spectral stayed silent (0.20). Decide "
+                    "whether the image is manipulated; name the decisive detector(s) by id.", image=True)
 
 # %% ../../nbs/06g_triage.cli.ipynb #ce621ed3
 class AnalyzeError(ForensicsLabError, ValueError):
