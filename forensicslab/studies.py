@@ -25,7 +25,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import (FolderLock, config_hash, note_run, part_files, project_root, replace_dir, skipped_parts, study_output_dir,
+from .runs import (FolderLock, config_hash, note_run, part_files, project_root, replace_dir, shown_text, skipped_parts, study_output_dir,
                                write_run_record)
 
 # %% auto #0
@@ -196,6 +196,18 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     with _study_lock(final):
         return _run_staged(nb, stem, params, final, kernel, progress)
 
+def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
+    "Papermill's record in an executed notebook (its paths, the injected parameters) as the final folder and checkout-relative paths (`shown_text`): no machine's absolute path is committed."
+    nb = nbformat.read(path, as_version=4)
+    fix = lambda v: shown_text(v.replace(str(stage), str(final))) if isinstance(v, str) else v
+    meta = nb.metadata.get("papermill") or {}
+    for k in ("input_path", "output_path"):
+        if k in meta: meta[k] = fix(meta[k])
+    if "parameters" in meta: meta["parameters"] = {k: fix(v) for k, v in meta["parameters"].items()}
+    for c in nb.cells:
+        if "injected-parameters" in c.metadata.get("tags", []): c.source = fix(c.source)
+    nbformat.write(nb, path)
+
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool) -> Path:
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
     p = {"quick": False, **params, "out_dir": str(stage)}
@@ -215,6 +227,7 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
         raise StudyFailed(f"study {stem} failed: {reason}; {final} is unchanged, the failed attempt is in {failed}",
                           kept=failed, reason=reason) from e
     (stage / STAGE_MARK).unlink(missing_ok=True)
+    _portable_notebook(stage / f"{stem}.ipynb", stage, final)
     _carry_skipped(stage, final)
     write_run_record(stage, stem, record, seconds=time.time() - t0)
     replace_dir(stage, final)

@@ -157,3 +157,23 @@ def test_paper_pool_is_opt_in_and_families_apart():
     assert card.in_scope("gan_inpaint") and not card.in_scope("diffusion_inpaint") and TruFor.max_side is None
     gen = ToolCard(id="g", name="g", scope=["gen_inpaint"], native_metric="p", normalisation="identity", score_reading="p")
     assert gen.in_scope("diffusion_inpaint") and gen.in_scope("gan_inpaint")
+
+
+@pytest.mark.slow
+def test_manifest_with_both_inpainting_families_runs_table4_with_the_paper_pool(tmp_path, monkeypatch):
+    "The issue's check: a manifest naming diffusion_inpaint and gan_inpaint goes through Table 4 with `pool=paper`."
+    from PIL import Image
+    from forensicslab.studies import run_study
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "w"))
+    fx, _ = _fixture("full")
+    add_weights("trufor", _write_layouts(golden_state(fx["manifest"], fx["seed"]), tmp_path)["official"], unverified=True)
+    rng, rows = np.random.default_rng(0), ["image,label,family"]
+    for i, fam in enumerate(["", "", "diffusion_inpaint", "gan_inpaint"]):
+        Image.fromarray((rng.random((64, 80, 3)) * 255).astype(np.uint8)).save(tmp_path / f"im{i}.png")
+        rows.append(f"{tmp_path / f'im{i}.png'},{int(bool(fam))},{fam}")
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    run_study("triage_table4", {"quick": True, "dataset": f"manifest:{tmp_path / 'm.csv'}", "pool": "paper",
+                                "provenance": False, "axis": False}, out_dir=tmp_path / "t4", progress=False)
+    meta = json.loads((tmp_path / "t4" / "run.json").read_text())
+    assert meta["backends"]["pool"] == "paper" and meta["backends"]["detectors"] == ["trufor"], meta["backends"]
+    assert "Algorithmic fusion" in (tmp_path / "t4" / "table4.csv").read_text()
