@@ -11,7 +11,7 @@ import hashlib
 import inspect
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import yaml

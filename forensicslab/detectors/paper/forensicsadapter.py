@@ -8,7 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.paper.forensicsadapt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
