@@ -190,6 +190,34 @@ def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop
     return model.eval()
 
 # %% ../../nbs/04i_detectors.learned.ipynb #9a8221a4
+def _fit_segmenter(model: nn.Module, data: list, weights: np.ndarray, rng, steps: int, batch: int, crop: int, lr: float,
+                   centre_p: float, name: str, log, log_every: int) -> nn.Module:
+    """The segmenters' training loop: `batch` weighted draws of `(image, mask, centre)` per step, a crop centred on the
+    manipulated region with probability `centre_p`, random flips; BCE (positive weight 4) + Dice, AdamW, one-cycle schedule."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    model.train()
+    for step in range(steps):
+        xs, ms = [], []
+        for i in rng.choice(len(data), batch, p=weights):
+            a, m, c = data[i]
+            r, cc = _crop(rng, a, crop, 4, c if (c is not None and rng.random() < centre_p) else None)
+            p, q = a[r:r + crop, cc:cc + crop], m[r:r + crop, cc:cc + crop]
+            if rng.random() < 0.5: p, q = p[:, ::-1], q[:, ::-1]
+            xs.append(to_tensor(p))
+            ms.append(torch.from_numpy(np.ascontiguousarray(q))[None])
+        x, m = torch.stack(xs), torch.stack(ms)
+        logits = model(x)
+        prob = torch.sigmoid(logits)
+        dice = 1 - (2 * (prob * m).sum() + 1) / (prob.sum() + m.sum() + 1)
+        loss = F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if log and (step + 1) % log_every == 0: log(f"{name} step {step+1}/{steps} loss {loss.item():.4f}")
+    return model.eval()
+
 def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 16, crop: int = 96, lr: float = 2e-3,
                       seed: int = 0, log_every: int = 100, log=print) -> FillSegNet:
     "Train `FillSegNet` on generative-inpainting images with masks against authentic ones of the `train` collection."
@@ -206,30 +234,8 @@ def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = FillSegNet()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
     weights = np.array([0.6 / len(pos)] * len(pos) + [0.4 / len(neg)] * len(neg))
-    model.train()
-    for step in range(steps):
-        xs, ms = [], []
-        for i in rng.choice(len(data), batch, p=weights):
-            a, m, c = data[i]
-            r, cc = _crop(rng, a, crop, 4, c if (c is not None and rng.random() < 0.5) else None)
-            p, q = a[r:r + crop, cc:cc + crop], m[r:r + crop, cc:cc + crop]
-            if rng.random() < 0.5: p, q = p[:, ::-1], q[:, ::-1]
-            xs.append(to_tensor(p))
-            ms.append(torch.from_numpy(np.ascontiguousarray(q))[None])
-        x, m = torch.stack(xs), torch.stack(ms)
-        logits = model(x)
-        prob = torch.sigmoid(logits)
-        dice = 1 - (2 * (prob * m).sum() + 1) / (prob.sum() + m.sum() + 1)
-        loss = F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if log and (step + 1) % log_every == 0: log(f"inpaint_net step {step+1}/{steps} loss {loss.item():.4f}")
-    return model.eval()
+    return _fit_segmenter(model, data, weights, rng, steps, batch, crop, lr, 0.5, "inpaint_net", log, log_every)
 
 # %% ../../nbs/04i_detectors.learned.ipynb #b7d1e002
 def calibration_split(samples: Sequence[Sample], every: int = 3) -> tuple[list[Sample], list[Sample]]:
@@ -329,32 +335,10 @@ def train_splice_net(samples: Sequence[Sample], steps: int = 500, batch: int = 1
             ys, xs = np.nonzero(m)
             data.append((a, m, (int(ys.mean()), int(xs.mean())) if len(ys) else None))
         model = FillSegNet(width=8)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
         n1 = sum(c is not None for _, _, c in data)
         weights = np.array([0.6 / n1 if c is not None else 0.4 / (len(data) - n1) for _, _, c in data])
-        model.train()
-        for step in range(steps):
-            xs, ms = [], []
-            for i in rng.choice(len(data), batch, p=weights):
-                a, m, c = data[i]
-                r, cc = _crop(rng, a, crop, 4, c if (c is not None and rng.random() < 0.7) else None)
-                p, q = a[r:r + crop, cc:cc + crop], m[r:r + crop, cc:cc + crop]
-                if rng.random() < 0.5: p, q = p[:, ::-1], q[:, ::-1]
-                xs.append(to_tensor(p))
-                ms.append(torch.from_numpy(np.ascontiguousarray(q))[None])
-            x, m = torch.stack(xs), torch.stack(ms)
-            logits = model(x)
-            prob = torch.sigmoid(logits)
-            dice = 1 - (2 * (prob * m).sum() + 1) / (prob.sum() + m.sum() + 1)
-            loss = F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            if log and (step + 1) % log_every == 0: log(f"splice_net step {step+1}/{steps} loss {loss.item():.4f}")
+        return _fit_segmenter(model, data, weights, rng, steps, batch, crop, lr, 0.7, "splice_net", log, log_every)
     finally: torch.set_num_threads(n_threads)
-    return model.eval()
 
 
 # %% ../../nbs/04i_detectors.learned.ipynb #b7d1e006
