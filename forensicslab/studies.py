@@ -198,7 +198,8 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
 
 def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
     "Papermill's record in an executed notebook (its paths, the injected parameters) as the final folder and checkout-relative paths (`shown_text`): no machine's absolute path is committed."
-    nb = nbformat.read(path, as_version=4)
+    try: nb = nbformat.read(str(path), as_version=4)
+    except (OSError, ValueError, KeyError, nbformat.ValidationError): return   # not a notebook papermill wrote (a stand-in executor's)
     fix = lambda v: shown_text(v.replace(str(stage), str(final))) if isinstance(v, str) else v
     meta = nb.metadata.get("papermill") or {}
     for k in ("input_path", "output_path"):
@@ -206,7 +207,7 @@ def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
     if "parameters" in meta: meta["parameters"] = {k: fix(v) for k, v in meta["parameters"].items()}
     for c in nb.cells:
         if "injected-parameters" in c.metadata.get("tags", []): c.source = fix(c.source)
-    nbformat.write(nb, path)
+    nbformat.write(nb, str(path))
 
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool) -> Path:
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
