@@ -31,12 +31,13 @@ from ..runs import project_root
 
 # %% auto #0
 __all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'HARD_AUTHENTIC', 'GENERATORS',
-           'GENERATOR_SHA256', 'BENCH_VERSION', 'DATASET', 'COLLECTIONS', 'BenchError', 'BenchMissing', 'lfw_faces',
-           'Crop', 'random_crop', 'blob_mask', 'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice',
-           'face_edit', 'jpeg_roundtrip', 'camera_demosaic', 'process_authentic', 'process_hard', 'BenchSizes',
-           'spread', 'weights_dir', 'load_generators', 'train_generators', 'default_root', 'user_photos', 'user_digest',
-           'contact_sheet', 'shortcut_checks', 'write_card', 'build_bench', 'bench_info', 'ensure_bench', 'load_bench',
-           'mask_leak', 'publish_card']
+           'GENERATOR_SHA256', 'BENCH_VERSION', 'DATASET', 'COMPOSITE', 'COMPOSITE_RECIPES', 'COMPOSITE_VERSION',
+           'COLLECTIONS', 'BenchError', 'BenchMissing', 'lfw_faces', 'Crop', 'random_crop', 'blob_mask',
+           'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice', 'face_edit', 'jpeg_roundtrip',
+           'camera_demosaic', 'process_authentic', 'process_hard', 'BenchSizes', 'spread', 'weights_dir',
+           'load_generators', 'train_generators', 'default_root', 'user_photos', 'user_digest', 'contact_sheet',
+           'shortcut_checks', 'write_card', 'free_blob', 'edit_apart', 'composite_info', 'build_bench', 'bench_info',
+           'ensure_bench', 'load_bench', 'ensure_composite', 'mask_leak', 'publish_card']
 
 # %% ../../nbs/03_data.bench.ipynb #3373238e
 ID_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "motorcycle_left", "motorcycle_right", "hubble")
@@ -916,6 +917,13 @@ def _group_table(ss: list[Sample]) -> str:
         lines.append(f"| {g} | {f} | {sum(s.label for s in gs)} | {sum(1 - s.label for s in gs)} | {', '.join(rec)} |")
     return "\n".join(lines)
 
+def _composite_table(ss: list[Sample]) -> str:
+    lines = ["| recipe | families | images | formats |", "|---|---|---|---|"]
+    for r in dict.fromkeys(s.provenance["recipe"] for s in ss):
+        rs = [s for s in ss if s.provenance["recipe"] == r]
+        lines.append(f"| {r} | {' + '.join(rs[0].provenance['families'])} | {len(rs)} | {', '.join(sorted({s.provenance['format'] for s in rs}))} |")
+    return "\n".join(lines)
+
 def shortcut_checks(samples: list[Sample], root: str | Path) -> dict[str, dict[str, float]]:
     "Per label: share of JPEG files, mean side, mean grey level, sharpness (mean |Laplacian|); compare the labels."
     out = {}
@@ -930,8 +938,8 @@ def shortcut_checks(samples: list[Sample], root: str | Path) -> dict[str, dict[s
     return out
 
 # %% ../../nbs/03_data.bench.ipynb #85968843
-def write_card(root: Path, colls: dict[str, list[Sample]], info: dict) -> Path:
-    "Write the dataset card `README.md` of a built benchmark."
+def write_card(root: Path, colls: dict[str, list[Sample]], info: dict, composite: Optional[list[Sample]] = None) -> Path:
+    "Write the dataset card `README.md` of a built benchmark (with the `composite` collection's samples when it was built)."
     checks = {c: shortcut_checks(ss, root) for c, ss in colls.items()}
     chk = ["| collection | label | n | JPEG share | mean side (px) | mean grey | sharpness |", "|---|---|---|---|---|---|---|"]
     for c, d in checks.items():
@@ -978,6 +986,10 @@ three JPEG generations, unsharp-mask sharpening, a screenshot inside an app fram
 stickers, HDR-like tone mapping; `domain` = `processed_<kind>`), so that out-of-scope firing on
 realistic authentic photos is exercised offline.
 
+## Composite collection
+
+{_composite_table(composite) if composite else 'Not built with this benchmark (`load_bench("composite")` adds it).'}
+
 ## Shortcut checks
 
 Format, size and brightness should match between the labels of a collection. Sharpness (mean
@@ -993,7 +1005,9 @@ here; the public sets do not allow it to the same extent.
 - `<collection>/samples.jsonl` (forensicslab `Sample` records; paths relative to this folder)
 - `<collection>/manifest.csv` (provenance per image: recipe, sources, parameters, content hash; paths
   relative to the collection folder, so `forensicslab.data.datasets.load_manifest` reads it)
-- `contact_<collection>.png`, `bench.json` (seed, sizes, counts, timing)
+- `composite/`: the same files, plus one mask per family (`masks/<id>_<family>.png`; the sample's mask is their
+  union), `families` and `masks` columns in `manifest.csv`, and `composite.json` (its own version, seed, counts)
+- `contact_<collection>.png`, `bench.json` (seed, sizes, counts, timing of `train`, `id` and `ood`)
 
 ## Sources
 
@@ -1010,12 +1024,136 @@ Generators: `forensicslab.data.generators`, trained once and shipped in the pack
     p.write_text(txt)
     return p
 
+# %% ../../nbs/03_data.bench.ipynb #3b2fe0e2
+COMPOSITE = "composite"
+"The collection of composite manipulations (two families in disjoint regions of one image; masks per family)."
+COMPOSITE_RECIPES = {"face_swap+fill": ("face", "gen_inpaint"), "splice+telea": ("splice", "classic_inpaint"),
+                     "double_jpeg_splice+fill": ("splice", "gen_inpaint"), "generated_background+splice": ("synthesis", "splice")}
+"Composite recipe -> its families, in the order the edits are made."
+COMPOSITE_VERSION = "1"
+"Version of the composite recipes (a change rebuilds the `composite` collection only)."
+
+def _composite_rng(seed: int, recipe: str, i: int) -> np.random.Generator:
+    "The composite collection's own stream: a seed sequence (`1028` second) that no other collection's `_item_rng` produces."
+    k = sum((j + 1) * ord(ch) for j, ch in enumerate(recipe))
+    return np.random.default_rng([seed, 1028, k, i])
+
+def _grown(mask: np.ndarray, gap: int) -> np.ndarray:
+    return cv2.dilate(mask.astype(np.uint8), np.ones((2 * gap + 1, 2 * gap + 1), np.uint8)) > 0
+
+def free_blob(avoid: np.ndarray, rng: np.random.Generator, area=(0.02, 0.07), gap: int = 8, tries: int = 100) -> np.ndarray:
+    "A `blob_mask` at least `gap` pixels away from the True pixels of `avoid` (a second edit's region, disjoint from the first)."
+    far = _grown(avoid, gap)
+    for _ in range(tries):
+        m = blob_mask(*avoid.shape, rng, area)
+        if not (m & far).any(): return m
+    raise BenchError(f"no room for a second edit {gap} px away from the first after {tries} tries (first edit covers {avoid.mean():.0%})")
+
+def edit_apart(make: Callable[[], Edit], avoid: np.ndarray, gap: int = 8, tries: int = 100) -> Edit:
+    "Call `make()` (an edit drawing its own region) until its mask stays `gap` pixels away from `avoid`."
+    far = _grown(avoid, gap)
+    for _ in range(tries):
+        e = make()
+        if not (e.mask & far).any(): return e
+    raise BenchError(f"no room for a second edit {gap} px away from the first after {tries} tries (first edit covers {avoid.mean():.0%})")
+
+
+# %% ../../nbs/03_data.bench.ipynb #9312f8f8
+def _composite_item(mk: _Maker, rng: np.random.Generator, recipe: str) -> tuple[_Made, dict[str, np.ndarray], dict]:
+    "One composite image: the made sample (union mask), one mask per family, and each edit's parameters."
+    from forensicslab.data.generators import fill_hole, synthesize   # the documented lazy torch import of this module (see `load_generators`)
+    P = ID_PHOTOS
+    if recipe == "face_swap+fill":
+        c, host = mk._crop(rng, ("astronaut",), face=True)
+        e1 = face_edit(host, c.face_box(), rng, "swap", lfw_faces()[:60])
+        m2 = free_blob(e1.mask, rng)
+        rgb, fmt, q = fill_hole(mk.models["fill_tconv"], e1.rgb, m2), "PNG", None
+        masks, params, src = {"face": e1.mask, "gen_inpaint": m2}, {"face": e1.params, "gen_inpaint": {"area": float(m2.mean())}}, [asdict(c)] + e1.sources
+    elif recipe in ("splice+telea", "double_jpeg_splice+fill"):
+        c, host = mk._crop(rng, P)
+        pre, q = {}, None
+        if recipe == "double_jpeg_splice+fill":
+            q1, q = int(rng.integers(55, 76)), int(rng.integers(85, 96))
+            host, pre = jpeg_roundtrip(host, q1), {"q1": q1, "q2": q}
+        cd, donor = mk._crop(rng, tuple(p for p in P if p != c.photo))
+        e1 = splice(host, donor, rng)
+        if recipe == "splice+telea":
+            e2 = edit_apart(lambda: classic_inpaint(e1.rgb, rng), e1.mask)
+            rgb, fmt, fam2, p2, m2 = e2.rgb, "PNG", "classic_inpaint", e2.params, e2.mask
+        else:
+            m2 = free_blob(e1.mask, rng)
+            rgb, fmt, fam2, p2 = fill_hole(mk.models["fill_tconv"], e1.rgb, m2), "JPEG", "gen_inpaint", {"area": float(m2.mean())}
+        masks, params, src = {"splice": e1.mask, fam2: m2}, {"splice": {**e1.params, **pre}, fam2: p2}, [asdict(c), asdict(cd)]
+    elif recipe == "generated_background+splice":
+        ca, a = mk._crop(rng, P)
+        cb, b = mk._crop(rng, P)
+        mix, noise, s = float(rng.uniform(0, 0.2)), float(rng.uniform(0.3, 0.9)), int(rng.integers(2**31))
+        bg = synthesize(mk.models["vae_tconv"], a, b, mix, noise, seed=s)
+        cd, donor = mk._crop(rng, P)
+        e2 = splice(bg, donor, rng)
+        rgb, fmt, q = e2.rgb, "PNG", None
+        masks = {"synthesis": ~e2.mask, "splice": e2.mask}
+        params, src = {"synthesis": {"mix": mix, "noise": noise, "latent_seed": s}, "splice": e2.params}, [asdict(ca), asdict(cb), asdict(cd)]
+    else: raise BenchError(f"unknown composite recipe {recipe!r}; known: {list(COMPOSITE_RECIPES)}")
+    union = np.logical_or.reduce(list(masks.values()))
+    return _Made(rgb, union, fmt, q, recipe, None, params, src), masks, params
+
+
+# %% ../../nbs/03_data.bench.ipynb #937f1acb
+def _build_composite(root: Path, seed: int, per_recipe: int, size: int, models: dict, sums: dict, log: Callable,
+                     avoid_hashes: set[str]) -> list[Sample]:
+    "Write `root/composite/` (images, one mask per family and their union, samples.jsonl, manifest.csv, composite.json)."
+    t0, d = time.time(), root / COMPOSITE
+    for sub in ("images", "masks"): (d / sub).mkdir(parents=True, exist_ok=True)
+    mk, samples, rows = _Maker(models, size), [], []   # its own maker: the other collections' crops are not consulted
+    for recipe, fams in COMPOSITE_RECIPES.items():
+        for i in range(per_recipe):
+            m, masks, params = _composite_item(mk, _composite_rng(seed, recipe, i), recipe)
+            sid = f"{COMPOSITE}-{recipe.replace('+', '_and_')}-fake-{i:04d}"
+            img = d / "images" / f"{sid}.{'jpg' if m.fmt == 'JPEG' else 'png'}"
+            _save_image(m.rgb, img, m.fmt, m.quality)
+            _save_png_mask(m.mask, d / "masks" / f"{sid}.png")
+            for f, mm in masks.items(): _save_png_mask(mm, d / "masks" / f"{sid}_{f}.png")
+            li = load_image(img)
+            if li.hash in avoid_hashes: raise BenchError(f"{sid}: the same pixels as an image of another collection")
+            prov = {"group": recipe, "recipe": recipe, "families": list(fams),
+                    "masks": {f: f"{COMPOSITE}/masks/{sid}_{f}.png" for f in fams}, "sources": m.sources, "params": params,
+                    "format": m.fmt, "quality": m.quality, "seed": seed, "bench_version": BENCH_VERSION,
+                    "composite_version": COMPOSITE_VERSION, "hash": li.hash}
+            prov = json.loads(json.dumps(prov, default=_plain))
+            samples.append(Sample(id=sid, image=f"{COMPOSITE}/images/{img.name}", label=1, family=None, mask=f"{COMPOSITE}/masks/{sid}.png",
+                                  split=COMPOSITE, dataset=DATASET, provenance=prov))
+            rows.append({"id": sid, "collection": COMPOSITE, "group": recipe, "label": 1, "family": "", "families": ";".join(fams),
+                         "recipe": recipe, "image": f"images/{img.name}", "mask": f"masks/{sid}.png",
+                         "masks": ";".join(f"{f}=masks/{sid}_{f}.png" for f in fams), "format": m.fmt, "quality": m.quality or "",
+                         "width": li.width, "height": li.height,
+                         "sources": ";".join(x.get("photo", f"lfw:{x.get('lfw_index')}") for x in m.sources),
+                         "params": json.dumps(params, sort_keys=True, default=str), "hash": li.hash})
+    save_samples(samples, d / "samples.jsonl")
+    with open(d / "manifest.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["id"])
+        w.writeheader()
+        w.writerows(rows)
+    if samples: contact_sheet(samples, root, root / f"contact_{COMPOSITE}.png")
+    info = {"version": COMPOSITE_VERSION, "seed": seed, "per_recipe": per_recipe, "image": size, "generators": sums,
+            "recipes": {k: list(v) for k, v in COMPOSITE_RECIPES.items()}, "count": len(samples), "build_s": round(time.time() - t0, 1)}
+    (d / "composite.json").write_text(json.dumps(info, indent=2))
+    log(f"{COMPOSITE}: {len(samples)} images in {time.time() - t0:.1f} s")
+    return samples
+
+def composite_info(root: str | Path | None = None) -> Optional[dict]:
+    "The `composite/composite.json` of a built benchmark, or None when it has no composite collection."
+    p = Path(root or default_root()) / COMPOSITE / "composite.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
 # %% ../../nbs/03_data.bench.ipynb #727cea10
 COLLECTIONS = ("train", "id", "ood")
 
 def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = None, references: bool = False,
                 log: Callable[[str], None] = print, authentic_dir: str | Path | None = None) -> Path:
-    """Build the benchmark into `root` (replacing it): load the shipped generators, make every image, write the card;
+    """Build the benchmark into `root` (replacing it): load the shipped generators, make every image (the `composite`
+    collection last, `sizes.ood_per_family` images per recipe), write the card;
     with `authentic_dir`, that folder's photos join the `id` and `ood` collections as authentic images (`user_photos`)."""
     root = Path(root)
     sizes = (sizes or BenchSizes()).validate()
@@ -1035,6 +1173,8 @@ def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = N
         for a in COLLECTIONS:
             for b in COLLECTIONS:
                 if a < b and hashes[a] & hashes[b]: raise RuntimeError(f"collections {a} and {b} share {len(hashes[a] & hashes[b])} images")
+        composite = _build_composite(tmp, seed, sizes.ood_per_family, sizes.image, models, sums, log,   # last, from its own
+                                     set().union(*hashes.values()))                                     # stream: the others are unchanged
         for c, ss in colls.items():
             if ss: contact_sheet(ss, tmp, tmp / f"contact_{c}.png")
         info = {"version": BENCH_VERSION, "seed": seed, "sizes": asdict(sizes), "generators": sums, "build_s": round(time.time() - t0, 1),
@@ -1042,7 +1182,7 @@ def build_bench(root: str | Path, seed: int = 0, sizes: Optional[BenchSizes] = N
                 "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
                 "counts": {c: {"manipulated": sum(s.label for s in ss), "authentic": sum(1 - s.label for s in ss)} for c, ss in colls.items()},
                 "references": references, "user_authentic": user_digest(user) if user else None}
-        write_card(tmp, colls, info)
+        write_card(tmp, colls, info, composite)
         (tmp / "bench.json").write_text(json.dumps(info, indent=2))
         old = root.parent / f".{root.name}.old-{os.getpid()}"
         if root.exists(): root.rename(old)  # two renames: readers see the old or the new build, never a gap of minutes
@@ -1087,8 +1227,10 @@ def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[
     return root
 
 def load_bench(collection: str, root: str | Path | None = None, seed: Optional[int] = None, build: bool = True) -> list[Sample]:
-    "The samples of one collection (`train`, `id` or `ood`) with absolute image and mask paths; builds the benchmark if missing."
-    if collection not in COLLECTIONS: raise BenchError(f"unknown collection {collection!r}; use one of {COLLECTIONS}")
+    """The samples of one collection (`train`, `id`, `ood` or `composite`) with absolute image and mask paths (and
+    per-family masks); builds the benchmark, or adds its composite collection, if missing."""
+    if collection not in COLLECTIONS + (COMPOSITE,):
+        raise BenchError(f"unknown collection {collection!r}; use one of {COLLECTIONS + (COMPOSITE,)}")
     root = Path(root or default_root())
     info = bench_info(root)
     if info is None:
@@ -1097,14 +1239,52 @@ def load_bench(collection: str, root: str | Path | None = None, seed: Optional[i
         info = bench_info(root)
     if seed is not None and info["seed"] != seed:
         raise BenchError(f"{root} was built with seed {info['seed']}, not {seed}; rebuild with ensure_bench(root, {seed}, force=True)")
+    if collection == COMPOSITE:
+        if build: ensure_composite(root)
+        elif composite_info(root) is None:
+            raise BenchMissing(f"{root}/{COMPOSITE}: no composite collection there; load_bench('composite', root) adds it")
     p = root / collection / "samples.jsonl"
     if not p.exists(): raise BenchMissing(f"{p}: missing; the benchmark at {root} is incomplete, rebuild it with force=True")
     out = []
     for s in load_samples(p):
         upd = {"image": str((root / s.image).resolve())}
         if s.mask: upd["mask"] = str((root / s.mask).resolve())
+        if s.provenance.get("masks"):
+            upd["provenance"] = {**s.provenance, "masks": {f: str((root / m).resolve()) for f, m in s.provenance["masks"].items()}}
         out.append(s.model_copy(update=upd))
     return out
+
+# %% ../../nbs/03_data.bench.ipynb #81aa2bb6
+def ensure_composite(root: str | Path | None = None, per_recipe: Optional[int] = None, log: Callable[[str], None] = print) -> Path:
+    """Add the `composite` collection to a built benchmark when it is missing or of another version (the other
+    collections are read, never written); `per_recipe` defaults to the build's `ood_per_family`."""
+    root = Path(root or default_root())
+    info = bench_info(root)
+    if info is None: raise BenchMissing(f"{root}/bench.json: no benchmark built there; run `forensicslab bench build` first")
+    n = info["sizes"]["ood_per_family"] if per_recipe is None else per_recipe
+    want = {"version": COMPOSITE_VERSION, "seed": info["seed"], "per_recipe": n, "image": info["sizes"]["image"]}
+    def ok():
+        have = composite_info(root)
+        return have is not None and {k: have.get(k) for k in want} == want
+    if ok(): return root
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # the lock `ensure_bench` takes: never a composite beside a half-built benchmark
+        try:
+            if not ok():
+                models, sums = load_generators()
+                tmp = root / f".{COMPOSITE}.building-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                avoid = {s.provenance["hash"] for c in COLLECTIONS if (root / c / "samples.jsonl").exists()
+                         for s in load_samples(root / c / "samples.jsonl")}
+                try:
+                    _build_composite(tmp, info["seed"], n, info["sizes"]["image"], models, sums, log, avoid)
+                    shutil.rmtree(root / COMPOSITE, ignore_errors=True)
+                    (tmp / COMPOSITE).rename(root / COMPOSITE)
+                    (tmp / f"contact_{COMPOSITE}.png").replace(root / f"contact_{COMPOSITE}.png")
+                finally: shutil.rmtree(tmp, ignore_errors=True)
+        finally: fcntl.flock(lock, fcntl.LOCK_UN)
+    return root
+
 
 # %% ../../nbs/03_data.bench.ipynb #23779109
 def mask_leak(sample: Sample, root: str | Path, tol: int = 2) -> tuple[int, int]:

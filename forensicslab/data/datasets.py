@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from ..core import FAMILIES, ForensicsLabError, Sample
-from .bench import COLLECTIONS, load_bench
+from .bench import COLLECTIONS, COMPOSITE, load_bench
 from ..imageio import MAX_PIXELS
 
 
@@ -31,8 +31,9 @@ __all__ = ['IMAGE_EXTS', 'CASIA2_LAYOUT', 'CASIA2_URL', 'COVERAGE_LAYOUT', 'COVE
            'IIDNET_URL', 'FOLDER_LAYOUTS', 'FOLDER_LAYOUT', 'DATASET_KINDS', 'MissingData', 'DatasetError',
            'MissingFile', 'Samples', 'image_problem', 'readable_samples', 'load_casia2', 'load_coverage',
            'load_columbia', 'load_noso', 'extract_frames', 'load_celebdf', 'load_community_forensics', 'load_iidnet',
-           'load_pscc_samples', 'load_folder', 'load_manifest', 'DatasetSpec', 'parse_dataset_spec', 'load_dataset',
-           'dataset_key', 'has_families', 'describe_dataset', 'stratified_draw']
+           'load_pscc_samples', 'load_folder', 'load_manifest', 'sample_families', 'family_masks', 'is_composite',
+           'DatasetSpec', 'parse_dataset_spec', 'load_dataset', 'dataset_key', 'has_families', 'describe_dataset',
+           'stratified_draw']
 
 # %% ../../nbs/03a_data.datasets.ipynb #61bf4301
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp")
@@ -394,8 +395,28 @@ def load_folder(root: str | Path, family: Optional[str] = None, dataset: Optiona
 # %% ../../nbs/03a_data.datasets.ipynb #952c3dcc
 _LABELS = {"0": 0, "1": 1, "real": 0, "authentic": 0, "pristine": 0, "fake": 1, "manipulated": 1, "tampered": 1}
 
+_MANIFEST_COLUMNS = ("image", "label", "family", "families", "mask", "masks", "caption", "id", "split")
+
+def _families_columns(r: dict, path: Path, i: int, lab: int, check_files: bool) -> tuple[list[str], dict[str, str]]:
+    "The `families` (`a;b`) and `masks` (`a=path;b=path`) columns of one manifest row, checked."
+    fams = [f.strip() for f in (r.get("families") or "").split(";") if f.strip()]
+    masks: dict[str, str] = {}
+    for part in (r.get("masks") or "").split(";"):
+        if not part.strip(): continue
+        f, eq, mp = part.partition("=")
+        if not eq or not mp.strip(): raise DatasetError(f"{path}, line {i}: masks entry {part.strip()!r} is not family=path")
+        mk = (path.parent / mp.strip()).resolve()
+        if check_files and not mk.exists(): raise MissingFile(f"{path}, line {i}: mask {mk} not found")
+        masks[f.strip()] = str(mk)
+    if not lab and (fams or masks): raise DatasetError(f"{path}, line {i}: an authentic row has no families or masks")
+    bad = [f for f in fams + list(masks) if f not in FAMILIES]
+    if bad: raise DatasetError(f"{path}, line {i}: unknown family {bad[0]!r}; known: {sorted(FAMILIES)}")
+    if len(set(fams)) < len(fams): raise DatasetError(f"{path}, line {i}: a family named twice in {r['families']!r}")
+    if fams and set(masks) - set(fams): raise DatasetError(f"{path}, line {i}: masks for {sorted(set(masks) - set(fams))}, not among the families {fams}")
+    return fams, masks
+
 def load_manifest(path: str | Path, check_files: bool = True) -> list[Sample]:
-    "Load samples from a CSV with columns `image`, `label` and optional `family`, `mask`, `caption`, `id`, `split`."
+    "Load samples from a CSV with columns `image`, `label` and optional `family` (or `families` and `masks` for a composite), `mask`, `caption`, `id`, `split`."
     path = _need(path, "manifest", "  a CSV with columns image,label[,family,mask,caption,id,split,...]", "your own data", "file")
     out = []
     with open(path, newline="") as fh:
@@ -410,7 +431,11 @@ def load_manifest(path: str | Path, check_files: bool = True) -> list[Sample]:
             mk = (path.parent / r["mask"]).resolve() if r.get("mask") else None
             if check_files and mk is not None and not mk.exists(): raise MissingFile(f"{path}, line {i}: mask {mk} not found")
             fam = (r.get("family") or None) if lab else None
-            extra = {k: v for k, v in r.items() if k not in ("image", "label", "family", "mask", "caption", "id", "split") and v not in (None, "")}
+            extra = {k: v for k, v in r.items() if k not in _MANIFEST_COLUMNS and v not in (None, "")}
+            fams, fmasks = _families_columns(r, path, i, lab, check_files)
+            if len(fams) == 1 and fam is None: fam = fams[0]     # one family named in `families`: a single edit
+            if len(fams) > 1 or fmasks: extra.update(families=fams or ([fam] if fam else []), masks=fmasks)
+            if fam is not None and len(fams) > 1: raise DatasetError(f"{path}, line {i}: give `family` for a single edit or `families` for a composite, not both")
             try:
                 out.append(Sample(id=r.get("id") or f"{path.stem}/{Path(r['image']).with_suffix('')}", image=str(img), label=lab, family=fam,
                                   mask=str(mk) if mk else None, caption=r.get("caption") or None, split=r.get("split") or None,
@@ -418,9 +443,28 @@ def load_manifest(path: str | Path, check_files: bool = True) -> list[Sample]:
             except ValueError as e: raise DatasetError(f"{path}, line {i}: {' '.join(str(e).split())}") from None
     return out
 
+# %% ../../nbs/03a_data.datasets.ipynb #a4c1d1a1
+def sample_families(s: Sample) -> list[str]:
+    "Every manipulation family of `s`, in the order of its edits: `provenance['families']` for a composite, else `[family]`; `[]` when authentic or unknown."
+    if s.label == 0: return []
+    fams = s.provenance.get("families")
+    if fams: return [str(f) for f in fams]
+    return [s.family] if s.family else []
+
+def family_masks(s: Sample) -> dict[str, str]:
+    "Family -> mask path: `provenance['masks']` for a composite, `{family: mask}` for a single edit with a mask; `{}` otherwise."
+    m = s.provenance.get("masks")
+    if m: return {str(f): str(v) for f, v in m.items()}
+    return {s.family: s.mask} if s.label == 1 and s.family and s.mask else {}
+
+def is_composite(s: Sample) -> bool:
+    "True when `s` carries edits of more than one family."
+    return len(sample_families(s)) > 1
+
+
 # %% ../../nbs/03a_data.datasets.ipynb #f9f92d3f
 DATASET_KINDS: dict[str, tuple] = {
-    "bench": (lambda a, root=None: load_bench(a, root), "a collection of the offline benchmark: bench:train, bench:id or bench:ood"),
+    "bench": (lambda a, root=None: load_bench(a, root), "a collection of the offline benchmark: bench:train, bench:id, bench:ood or bench:composite"),
     "folder": (lambda a: load_folder(a, check_images=False), "a folder with real/ + fake/ (or authentic/ + tampered/)"),
     "casia2": (lambda a: load_casia2(a), "CASIA v2.0"),
     "coverage": (lambda a: load_coverage(a), "COVERAGE"),
@@ -443,17 +487,17 @@ class DatasetSpec:
 
     @classmethod
     def parse(cls, spec: "str | DatasetSpec") -> "DatasetSpec":
-        "Parse `kind:argument` (a bare `train`, `id` or `ood` means the benchmark's collection); a bad spec is a one-line `DatasetError`."
+        "Parse `kind:argument` (a bare `train`, `id`, `ood` or `composite` means the benchmark's collection); a bad spec is a one-line `DatasetError`."
         if isinstance(spec, DatasetSpec): return spec
         text = str(spec).strip()
-        if text in COLLECTIONS: return cls("bench", text)
+        if text in COLLECTIONS + (COMPOSITE,): return cls("bench", text)
         kind, sep, arg = text.partition(":")
         arg = arg.strip()
         if not sep or kind not in DATASET_KINDS or not arg:
             raise DatasetError(f"dataset spec {text!r} is not kind:argument with kind one of {', '.join(DATASET_KINDS)} "
                                "(e.g. bench:id, folder:/data/mine, casia2:/data/CASIA2, manifest:samples.csv)")
-        if kind == "bench" and arg not in COLLECTIONS:
-            raise DatasetError(f"dataset spec {text!r}: the benchmark's collections are {', '.join(COLLECTIONS)}")
+        if kind == "bench" and arg not in COLLECTIONS + (COMPOSITE,):
+            raise DatasetError(f"dataset spec {text!r}: the benchmark's collections are {', '.join(COLLECTIONS + (COMPOSITE,))}")
         return cls(kind, arg)
 
     def __str__(self) -> str: return f"{self.kind}:{self.arg}"
@@ -485,7 +529,7 @@ class DatasetSpec:
                 else f"{DATASET_KINDS[self.kind][1]} at {self.arg}" if self.kind in ("folder", "manifest")
                 else f"{DATASET_KINDS[self.kind][1]} ({self.arg})")
         n1 = sum(s.label for s in samples)
-        unknown = sum(1 for s in samples if s.label == 1 and s.family is None)
+        unknown = sum(1 for s in samples if s.label == 1 and not sample_families(s))
         fam = ("families from the loader" if not unknown else "families unknown" if unknown == n1
                else f"{unknown} manipulated image(s) of unknown family")
         skipped = getattr(samples, "skipped", [])
@@ -508,8 +552,8 @@ def dataset_key(spec: "str | DatasetSpec") -> str:
     return DatasetSpec.parse(spec).key
 
 def has_families(samples: list[Sample]) -> bool:
-    "True when every manipulated sample has a known family (so in-scope arbitration can be scored)."
-    return any(s.label == 1 for s in samples) and all(s.family is not None for s in samples if s.label == 1)
+    "True when every manipulated sample has a known family, or families (so in-scope arbitration can be scored)."
+    return any(s.label == 1 for s in samples) and all(sample_families(s) for s in samples if s.label == 1)
 
 def describe_dataset(spec: "str | DatasetSpec", samples: list[Sample]) -> str:
     "Caption text for a dataset: what it is, how many images, how many manipulated, whether families are known, which were unreadable (`DatasetSpec.describe`)."
@@ -517,10 +561,10 @@ def describe_dataset(spec: "str | DatasetSpec", samples: list[Sample]) -> str:
 
 def stratified_draw(samples: list[Sample], n_per_family: int | None = None, n_authentic: int | None = None,
                     seed: int = 0) -> Samples:
-    "At most `n_per_family` manipulated images per family (unknown = one stratum) and `n_authentic` authentic ones, seeded; `skipped` is kept."
+    "At most `n_per_family` manipulated images per family (a composite's families joined by `+`, unknown = one stratum each) and `n_authentic` authentic ones, seeded; `skipped` is kept."
     rng = np.random.default_rng(seed)
     strata: dict[str, list[Sample]] = {}
-    for s in samples: strata.setdefault(s.family or ("authentic" if s.label == 0 else "unknown"), []).append(s)
+    for s in samples: strata.setdefault("+".join(sample_families(s)) or ("authentic" if s.label == 0 else "unknown"), []).append(s)
     out = []
     for k in sorted(strata):
         g = strata[k]
