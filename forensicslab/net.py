@@ -186,11 +186,13 @@ class BodyTooLarge(ForensicsLabError):
 
 @dataclass
 class CappedReply:
-    "A reply read whole within its deadline and cap: `status`, `headers`, raw `body` bytes, `elapsed_s`."
+    """A reply read whole within its deadline and cap: `status`, `headers`, raw `body` bytes, `elapsed_s`, and
+    `truncated` (asked for with `truncate=True`: the body is the first `max_bytes` bytes of a longer one)."""
     status: int
     headers: Any
     body: bytes
     elapsed_s: float = 0.0
+    truncated: bool = False
 
     def text(self) -> str:
         "The body as UTF-8 (raises `UnicodeDecodeError` on invalid bytes: callers decide whether that is worth a retry)."
@@ -200,21 +202,24 @@ class CappedReply:
         "The body parsed as JSON (strict UTF-8)."
         return json.loads(self.text())
 
-def _read_capped(r: httpx.Response, what: str, end: float, deadline_s: float, max_bytes: int, clock, chunks) -> bytes:
+def _read_capped(r: httpx.Response, what: str, end: float, deadline_s: float, max_bytes: int, clock, chunks,
+                 truncate: bool = False) -> bytes:
     """The body of the open reply `r` (its `chunks()`), read whole by `end` (a timer closes the stream then, whatever
-    the server trickles) and refused past `max_bytes`: the one reading loop of `request_capped` and `CappedTransport`."""
+    the server trickles) and refused past `max_bytes` (`truncate`: cut there instead, the first `max_bytes` bytes
+    kept): the one reading loop of `request_capped` and `CappedTransport`."""
     late = lambda: DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline")
     timer = threading.Timer(max(end - clock(), 0.0), r.close)
     timer.daemon = True
     timer.start()
     try:
         declared = r.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_bytes:
+        if not truncate and declared.isdigit() and int(declared) > max_bytes:
             raise BodyTooLarge(f"{what}: reply of {int(declared)} bytes declared, over the {max_bytes}-byte cap; not read",
                                limit=max_bytes)
         buf = bytearray()
         for chunk in chunks():
             buf += chunk
+            if truncate and len(buf) >= max_bytes: return bytes(buf[:max_bytes])
             if len(buf) > max_bytes:
                 raise BodyTooLarge(f"{what}: reply over the {max_bytes}-byte cap; reading stopped", limit=max_bytes)
             if clock() > end: raise late()
@@ -227,18 +232,23 @@ def _read_capped(r: httpx.Response, what: str, end: float, deadline_s: float, ma
     finally: timer.cancel()
 
 def request_capped(client: httpx.Client, method: str, url: str, *, deadline_s: float, max_bytes: int,
+                   truncate: bool = False, read_if: Optional[Callable[[int, Any], bool]] = None,
                    clock: Callable[[], float] = time.monotonic, **kw) -> CappedReply:
     """One request whose reply is read whole within `deadline_s` seconds in total and at most `max_bytes` bytes
     (decoded). Raises `DeadlineExceeded` (a `Retryable`) when time runs out, `BodyTooLarge` past the cap and
-    `Retryable` for a failed connection; `kw` goes to `client.stream` (`json`, `headers`, ...)."""
+    `Retryable` for a failed connection; `kw` goes to `client.stream` (`json`, `headers`, ...). For a reader that
+    wants a prefix (a web page's text): `truncate=True` keeps the first `max_bytes` bytes of a longer body instead
+    of refusing it (`CappedReply.truncated`), and a reply for which `read_if(status, headers)` is false is returned
+    with its body unread (empty), as a redirect or a download that is not a page."""
     t0 = clock()
     end = t0 + float(deadline_s)
     what = f"{method} {url}"
     if deadline_s <= 0: raise DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline")
     try:
         with client.stream(method, url, timeout=httpx.Timeout(max(end - clock(), 0.001)), **kw) as r:
-            body = _read_capped(r, what, end, deadline_s, max_bytes, clock, r.iter_bytes)
-            return CappedReply(r.status_code, r.headers, body, clock() - t0)
+            if read_if is not None and not read_if(r.status_code, r.headers): return CappedReply(r.status_code, r.headers, b"", clock() - t0)
+            body = _read_capped(r, what, end, deadline_s, max_bytes, clock, r.iter_bytes, truncate)
+            return CappedReply(r.status_code, r.headers, body, clock() - t0, truncated=truncate and len(body) >= max_bytes)
     except (httpx.HTTPError, OSError) as e:   # no connection, or no headers in time
         if clock() >= end - 0.01 or isinstance(e, httpx.TimeoutException):
             raise DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline") from None

@@ -36,15 +36,16 @@ from starlette.routing import Route
 
 from ..core import ChatMessage, ChatModel, ForensicsLabError
 from ..chat.prompts import fence, prompt_hash, render_prompt
-from ..net import Served
+from ..net import BodyTooLarge, DeadlineExceeded, Retryable, Served, request_capped
 from ..imageio import load_image, LoadedImage
 
 # %% auto #0
-__all__ = ['METADATA_HOSTS', 'FACT_CHECK_DOMAINS', 'phash', 'dhash', 'hamming', 'PageHit', 'RetrievalResult', 'extract_text',
-           'looks_english', 'split_sentences', 'ExtractiveSummarizer', 'ContextSummary', 'ChatSummarizer',
-           'ReverseImageSearch', 'RetrievalConfigError', 'LocalIndex', 'RetrievalError', 'GoogleVisionWeb',
-           'BingVisualSearch', 'local_web_server', 'UnsafeAddress', 'PageDeadline', 'check_public_url', 'fetch_page',
-           'ExclusionPolicy', 'Retriever', 'EmbeddingArchive', 'ExtractiveQA', 'QAAnswer', 'ChatQA', 'make_retriever']
+__all__ = ['MAX_SEARCH_REPLY_BYTES', 'METADATA_HOSTS', 'FACT_CHECK_DOMAINS', 'phash', 'dhash', 'hamming', 'PageHit',
+           'RetrievalResult', 'extract_text', 'looks_english', 'split_sentences', 'ExtractiveSummarizer',
+           'ContextSummary', 'ChatSummarizer', 'ReverseImageSearch', 'RetrievalConfigError', 'LocalIndex',
+           'RetrievalError', 'GoogleVisionWeb', 'BingVisualSearch', 'local_web_server', 'UnsafeAddress', 'PageDeadline',
+           'check_public_url', 'fetch_page', 'ExclusionPolicy', 'Retriever', 'EmbeddingArchive', 'ExtractiveQA',
+           'QAAnswer', 'ChatQA', 'make_retriever']
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #cdb7d248
 def _grey(image) -> Image.Image:
@@ -280,13 +281,22 @@ class LocalIndex:
 class RetrievalError(ForensicsLabError, RuntimeError):
     "A retrieval backend failed (HTTP error, API error object, or malformed response)."
 
-def _post(client: httpx.Client, url: str, what: str, **kw) -> dict:
-    try: r = client.post(url, **kw)
-    except httpx.HTTPError as e: raise RetrievalError(f"{what}: request to {url.split('?')[0]} failed: {e}") from None
+MAX_SEARCH_REPLY_BYTES = 10_000_000
+"The cap on one search API reply (a web-detection answer for a few dozen pages is tens of kilobytes)."
+
+def _post(client: httpx.Client, url: str, what: str, deadline_s: float, max_bytes: int = MAX_SEARCH_REPLY_BYTES, **kw) -> dict:
+    """The JSON object a search API answers to one POST, read whole within `deadline_s` seconds in total and
+    `max_bytes` bytes (`forensicslab.net.request_capped`); anything else is a `RetrievalError` that names the
+    endpoint without its query (which may hold the key)."""
+    base = url.split("?")[0]
+    try: r = request_capped(client, "POST", url, deadline_s=deadline_s, max_bytes=max_bytes, **kw)
+    except (DeadlineExceeded, BodyTooLarge, Retryable) as e:   # the slow, the oversized and the dropped reply alike
+        raise RetrievalError(f"{what}: request to {base} failed: {str(e).replace(url, base)}") from None
     try: body = r.json()
     except ValueError: body = None
-    if r.status_code >= 400:
-        raise RetrievalError(f"{what}: HTTP {r.status_code} from {url.split('?')[0]}: {json.dumps(body)[:300] if body else r.text[:300]}")
+    if r.status >= 400:
+        text = r.body.decode("utf-8", errors="replace")
+        raise RetrievalError(f"{what}: HTTP {r.status} from {base}: {json.dumps(body)[:300] if body else text[:300]}")
     if not isinstance(body, dict): raise RetrievalError(f"{what}: response is not a JSON object")
     return body
 
@@ -294,15 +304,16 @@ class GoogleVisionWeb:
     "Google Cloud Vision `WEB_DETECTION`: pages with full or partial matches of the image."
     name = "google-vision"
     def __init__(self, api_key: Optional[str] = None, endpoint: str = "https://vision.googleapis.com/v1/images:annotate",
-                 timeout: float = 30.0, client: Optional[httpx.Client] = None):
+                 timeout: float = 30.0, client: Optional[httpx.Client] = None, max_reply_bytes: int = MAX_SEARCH_REPLY_BYTES):
         self.api_key = api_key or os.environ.get("GOOGLE_VISION_API_KEY") or os.environ.get("GOOGLE_API_KEY")
         if not self.api_key: raise RetrievalError("Google Vision needs an API key: pass api_key= or set GOOGLE_VISION_API_KEY")
-        self.endpoint, self.client = endpoint, client or httpx.Client(timeout=timeout)
+        self.endpoint, self.client = endpoint, client or httpx.Client()
+        self.timeout, self.max_reply_bytes = timeout, max_reply_bytes   # timeout: the total deadline of one search
 
     def search(self, image: bytes, k: int = 3) -> list[PageHit]:
         req = {"requests": [{"image": {"content": base64.b64encode(image).decode()},
                              "features": [{"type": "WEB_DETECTION", "maxResults": max(10, 3 * k)}]}]}
-        body = _post(self.client, f"{self.endpoint}?key={self.api_key}", self.name, json=req)
+        body = _post(self.client, f"{self.endpoint}?key={self.api_key}", self.name, self.timeout, self.max_reply_bytes, json=req)
         resp = (body.get("responses") or [{}])[0]
         if "error" in resp: raise RetrievalError(f"{self.name}: API error {resp['error'].get('code')}: {resp['error'].get('message')}")
         hits = []
@@ -320,13 +331,15 @@ class BingVisualSearch:
     "Bing Visual Search: the `PagesIncluding` action lists pages that include the image."
     name = "bing-visual"
     def __init__(self, api_key: Optional[str] = None, endpoint: str = "https://api.bing.microsoft.com/v7.0/images/visualsearch",
-                 timeout: float = 30.0, client: Optional[httpx.Client] = None, market: str = "en-US"):
+                 timeout: float = 30.0, client: Optional[httpx.Client] = None, market: str = "en-US",
+                 max_reply_bytes: int = MAX_SEARCH_REPLY_BYTES):
         self.api_key = api_key or os.environ.get("BING_SEARCH_KEY")
         if not self.api_key: raise RetrievalError("Bing Visual Search needs a key: pass api_key= or set BING_SEARCH_KEY")
-        self.endpoint, self.market, self.client = endpoint, market, client or httpx.Client(timeout=timeout)
+        self.endpoint, self.market, self.client = endpoint, market, client or httpx.Client()
+        self.timeout, self.max_reply_bytes = timeout, max_reply_bytes   # timeout: the total deadline of one search
 
     def search(self, image: bytes, k: int = 3) -> list[PageHit]:
-        body = _post(self.client, f"{self.endpoint}?mkt={self.market}", self.name,
+        body = _post(self.client, f"{self.endpoint}?mkt={self.market}", self.name, self.timeout, self.max_reply_bytes,
                      headers={"Ocp-Apim-Subscription-Key": self.api_key}, files={"image": ("image.jpg", image, "image/jpeg")})
         if body.get("_type") == "ErrorResponse":
             e = (body.get("errors") or [{}])[0]
@@ -405,42 +418,36 @@ def _image_bytes(image) -> bytes:
 
 _UA = {"User-Agent": "forensicslab-retrieval/1.0"}
 
+def _is_page(status: int, headers) -> bool:
+    "Whether a reply's body is worth reading as a page: no redirect, no error, HTML (or no type declared)."
+    redirect = httpx.codes.is_redirect(status) and bool(headers.get("location"))
+    return not redirect and status < 400 and "html" in headers.get("content-type", "html")
+
 def fetch_page(url: str, client: httpx.Client, max_bytes: int = 3_000_000, deadline_s: float = 20.0, allow_private: bool = False,
                resolve: Callable[[str], Sequence[str]] = _resolve, max_redirects: int = 5,
                exclude: Optional[Callable[[str], Optional[str]]] = None) -> tuple[str, str, Optional[str]]:
     """Download `url` and return `(title, text, lang)` of its HTML (empty for non-HTML pages and failed downloads). The
-    body is streamed and read up to `max_bytes`; `deadline_s` bounds the whole fetch (every redirect and the body).
-    Every address, the first and each redirect's, must be public (`check_public_url`) unless `allow_private`, and must
-    pass `exclude` (a reason string refuses it): `UnsafeAddress`, `PageDeadline` or `RetrievalError` otherwise."""
+    body is streamed and read up to `max_bytes` (a longer page is cut there); `deadline_s` bounds the whole fetch
+    (every redirect and the body), through `forensicslab.net.request_capped`. Every address, the first and each
+    redirect's, must be public (`check_public_url`) unless `allow_private`, and must pass `exclude` (a reason string
+    refuses it): `UnsafeAddress`, `PageDeadline` or `RetrievalError` otherwise."""
     end = time.monotonic() + float(deadline_s)
     late = lambda: PageDeadline(f"refused: deadline ({url}: no complete page within {deadline_s:g} s)")
     for _ in range(max_redirects + 1):
         if not allow_private: check_public_url(url, resolve)
         if exclude is not None and (why := exclude(url)): raise RetrievalError(f"excluded: {why} ({url})")
         if time.monotonic() >= end: raise late()
-        timer, buf, enc, nxt = None, bytearray(), "utf-8", None
-        try:
-            with client.stream("GET", url, follow_redirects=False, headers=_UA, timeout=httpx.Timeout(max(end - time.monotonic(), 0.001))) as r:
-                timer = threading.Timer(max(end - time.monotonic(), 0.0), r.close)   # the total deadline, whatever the server trickles
-                timer.daemon = True
-                timer.start()
-                if r.is_redirect and r.headers.get("location"): nxt = str(r.url.join(r.headers["location"]))
-                elif r.status_code >= 400 or "html" not in r.headers.get("content-type", "html"): return "", "", None
-                else:
-                    for chunk in r.iter_bytes(65536):
-                        buf += chunk[: max_bytes - len(buf)]
-                        if len(buf) >= max_bytes or time.monotonic() >= end: break
-                    enc = r.encoding or "utf-8"
-        except (httpx.HTTPError, OSError, RuntimeError):
-            if time.monotonic() >= end - 0.01: raise late() from None
-            return "", "", None
-        finally:
-            if timer is not None: timer.cancel()
-        if nxt is None:
-            if time.monotonic() >= end and len(buf) < max_bytes: raise late()
-            return extract_text(bytes(buf).decode(enc, errors="replace"))
-        url = nxt
+        try: r = request_capped(client, "GET", url, deadline_s=end - time.monotonic(), max_bytes=max_bytes, truncate=True,
+                                read_if=_is_page, follow_redirects=False, headers=_UA)
+        except DeadlineExceeded: raise late() from None
+        except Retryable: return "", "", None      # no connection, or a body the server dropped: no text
+        if httpx.codes.is_redirect(r.status) and r.headers.get("location"):
+            url = str(httpx.URL(url).join(r.headers["location"]))
+            continue
+        if not _is_page(r.status, r.headers): return "", "", None
+        return extract_text(r.body.decode(httpx.Response(r.status, headers=r.headers).encoding, errors="replace"))
     raise RetrievalError(f"refused: too many redirects (more than {max_redirects} from {url})")
+
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #0ac49a30
 FACT_CHECK_DOMAINS = (
