@@ -16,10 +16,11 @@ import yaml
 from scipy import stats
 
 import forensicslab
+from .core import ForensicsLabError
 
 # %% auto #0
-__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'share_ci', 'roc_auc', 'mcnemar', 'fmt_ci', 'write_table',
-           'paper_numbers']
+__all__ = ['binary_metrics', 'bootstrap_ci', 'metric_table', 'share_ci', 'roc_auc', 'MetricError', 'set_jaccard',
+           'set_arbitration', 'family_recall', 'mask_scores', 'mcnemar', 'fmt_ci', 'write_table', 'paper_numbers']
 
 # %% ../nbs/02a_metrics.ipynb #c85c5546
 def _ratio(a, b) -> float: return float(a) / b if b else float("nan")
@@ -71,6 +72,38 @@ def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     if not n1 or not n0: return float("nan")
     ranks = stats.rankdata(s)
     return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+# %% ../nbs/02a_metrics.ipynb #2e945d94
+class MetricError(ForensicsLabError, ValueError):
+    "Inputs a metric cannot score: sequences of different lengths, masks of different shapes."
+
+def set_jaccard(truth, pred) -> float:
+    "Jaccard index of two sets: |T & P| / |T | P|, 1.0 when both are empty."
+    t, p = set(truth), set(pred)
+    return len(t & p) / len(t | p) if t | p else 1.0
+
+def set_arbitration(truths: Sequence, preds: Sequence, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    "Mean `set_jaccard` of the true and answered sets over cases, with its bootstrap 95% interval."
+    if len(truths) != len(preds): raise MetricError(f"{len(truths)} true sets but {len(preds)} answers")
+    j = np.array([set_jaccard(t, p) for t, p in zip(truths, preds)], float)
+    return bootstrap_ci(lambda i: float(j[i].mean()) if len(i) else float("nan"), len(j), n_boot, seed=seed)
+
+def family_recall(truths: Sequence, preds: Sequence, n_boot: int = 1000, seed: int = 0) -> dict[str, tuple[float, float, float, int]]:
+    "Per family: among the cases whose true set holds it, the share whose answer names it `(value, low, high, n)`."
+    if len(truths) != len(preds): raise MetricError(f"{len(truths)} true sets but {len(preds)} answers")
+    out = {}
+    for f in sorted({f for t in truths for f in t}):
+        hit = np.array([f in set(p) for t, p in zip(truths, preds) if f in set(t)], float)
+        out[f] = (*bootstrap_ci(lambda i: float(hit[i].mean()), len(hit), n_boot, seed=seed), len(hit))
+    return out
+
+def mask_scores(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    "IoU and pixel F1 of a predicted boolean region against a true mask of the same shape (0 when the union is empty)."
+    p, t = np.asarray(pred, bool), np.asarray(truth, bool)
+    if p.shape != t.shape: raise MetricError(f"predicted region {p.shape} and mask {t.shape} differ in shape; resize one first")
+    inter, union, tot = float((p & t).sum()), float((p | t).sum()), float(p.sum() + t.sum())
+    return dict(iou=inter / union if union else 0.0, f1=2 * inter / tot if tot else 0.0)
+
 
 # %% ../nbs/02a_metrics.ipynb #ca36d79c
 def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, float]:
