@@ -15,21 +15,28 @@ import math
 import threading
 import time
 from itertools import product
-from typing import Literal
+from pathlib import Path
+from typing import Literal, Optional
 
+import cv2
 import numpy as np
+from PIL import Image
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ..core import ChatFailure, Detection, ToolCard
+from ..core import ChatFailure, Detection, Sample, ToolCard
+from ..data.datasets import family_masks, sample_families
 from ..imageio import LoadedImage, load_image
+from ..metrics import mask_scores, set_jaccard
 from .records import AuditVerdict, CaseFacts, CaseResult, TriageConfigError, TriageError, Usage, Verdict, failed_audit
 from .rules import measure_facts
 
 # %% auto #0
 __all__ = ['AUTHENTIC', 'run_auditors', 'TriagePipeline', 'scope_groups', 'algorithmic_fusion', 'tool_bba', 'dempster', 'belief',
-           'pignistic', 'ds_fusion', 'judge_features', 'LearnedJudge']
+           'pignistic', 'ds_fusion', 'judge_features', 'LearnedJudge', 'hot_region', 'region_overlap',
+           'arbitrated_families', 'decisive_by_family', 'composite_extend', 'CompositeJudge', 'map_on_mask',
+           'composite_case']
 
 # %% ../../nbs/06c_triage.judge.ipynb #8ff48476
 def run_auditors(auditor, image: LoadedImage, detections: dict[str, Detection], cards: dict[str, ToolCard],
@@ -242,3 +249,108 @@ class LearnedJudge:
                                  f"({p[fam]:.2f}), so {tools[0]} is decisive.",
                        is_manipulated=True, locality=_locality(cards[tools[0]]), arbitrated_tools=tools,
                        decision_path=path + [f"Family {fam}: decisive {tools[0]}"])
+
+# %% ../../nbs/06c_triage.judge.ipynb #0c27af3f
+def hot_region(det: Detection | None, hot: float = 0.5, grid: int = 64) -> Optional[np.ndarray]:
+    "A detection's hot region on a `grid` x `grid` board (block means of its map >= `hot`), or None when it has no map."
+    if det is None or det.heatmap is None: return None
+    return cv2.resize(np.asarray(det.heatmap, np.float32), (grid, grid), interpolation=cv2.INTER_AREA) >= hot
+
+def region_overlap(a: np.ndarray, b: np.ndarray) -> float:
+    "Shared cells over the cells of the smaller region (0 when either is empty): 1 when one region holds the other."
+    n = min(int(a.sum()), int(b.sum()))
+    return float((a & b).sum()) / n if n else 0.0
+
+def arbitrated_families(verdict: Verdict | None, cards: dict[str, ToolCard]) -> list[str]:
+    "The families a verdict answers: the declared scopes of its arbitrated tools, decisive first (empty when authentic or failed)."
+    if verdict is None: return []
+    return list(dict.fromkeys(f for t in verdict.arbitrated_tools for f in cards[t].scope))
+
+def decisive_by_family(verdict: Verdict | None, cards: dict[str, ToolCard]) -> dict[str, str]:
+    "Family -> the first arbitrated tool whose scope holds it (the detector whose map says where that family is)."
+    out: dict[str, str] = {}
+    for t in (verdict.arbitrated_tools if verdict is not None else []):
+        for f in cards[t].scope: out.setdefault(f, t)
+    return out
+
+
+# %% ../../nbs/06c_triage.judge.ipynb #3fae3549
+def composite_extend(verdict: Verdict, detections: dict[str, Detection], cards: dict[str, ToolCard],
+                     audits: dict[str, AuditVerdict] | None = None, max_overlap: float = 0.1, max_hot: float = 0.5,
+                     hot: float = 0.5) -> Verdict:
+    "A one-family verdict with every further scope whose strongest kept, fired detector localises a region disjoint from those accepted."
+    if not verdict.is_manipulated: return verdict
+    kept = {k: d for k, d in _ok(detections).items() if d.fired and (audits is None or k not in audits or audits[k].keep)}
+    def local(k):
+        r = hot_region(detections.get(k), hot)
+        return r if r is not None and 0 < r.mean() <= max_hot else None
+    base = verdict.decisive
+    accepted, taken = {base: local(base)}, {"+".join(sorted(cards[base].scope))}
+    if accepted[base] is None:
+        return verdict.model_copy(update={"decision_path": verdict.decision_path + [
+            f"Composite: {base} does not localise a region (no map, or hot over more than {max_hot:.0%}): one family only."]})
+    best: dict[str, str] = {}
+    for k in sorted(kept, key=lambda k: (-kept[k].score, k)):
+        best.setdefault("+".join(sorted(cards[k].scope)), k)
+    notes, added = [], []
+    for scope, k in best.items():
+        if scope in taken: continue
+        r = local(k)
+        if r is None:
+            notes.append(f"{scope} ({k}) set aside: its map does not localise a region")
+            continue
+        ov = max(region_overlap(r, a) for a in accepted.values())
+        if ov > max_overlap:
+            notes.append(f"{scope} ({k}) set aside: its hot region overlaps an accepted one by {ov:.0%} (> {max_overlap:.0%})")
+            continue
+        accepted[k] = r
+        taken.add(scope)
+        added.append(k)
+        notes.append(f"{scope} ({k}) also accepted: {r.mean():.0%} of the image, overlapping the accepted regions by {ov:.0%}")
+    if not notes: notes = ["no other scope fired"]
+    path = verdict.decision_path + ["Composite: " + "; ".join(notes) + "."]
+    if not added: return verdict.model_copy(update={"decision_path": path})
+    more = ", ".join(f"{'+'.join(cards[k].scope)} ({k})" for k in added)
+    return Verdict(reasoning=f"{verdict.reasoning} A second manipulation in a separate region: {more}.",
+                   is_manipulated=True, locality="local" if any(_locality(cards[k]) == "local" for k in [base] + added) else "global",
+                   region=verdict.region, arbitrated_tools=verdict.arbitrated_tools + added, decision_path=path)
+
+class CompositeJudge:
+    "Stage 2 for composite manipulations: the base judge's verdict, extended by `composite_extend` (see the notebook)."
+    def __init__(self, base, max_overlap: float = 0.1, max_hot: float = 0.5, hot: float = 0.5):
+        if not 0 <= max_overlap <= 1 or not 0 < max_hot <= 1:
+            raise TriageConfigError(f"max_overlap must lie in [0, 1] and max_hot in (0, 1], got {max_overlap}, {max_hot}")
+        self.base, self.max_overlap, self.max_hot, self.hot = base, max_overlap, max_hot, hot
+        self.kind = getattr(base, "kind", "")   # a rule base still gets the measured facts it needs (`TriagePipeline.needs_facts`)
+
+    def judge(self, image, detections, cards, audits, facts=None, usage=None) -> Verdict:
+        "The base judge's verdict, with the further scopes whose maps localise disjoint regions."
+        v = self.base.judge(image, detections, cards, audits, facts, usage)
+        return composite_extend(v, detections, cards, audits, self.max_overlap, self.max_hot, self.hot)
+
+
+# %% ../../nbs/06c_triage.judge.ipynb #c474d747
+def map_on_mask(det: Detection | None, mask_path: str | Path, hot: float = 0.5) -> Optional[dict[str, float]]:
+    "IoU and pixel F1 of a detection's map (>= `hot`, resized to the mask) against a mask file (white = edited); None without a map."
+    if det is None or det.heatmap is None: return None
+    m = np.asarray(Image.open(mask_path).convert("L")) > 127
+    h = cv2.resize(np.asarray(det.heatmap, np.float32), (m.shape[1], m.shape[0]), interpolation=cv2.INTER_LINEAR) >= hot
+    return mask_scores(h, m)
+
+def composite_case(sample: Sample, verdict: Verdict | None, detections: dict[str, Detection], cards: dict[str, ToolCard],
+                   hot: float = 0.5) -> dict:
+    "One verdict scored on one sample: the true and answered family sets, their Jaccard index, and each named family's map against its mask."
+    truth, answer = sample_families(sample), arbitrated_families(verdict, cards)
+    masks, dec = family_masks(sample), decisive_by_family(verdict, cards)
+    region, other = {}, {}
+    for f in truth:
+        if f not in dec or f not in masks: continue
+        s = map_on_mask(detections.get(dec[f]), masks[f], hot)
+        if s is None: continue
+        region[f] = s
+        for g in truth:
+            if g != f and g in masks: other[f] = map_on_mask(detections.get(dec[f]), masks[g], hot)
+    return dict(sample=sample.id, label=sample.label, truth=truth, composite=len(truth) > 1,
+                pred=None if verdict is None else int(verdict.is_manipulated), answer=answer,
+                jaccard=set_jaccard(truth, answer) if verdict is not None else 0.0, decisive=dec, region=region, other=other)
+
