@@ -24,7 +24,7 @@ from . import __version__
 from .core import ForensicsLabError
 from .runs import project_root, skipped_parts
 from .studies import (StudyError, StudyFailed, list_studies, parse_param_args, run_batch,
-                                  run_study, study_parameters)
+                                  run_study, study_parameters, study_variant)
 from .chat.cli import models_app
 from .data.cli import bench_app, data_app
 from .debate.cli import debate_app
@@ -72,13 +72,15 @@ def _options(version: bool = typer.Option(False, "--version", callback=_show_ver
 
 @app.command("study", context_settings=_EXTRA, epilog=_PARAM_HELP)
 def study_cmd(ctx: typer.Context,
-              name: Optional[str] = typer.Argument(None, help="Study notebook name; omit to list them."),
+              name: Optional[str] = typer.Argument(None, help="Study notebook or study variant name; omit to list them."),
               quick: bool = typer.Option(False, help="Run the quick smoke configuration instead of the full one."),
               out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/)."),
               params: bool = typer.Option(False, "--params", help="List the study's parameters and defaults, run nothing.")):
     "Run one study notebook with papermill (`-p key value`, `-y key yaml`), or list the studies."
     if name is None:
-        for n, p in list_studies().items(): typer.echo(f"{n}\t{p}")
+        for n, p in list_studies().items():
+            v = study_variant(n)
+            typer.echo(f"{n}\t{p}" + (f"\tvariant: {v.describe()}" if v else ""))
         return
     if params:
         for k, v in study_parameters(name).items(): typer.echo(f"{k} = {v['default']}" + (f"   # {v['help']}" if v["help"] else ""))
@@ -108,6 +110,9 @@ def reproduce_cmd(ctx: typer.Context,
     declared = {n: set(study_parameters(n)) for n in names}
     unused = sorted(k for k in given if not any(k in d for d in declared.values()))
     if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
+    for n in names:   # a variant's fixed parameter is refused before anything runs (leave the variant out with --only)
+        v = study_variant(n)
+        if v is not None: v.apply({k: x for k, x in given.items() if k in declared[n]})
     results, folders, interrupted = [], [], False
     for n in names:
         label = Path(n).stem

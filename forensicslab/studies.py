@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -29,10 +30,10 @@ from .runs import (FolderLock, config_hash, note_run, part_files, project_root, 
                                write_run_record)
 
 # %% auto #0
-__all__ = ['STUDY_ORDER', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed',
-           'list_studies', 'study_path', 'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args',
-           'check_parameters', 'run_study', 'load_grid', 'cell_name', 'grid_cells', 'cell_cost', 'numeric_columns',
-           'run_batch']
+__all__ = ['STUDY_ORDER', 'VARIANTS_FILE', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'GRID_KEYS', 'StudyError', 'UnknownStudy',
+           'StudyFailed', 'list_studies', 'study_path', 'study_parameters', 'study_defaults', 'parse_value',
+           'parse_param_args', 'check_parameters', 'StudyVariant', 'study_variants', 'study_variant', 'run_study',
+           'load_grid', 'cell_name', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -57,19 +58,30 @@ def _study_rank(stem: str) -> tuple:
     rank = STUDY_ORDER.index(prefix) if prefix in STUDY_ORDER else len(STUDY_ORDER)
     return (rank, "training" not in stem, "figure" in stem, stem)
 
-def list_studies(root: str | Path | None = None) -> dict[str, Path]:
-    "Study notebooks by name (file stem), from `nbs/studies/`, in reproduction order."
+def _notebooks(root: str | Path | None = None) -> dict[str, Path]:
     d = project_root(root) / "nbs" / "studies"
     if not d.is_dir():
         raise StudyError(f"no study notebooks at {d}: run this from a forensicslab checkout")
     return {p.stem: p for p in sorted(d.glob("*.ipynb"), key=lambda p: _study_rank(p.stem))}
 
+def list_studies(root: str | Path | None = None) -> dict[str, Path]:
+    """Studies by name, from `nbs/studies/`, in reproduction order: each notebook (by file stem), followed by its
+    variants (`study_variants`; a variant's value is its base notebook)."""
+    variants = study_variants(root)
+    out = {}
+    for stem, p in _notebooks(root).items():
+        out[stem] = p
+        out.update({v.name: p for v in variants.values() if v.study == stem})
+    return out
+
 def study_path(name: str | Path) -> Path:
-    "The notebook of study `name` (a study name, or a path to any papermill notebook)."
+    "The notebook of study `name` (a study name, a variant's name: its base notebook, or a path to any papermill notebook)."
     p = Path(name)
     if p.suffix == ".ipynb":
         if not p.is_file(): raise StudyError(f"{p}: no such notebook")
         return p
+    notebooks = _notebooks()
+    if str(name) in notebooks: return notebooks[str(name)]
     studies = list_studies()
     if str(name) not in studies:
         raise UnknownStudy(f"unknown study {str(name)!r}; available: {', '.join(studies) or 'none'}")
@@ -135,6 +147,71 @@ def check_parameters(name: str | Path, params: dict) -> None:
         raise StudyError(f"study {Path(name).stem} has no parameter {', '.join(map(repr, bad))}; "
                          f"its parameters: {', '.join(declared)}")
 
+# %% ../nbs/02b_studies.ipynb #dc129dba
+VARIANTS_FILE = "variants.yaml"
+"The file beside the study notebooks (`nbs/studies/variants.yaml`) that declares the study variants."
+
+@dataclass(frozen=True)
+class StudyVariant:
+    "A study variant: study notebook `study` run with the fixed `params` into its own output folder, named `name`."
+    name: str
+    study: str
+    params: dict
+    about: str = ""
+
+    def describe(self) -> str:
+        "One line: the base study and the fixed parameters."
+        return f"{self.study} with " + ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+    def apply(self, params: dict) -> dict:
+        """The parameters of a run of this variant: `params`, the fixed ones and `variant` (the name); a `StudyError`
+        when `params` gives a fixed parameter another value or sets `variant`."""
+        if "variant" in params: raise StudyError(f"study {self.name}: `variant` is set by the variant itself, not by -p")
+        clash = [k for k, v in params.items() if k in self.params and v != self.params[k]]
+        if clash:
+            k = clash[0]
+            raise StudyError(f"study {self.name} is {self.describe()}: -p {k} {params[k]!r} would change its fixed {k}; "
+                             f"run {self.study} with it instead")
+        return {**params, **self.params, "variant": self.name}
+
+    def record(self) -> dict:
+        "What `run.json` keeps of the variant."
+        return {"name": self.name, "study": self.study, "params": dict(self.params), "about": self.about}
+
+def study_variants(root: str | Path | None = None) -> dict[str, StudyVariant]:
+    """The study variants declared in `nbs/studies/variants.yaml` (none without the file), each checked: its base is a
+    study notebook that declares every fixed parameter and a `variant` parameter, and its name is no notebook's."""
+    notebooks = _notebooks(root)
+    f = project_root(root) / "nbs" / "studies" / VARIANTS_FILE
+    if not f.is_file(): return {}
+    try: raw = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e: raise StudyError(f"{f}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(raw, dict): raise StudyError(f"{f}: expected a mapping: variant name -> study, params, about")
+    out = {}
+    for name, spec in raw.items():
+        where = f"{f.name}: variant {name!r}"
+        if not isinstance(spec, dict) or set(spec) - {"study", "params", "about"} or not isinstance(spec.get("params"), dict) \
+                or not spec["params"] or "study" not in spec:
+            raise StudyError(f"{where}: give study (a study notebook), params (the fixed parameters, at least one) and optionally about")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)): raise StudyError(f"{where}: a name is letters, digits, _ . -")
+        if name in notebooks: raise StudyError(f"{where}: a study notebook has that name")
+        if spec["study"] not in notebooks:
+            raise StudyError(f"{where}: no study notebook {spec['study']!r} (the base of a variant is a notebook, not another variant)")
+        reserved = sorted(set(spec["params"]) & {"quick", "out_dir", "variant"})
+        if reserved: raise StudyError(f"{where}: {', '.join(reserved)} cannot be fixed (they belong to the run)")
+        declared = study_parameters(notebooks[spec["study"]])
+        if "variant" not in declared:
+            raise StudyError(f"{where}: study {spec['study']} declares no `variant` parameter, so its captions could not name the variant")
+        bad = sorted(set(spec["params"]) - set(declared))
+        if bad: raise StudyError(f"{where}: study {spec['study']} has no parameter {', '.join(map(repr, bad))}")
+        out[str(name)] = StudyVariant(str(name), spec["study"], dict(spec["params"]), str(spec.get("about", "")))
+    return out
+
+def study_variant(name: str | Path) -> Optional[StudyVariant]:
+    "The variant named `name`, or `None` for a study notebook (by name or path)."
+    if Path(name).suffix == ".ipynb" or str(name) in _notebooks(): return None
+    return study_variants().get(str(name))
+
 # %% ../nbs/02b_studies.ipynb #2edd3f5c
 FAILED_DIR = ".failed"
 "Where failed attempts are kept, beside the output folders: `<out_root>/.failed/<study>/`."
@@ -177,11 +254,14 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
               kernel: str = "python3", progress: bool = True, out_dir: str | Path | None = None) -> Path:
     """Execute one study notebook with papermill (full configuration by default), written aside; returns the executed
     notebook. `params["out_dir"]` (`-p out_dir X`) names the output folder itself, like `out_dir`; one study output
-    folder has one writer at a time (a second run into it is refused with `RunBusy`)."""
-    nb = study_path(name)
+    folder has one writer at a time (a second run into it is refused with `RunBusy`). A study variant's name runs its
+    base notebook with the variant's fixed parameters into `<out_root>/<variant>/` (a clashing `-p` is refused)."""
+    nb, variant = study_path(name), study_variant(name)
     params = dict(params or {})
     check_parameters(nb, params)
-    stem = Path(nb).stem
+    if variant is not None: params = variant.apply(params)
+    elif "variant" in params: raise StudyError("`variant` is set by running a study variant (see `forensicslab study`), not by -p")
+    stem = variant.name if variant is not None else Path(nb).stem
     given = params.pop("out_dir", None)
     if given not in (None, ""):   # the notebook's out_dir is always the staging folder; the user's is the final one
         if out_root is not None or (out_dir is not None and Path(out_dir).resolve() != Path(given).expanduser().resolve()):
@@ -194,7 +274,7 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     if out_dir is None: out_dir = (Path(out_root) if out_root else project_root() / "outputs") / stem
     final = Path(out_dir).resolve()
     with _study_lock(final):
-        return _run_staged(nb, stem, params, final, kernel, progress)
+        return _run_staged(nb, stem, params, final, kernel, progress, variant)
 
 def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
     "Papermill's record in an executed notebook (its paths, the injected parameters) as the final folder and checkout-relative paths (`shown_text`): no machine's absolute path is committed."
@@ -209,7 +289,8 @@ def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
         if "injected-parameters" in c.metadata.get("tags", []): c.source = fix(c.source)
     nbformat.write(nb, str(path))
 
-def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool) -> Path:
+def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool,
+                variant: Optional[StudyVariant] = None) -> Path:
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
     p = {"quick": False, **params, "out_dir": str(stage)}
     record = {**study_defaults(nb), **p}
@@ -221,6 +302,7 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
                             cwd=str(Path(nb).resolve().parent), progress_bar=progress, log_output=False)
     except BaseException as e:
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else _one_line(e)
+        if variant is not None: note_run(stage, variant=variant.record())
         write_run_record(stage, stem, record, status="failed", seconds=time.time() - t0, error=reason)
         failed.parent.mkdir(parents=True, exist_ok=True)
         replace_dir(stage, failed)
@@ -230,6 +312,7 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
     (stage / STAGE_MARK).unlink(missing_ok=True)
     _portable_notebook(stage / f"{stem}.ipynb", stage, final)
     _carry_skipped(stage, final)
+    if variant is not None: note_run(stage, variant=variant.record())   # run.json names the variant, its base and fixed parameters
     write_run_record(stage, stem, record, seconds=time.time() - t0)
     replace_dir(stage, final)
     shutil.rmtree(failed, ignore_errors=True)   # an earlier failed attempt is stale now

@@ -531,3 +531,53 @@ def test_event_table_and_decomposition_from_real_rows(tmp_path):
     r = raw.set_index("config")
     for m in ("specificity", "recall"):
         assert abs(d[d.metric == m].change_pts.sum() - 100 * (r.loc["rules", m] - r.loc["fusion", m])) < 1e-9
+
+
+# ---------------------------------------------------------------- issue 28 item 3: -p trust FILE rows; issue 27: pools compared
+def test_trust_rows_run_through_run_grid_keyed_by_the_store(tmp_path):
+    "The store's two no-agent uses run as Table 4 rows through `runners`; their runs are keyed by the store, so another store never reuses them."
+    from forensicslab.triage.all import (TRUST_CONFIGS, TrustStore, TriageConfigError, check_trust_store, experience_rows, run_grid,
+                                         trust_runner)
+    samples, ev = _two_samples(tmp_path), Evidence(tmp_path / "detcache")
+    def store_of(strength):
+        return TrustStore.fit(experience_rows(samples, ev, "train"), strength=strength, sources=["train: 2 images (1 manipulated)"])
+    cfgs = [offline_configs()[0], *TRUST_CONFIGS.values()]
+    folders = []
+    for store in (store_of(4.0), store_of(8.0)):
+        runners = {n: (trust_runner(store, n), store.fingerprint()) for n in TRUST_CONFIGS}
+        res, _ = run_grid(cfgs, {"id": samples}, ev, tmp_path / "out", progress=False, runners=runners)
+        lr, ds = res[("trust-lr", "id")], res[("trust-ds", "id")]
+        assert len(lr) == len(ds) == 2 and all(r["status"] == "ok" for r in lr + ds)
+        assert all("p_manipulated" in r["record"]["details"]["trust"] for r in lr)      # the store's judge ran, not fusion
+        assert all("reliability" in r["record"]["details"]["trust"] for r in ds)        # context reliabilities, not one global 0.8
+        m = json.loads((res.folders[("trust-lr", "id")] / "manifest.json").read_text())
+        assert m["config"]["runner"] == store.fingerprint()
+        folders.append(res.folders[("trust-lr", "id")])
+    assert folders[0] != folders[1] and res.folders[("fusion", "id")].name.startswith("fusion-")
+    check_trust_store(store, ["id", "ood"], list(store.detectors))                      # fitted on train: accepted
+    bad = TrustStore.fit(experience_rows(samples, ev, "id"), sources=["id: 2 images (1 manipulated)"])
+    with pytest.raises(TriageConfigError, match=r"holds the collection\(s\) id this Table 4 scores"):
+        check_trust_store(bad, ["id", "ood"], list(bad.detectors))
+
+
+def test_table4_rows_read_back_what_run_grid_wrote(tmp_path):
+    "A Table 4's rows read back from the run folders its meta records are the rows it scored; the pools compare on the same images."
+    from forensicslab.triage.all import TriageError, pool_changes, pool_summary, run_grid, table4_rows
+    samples = _two_samples(tmp_path)
+    cfgs = offline_configs()
+    out = {}
+    for name, dets in (("a", ["noise"]), ("b", ["noise", "spectral"])):
+        res, _ = run_grid(cfgs, {"id": samples}, Evidence(tmp_path / f"cache-{name}", detectors=dets), tmp_path / name, progress=False)
+        (tmp_path / name / "table4_meta.json").write_text(json.dumps({"pool": name, "detectors": dets, "runs": [
+            dict(config=n, collection=c, folder=str(f.relative_to(tmp_path / name))) for (n, c), f in res.folders.items()]}))
+        out[name] = res
+    back, meta = table4_rows(tmp_path / "a")
+    assert meta["pool"] == "a" and set(back) == set(out["a"])
+    assert all([r["sample"] for r in back[k]] == [r["sample"] for r in out["a"][k]] and
+               [r["pred"] for r in back[k]] == [r["pred"] for r in out["a"][k]] for k in back)
+    ch = pool_changes(out["b"], back)
+    assert set(ch.config) == {c.name for c in cfgs} and (ch.images == 2).all()
+    assert set(pool_summary(out["b"], n_boot=20).measure) >= {"authentic images with any fire", "false alarms removed", "verdicts differ"}
+    (tmp_path / "a" / "table4_meta.json").write_text(json.dumps({"pool": "a"}))
+    with pytest.raises(TriageError, match="records no run folders"):
+        table4_rows(tmp_path / "a")

@@ -39,9 +39,10 @@ __all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVEN
            'build_config', 'case_row', 'detector_versions', 'failure_history', 'open_run', 'triage_metrics',
            'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4',
            'provenance_summary', 'provenance_finding', 'fire_events', 'triage_table', 'change_decomposition',
-           'event_finding', 'figure2', 'GridResults', 'run_grid', 'run_totals', 'calibrate_rules', 'judge_axis_configs',
-           'fit_learned_judge', 'table4_rule_params', 'study_configs', 'open_bench', 'rows_written', 'dataset_note',
-           'portable_spec']
+           'event_finding', 'pool_summary', 'pool_finding', 'table4_rows', 'pool_changes', 'pool_changes_finding',
+           'figure2', 'GridResults', 'run_grid', 'run_totals', 'calibrate_rules', 'judge_axis_configs',
+           'fit_learned_judge', 'table4_rule_params', 'check_trust_store', 'study_configs', 'open_bench',
+           'rows_written', 'dataset_note', 'portable_spec']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 OFFLINE_ROLES = ("rules", "oracle", "learned")
@@ -160,12 +161,17 @@ def _jsonable(x):
 def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, reliability: dict | float = 0.8,
                  model_cache: str = "off", cache_path: str | Path | None = None, models: dict | None = None,
                  workers: int = 8, controls: Any = None, learned: LearnedJudge | None = None,
-                 auditor_rules: Callable[..., str] | None = None, **model_kw) -> Callable[..., CaseResult]:
+                 auditor_rules: Callable[..., str] | None = None, runners: dict[str, tuple[Callable, str]] | None = None,
+                 **model_kw) -> Callable[..., CaseResult]:
     """A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`. `learned` is the fitted
     judge of a configuration whose judge is `"learned"`; `auditor="oracle"` is the content-oracle auditor;
     `auditor_rules` fills an LLM auditor's extra-rules slot (`LLMAuditor(extra_rules=...)`, e.g. `trust.auditor_rules(store)`). With `controls` (a
     `forensicslab.chat.models.ModelControls` or anything `ModelControls.of` reads) every model is built from
-    those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache)."""
+    those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache).
+    `runners` maps a configuration name to a runner built elsewhere and a key naming what it holds, `(runner, key)`
+    (e.g. `(trust.trust_runner(store, "trust-lr"), store.fingerprint())`): that configuration runs it as given, and
+    `open_run` keys its rows by the key, so another store never reuses them."""
+    if runners and cfg.name in runners: return runners[cfg.name][0]
     if cfg.kind == "algorithmic": return _fusion_result(cfg, algorithmic_fusion)
     if cfg.kind == "ds": return _fusion_result(cfg, lambda d, c: ds_fusion(d, c, reliability))
     models = {} if models is None else models
@@ -263,7 +269,8 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
                     **({"learned_judge": learned.fingerprint()} if learned is not None else {}),
                     reliability=build_kw.get("reliability") if cfg.kind == "ds" else None,
                     detectors=detector_versions(evidence), facts=FACTS_VERSION,
-                    **({"provenance": PROVENANCE_VERSION} if cfg.provenance else {}))
+                    **({"provenance": PROVENANCE_VERSION} if cfg.provenance else {}),
+                    **({"runner": build_kw["runners"][cfg.name][1]} if cfg.name in (build_kw.get("runners") or {}) else {}))
     tag = config_hash({"config": manifest, "seed": 0, "backends": cfg.backends})[:8]
     run = Run(Path(out_dir) / "runs" / collection / f"{cfg.name}-{tag}", config=manifest, backends=cfg.backends)
     history = failure_history(run)
@@ -526,6 +533,135 @@ def event_finding(coll: str, name: str, rows: list[dict], base_name: str, base: 
             f"{share('in scope, manipulated')} (true evidence lost), {share('out of scope, manipulated')}; against "
             f"{base_name}: {', '.join(parts)}.")
 
+# %% ../../nbs/06e_triage.study.ipynb #9efe1d48
+def _share(hits: list[int], n_boot: int, seed: int) -> tuple[float, float, float]:
+    return share_ci(hits, [1] * len(hits), n_boot, seed=seed) if hits else (float("nan"),) * 3
+
+def pool_summary(results: dict[tuple[str, str], list[dict]], n_boot: int = 1000, seed: int = 0, triage: str = "rules",
+                 unguided: str = "rules-unguided", guided: tuple[str, ...] = ("rules", "rules-levers")) -> pd.DataFrame:
+    """Per collection, what a detector pool does: fusion's authentic fire rate (authentic images with any fire; those
+    algorithmic fusion calls manipulated), `triage`'s removal rates (authentic and in-scope fire events its auditors
+    dropped) and, for each `guided` configuration, the images whose binary verdict differs from `unguided`'s (with an
+    exact McNemar test on correctness). One row per (collection, configuration, measure): `count` of `of`, `share` with a
+    bootstrap 95% interval over images, and for the guided-unguided rows the discordant counts and the p-value."""
+    out = []
+    nan = float("nan")
+    def row(coll, config, measure, count, of, share, a_only=None, b_only=None, p=nan):
+        out.append(dict(collection=coll, config=config, measure=measure, count=count, of=of, share=share[0], share_lo=share[1],
+                        share_hi=share[2], a_only=a_only, b_only=b_only, p_value=p))
+    for coll in sorted({c for _, c in results}, key=lambda c: (c != "id", c)):
+        f = results.get(("fusion", coll))
+        if f is not None:
+            auth = [r for r in f if r["label"] == 0]
+            if any(r.get("fired") is None for r in auth):
+                raise TriageError(f"{coll}/fusion: rows without a 'fired' field (written before event rows existed): re-run the study")
+            for measure, hit in (("authentic images with any fire", lambda r: int(bool(r["fired"]))),
+                                 ("authentic images called manipulated", lambda r: _said_manipulated(r))):
+                h = [hit(r) for r in auth]
+                row(coll, "fusion", measure, sum(h), len(h), _share(h, n_boot, seed))
+        t = results.get((triage, coll))
+        if t is not None:
+            tt = triage_table(t, n_boot, seed)
+            pooled = tt[tt.detector == "all"].set_index("event")
+            for cls, measure in (("authentic", "false alarms removed"), ("in scope, manipulated", "true evidence lost")):
+                r = pooled.loc[cls] if cls in pooled.index else None
+                row(coll, triage, measure, 0 if r is None else int(r.dropped), 0 if r is None else int(r.events),
+                    (nan, nan, nan) if r is None else (r.share_dropped, r.share_lo, r.share_hi))
+        for g in guided:
+            if (g, coll) not in results or (unguided, coll) not in results: continue
+            a, b = ({r["sample"]: r for r in results[(k, coll)]} for k in (g, unguided))
+            ids = sorted(set(a) & set(b))
+            differ = [int(_said_manipulated(a[i]) != _said_manipulated(b[i])) for i in ids]
+            m = mcnemar([_correct(a[i], "binary") for i in ids], [_correct(b[i], "binary") for i in ids])
+            row(coll, f"{g} vs {unguided}", "verdicts differ", sum(differ), len(ids), _share(differ, n_boot, seed),
+                m["a_only"], m["b_only"], m["p_value"])
+    return pd.DataFrame(out, columns=["collection", "config", "measure", "count", "of", "share", "share_lo", "share_hi",
+                                      "a_only", "b_only", "p_value"])
+
+def _pct(r) -> str: return fmt_ci((r.share, r.share_lo, r.share_hi)) + " %" if r.of else "n/a"
+
+def pool_finding(summary: pd.DataFrame, pool: str) -> str:
+    "Sentences from `pool_summary`, one per collection, generated from the numbers whichever way they go."
+    lines = []
+    for coll, s in summary.groupby("collection", sort=False):
+        m = {(r.config, r.measure): r for r in s.itertuples()}
+        parts = []
+        fire, called = m.get(("fusion", "authentic images with any fire")), m.get(("fusion", "authentic images called manipulated"))
+        if fire is not None:
+            parts.append(f"some detector fired on {fire.count} of {fire.of} authentic images ({_pct(fire)}) and fusion called "
+                         f"{called.count} of them manipulated")
+        rem = next((r for (c, k), r in m.items() if k == "false alarms removed"), None)
+        lost = next((r for (c, k), r in m.items() if k == "true evidence lost"), None)
+        if rem is not None:
+            cmp = ("no fire event of either kind to compare" if not (rem.of and lost.of) else
+                   "a larger share of false alarms than of true evidence" if rem.share > lost.share else
+                   "no larger a share of false alarms than of true evidence")
+            parts.append(f"the rule triage's auditors dropped {rem.count} of {rem.of} fires on authentic images ({_pct(rem)}, false "
+                         f"alarms removed) and {lost.count} of {lost.of} in-scope fires on manipulated images ({_pct(lost)}, true "
+                         f"evidence lost): {cmp}")
+        for (c, k), r in m.items():
+            if k != "verdicts differ": continue
+            parts.append(f"{c.replace(' vs ', ' and ')} differ on {r.count} of {r.of} images' verdicts "
+                         f"(right only guided {int(r.a_only)}, only unguided {int(r.b_only)}, McNemar p = {r.p_value:.3g})")
+        if parts: lines.append(f"{coll.upper()}, pool {pool}: " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+def table4_rows(table4_dir: str | Path) -> tuple[dict[tuple[str, str], list[dict]], dict]:
+    """The rows a finished Table 4 scored, by (configuration, collection), read from the run folders its
+    `table4_meta.json` records, and that meta; a `TriageError` (one line) when the folder holds no finished Table 4."""
+    d = Path(table4_dir)
+    meta = d / "table4_meta.json"
+    if not meta.is_file(): raise TriageError(f"no finished Table 4 at {shown_path(d)} (no table4_meta.json)")
+    m = json.loads(meta.read_text())
+    if not m.get("runs"): raise TriageError(f"the Table 4 at {shown_path(d)} records no run folders (written by an older version): re-run it")
+    out = {}
+    for r in m["runs"]:
+        path = d / r["folder"] / "rows.jsonl"
+        if not path.is_file(): raise TriageError(f"{shown_path(path)}: missing, though {shown_path(meta)} names it")
+        by_key = {}
+        for line in path.read_text().splitlines():
+            try: x = json.loads(line)
+            except json.JSONDecodeError: continue
+            if isinstance(x, dict) and "key" in x: by_key[x["key"]] = x
+        out[(r["config"], r["collection"])] = [x for x in by_key.values() if _usable(x)]
+    return out, m
+
+def pool_changes(results: dict[tuple[str, str], list[dict]], other: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
+    """What changed between two pools, per configuration and collection both ran, on the images both scored:
+    accuracy under each (`accuracy`: this pool's, `accuracy_other`), authentic images called manipulated under each,
+    the images only this / only the other got right and the exact McNemar p-value."""
+    out = []
+    for (name, coll), rows in results.items():
+        if (name, coll) not in other: continue
+        a, b = {r["sample"]: r for r in rows}, {r["sample"]: r for r in other[(name, coll)]}
+        ids = sorted(set(a) & set(b))
+        if not ids: continue
+        ca, cb = [_correct(a[i], "binary") for i in ids], [_correct(b[i], "binary") for i in ids]
+        m = mcnemar(ca, cb)
+        auth = [i for i in ids if a[i]["label"] == 0]
+        out.append(dict(config=name, collection=coll, images=len(ids), only_here=len(set(a) - set(b)), only_other=len(set(b) - set(a)),
+                        accuracy=float(np.mean(ca)), accuracy_other=float(np.mean(cb)),
+                        authentic=len(auth), flagged=sum(_said_manipulated(a[i]) for i in auth),
+                        flagged_other=sum(_said_manipulated(b[i]) for i in auth),
+                        right_only_here=m["a_only"], right_only_other=m["b_only"], p_value=m["p_value"]))
+    return pd.DataFrame(out, columns=["config", "collection", "images", "only_here", "only_other", "accuracy", "accuracy_other",
+                                      "authentic", "flagged", "flagged_other", "right_only_here", "right_only_other", "p_value"])
+
+def pool_changes_finding(changes: pd.DataFrame, pool: str, other: str, alpha: float = 0.05) -> str:
+    "One sentence per collection from `pool_changes`: fusion's and the rule triage's accuracy under both pools, and which configurations differ at `alpha`."
+    lines = []
+    for coll, c in changes.groupby("collection", sort=False):
+        parts = [f"{r.config} {100 * r.accuracy:.1f} % with {pool} against {100 * r.accuracy_other:.1f} % with {other} "
+                 f"(authentic images called manipulated {r.flagged} against {r.flagged_other} of {r.authentic}; right only here "
+                 f"{r.right_only_here}, only there {r.right_only_other}, McNemar p = {r.p_value:.3g})"
+                 for r in c.itertuples() if r.config in ("fusion", "rules")]
+        sig = [r.config for r in c.itertuples() if r.p_value < alpha]
+        n = int(c.images.max())
+        lines.append(f"{coll.upper()}, {pool} against {other} on the same {n} images: " + "; ".join(parts)
+                     + (f"; configurations that differ at p < {alpha:g}: {', '.join(sig)}." if sig else
+                        f"; no configuration differs at p < {alpha:g}."))
+    return "\n".join(lines)
+
 # %% ../../nbs/06e_triage.study.ipynb #7eb3fbde
 def figure2(raw: pd.DataFrame, title: str = "", paper: bool = False):
     "The Figure 2 bar chart from `table4`'s raw numbers; returns the matplotlib figure."
@@ -564,10 +700,12 @@ def _usable(row: dict) -> bool:
     return row.get("status") == "ok" or (row.get("status") == "failed" and "label" in row)
 
 class GridResults(dict):
-    "Rows by (configuration, collection), with `skipped`: the cases of each left out of the rows (they raised; a re-run retries them)."
+    """Rows by (configuration, collection), with `skipped`: the cases of each left out of the rows (they raised; a re-run
+    retries them), and `folders`: the run folder of each (what `table4_rows` reads back)."""
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.skipped: dict[tuple[str, str], list[str]] = {}
+        self.folders: dict[tuple[str, str], Path] = {}
 
 def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], evidence: Evidence, out_dir: str | Path,
              workers: int = 2, progress: bool = True, chunk: int | None = None, max_attempts: int = 3,
@@ -598,6 +736,7 @@ def run_grid(configs: list[TriageConfig], collections: dict[str, list[Sample]], 
                               f"first: {bad[0]['key']}: {bad[0].get('error')}")
             results[(c.name, coll)] = [by_key[s.id] for s in ss if s.id in by_key and _usable(by_key[s.id])]
             results.skipped[(c.name, coll)] = [s.id for s in ss if s.id not in by_key or not _usable(by_key[s.id])]
+            results.folders[(c.name, coll)] = runs[c.name][0].folder
             retry = [by_key[s.id] for s in ss if s.id in by_key and by_key[s.id].get("status") == "failed" and _usable(by_key[s.id])]
             if retry:
                 warnings.warn(f"{coll}/{c.name}: {len(retry)} case(s) failed or were judged with missing auditors (counted as "
@@ -701,18 +840,43 @@ def fit_learned_judge(samples: list[Sample], evidence: Evidence, C: float = 1.0)
     if not cases: raise TriageConfigError("no labelled samples to fit the learned judge on")
     return LearnedJudge.fit(cases, names, C)
 
-def table4_rule_params(table4_dir: str | Path, given: dict | None = None) -> RuleParams:
+def table4_rule_params(table4_dir: str | Path, given: dict | None = None, detectors: list[str] | None = None) -> RuleParams:
     """The rule parameters Table 4's rows were computed with (its `table4_meta.json`), so that a study reading its rows
-    (Figure 2) computes any missing case alike; `given` parameters must match them (a `TriageConfigError` otherwise).
-    Without a recorded Table 4, `given` (or the defaults)."""
+    (Figure 2) computes any missing case alike; `given` parameters must match them, and `detectors` (the reader's pool)
+    the detectors Table 4 ran with (a `TriageConfigError` otherwise). Without a recorded Table 4, `given` (or the defaults)."""
     meta = Path(table4_dir) / "table4_meta.json"
-    rec = json.loads(meta.read_text()).get("rule_params") if meta.is_file() else None
+    m = json.loads(meta.read_text()) if meta.is_file() else {}
+    if detectors is not None and m.get("detectors") is not None and sorted(m["detectors"]) != sorted(detectors):
+        raise TriageConfigError(f"Table 4 in {shown_path(table4_dir)} ran with the detectors {', '.join(m['detectors'])} (pool "
+                                f"{m.get('pool')}), not {', '.join(detectors)}: give the pool it ran with, or read the Table 4 of this pool")
+    rec = m.get("rule_params")
     if rec is None: return RuleParams(**(given or {}))
     if given and RuleParams(**given) != RuleParams(**rec):
         diff = {k: (v, rec.get(k)) for k, v in RuleParams(**given).model_dump().items() if rec.get(k) != v}
         raise TriageConfigError(f"rule parameters {diff} (given, Table 4's) differ from those Table 4 in {table4_dir} ran with; "
                                 "re-run Table 4 with them or drop them here")
     return RuleParams(**rec)
+
+# %% ../../nbs/06e_triage.study.ipynb #09331c1a
+def _words(text: str) -> set[str]: return set(re.split(r"[^A-Za-z0-9_.-]+", text.lower()))
+
+def check_trust_store(store: Any, collections: list[str], detectors: list[str], name: str = "the trust store") -> None:
+    """Refuse a trust store (`triage.trust.TrustStore`) for a Table 4 that scores `collections` with `detectors` (a
+    `TriageConfigError`, one line): one whose recorded sources name a collection Table 4 scores (it would judge images
+    it was fitted on; a source names its collection by key, e.g. `id: 240 images`), one that records no sources (that
+    cannot be checked), and one that has not seen every detector of the pool (the judge would ignore their outputs)."""
+    sources = list(getattr(store, "sources", []) or [])
+    if not sources:
+        raise TriageConfigError(f"{name} records no sources, so Table 4 cannot check it was not fitted on the images it scores; "
+                                "fit it with `forensicslab trust fit DATASET... --out FILE`")
+    hit = sorted({c for c in collections for s in sources if c.lower() in _words(s)})
+    if hit:
+        raise TriageConfigError(f"{name} was fitted on {'; '.join(sources)}, which holds the collection(s) {', '.join(hit)} this "
+                                "Table 4 scores: fit it on other data (e.g. bench:train) or score other collections")
+    unseen = sorted(set(detectors) - set(store.detectors))
+    if unseen:
+        raise TriageConfigError(f"{name} has no experience with {', '.join(unseen)} of this pool (it knows {', '.join(store.detectors)}): "
+                                "fit it with the same pool")
 
 # %% ../../nbs/06e_triage.study.ipynb #1e5c93bc
 def study_configs(backbone: str = "", other: str = "", judge_only: str = "", offline: bool = True) -> list[TriageConfig]:
