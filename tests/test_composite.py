@@ -1,0 +1,153 @@
+"Composite manipulations (issue 28 items 5-6): the benchmark's composite collection, families and masks per family through every reader, the composite-aware judge and its scoring."
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from forensicslab.core import FAMILIES, Detection, Sample
+from forensicslab.data import bench
+from forensicslab.data.bench import COLLECTIONS, COMPOSITE, COMPOSITE_RECIPES, BenchSizes, ensure_bench, load_bench
+from forensicslab.data.datasets import DatasetError, DatasetSpec, family_masks, has_families, is_composite, load_manifest, sample_families, stratified_draw
+from forensicslab.metrics import MetricError, family_recall, mask_scores, set_arbitration
+from forensicslab.triage.judge import (CompositeJudge, TriagePipeline, arbitrated_families, composite_case, composite_extend,
+                                       decisive_by_family)
+from forensicslab.triage.records import AuditVerdict, Verdict, make_card
+from forensicslab.triage.rules import RuleAuditor, RuleJudge
+
+
+@pytest.fixture(scope="module")
+def comp(tmp_path_factory):
+    "A composite collection of one image per recipe at 128 px, written by the builder itself (no other collection needed)."
+    root = tmp_path_factory.mktemp("comp")
+    models, sums = bench.load_generators()
+    ss = bench._build_composite(root, 0, 1, 128, models, sums, lambda m: None, set())
+    return root, ss
+
+
+def _bytes(root: Path, sub: str) -> str:
+    h = hashlib.sha256()
+    for p in sorted((root / sub).rglob("*")):
+        if p.is_file(): h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_composite_samples_carry_two_families_with_disjoint_masks(comp):
+    root, ss = comp
+    assert [s.provenance["recipe"] for s in ss] == list(COMPOSITE_RECIPES)
+    for s in ss:
+        fams = sample_families(s)
+        assert tuple(fams) == COMPOSITE_RECIPES[s.provenance["recipe"]] and set(fams) <= set(FAMILIES)
+        assert s.label == 1 and s.family is None and is_composite(s)
+        ms = {f: np.asarray(Image.open(root / p)) > 127 for f, p in family_masks(s).items()}
+        a, b = ms.values()
+        assert a.any() and b.any() and not (a & b).any(), s.id
+        assert np.array_equal(np.asarray(Image.open(root / s.mask)) > 127, a | b)
+    assert has_families(ss)
+    assert sorted({"+".join(sample_families(s)) for s in stratified_draw(ss, n_per_family=1)}) == sorted("+".join(v) for v in COMPOSITE_RECIPES.values())
+
+
+def test_composite_manifest_round_trips_through_the_manifest_reader(comp):
+    root, ss = comp
+    got = {s.id: s for s in load_manifest(root / COMPOSITE / "manifest.csv")}
+    for s in ss:
+        g = got[s.id]
+        assert sample_families(g) == sample_families(s) and g.family is None and g.label == 1
+        assert {f: Path(p) for f, p in family_masks(g).items()} == {f: (root / p).resolve() for f, p in family_masks(s).items()}
+
+
+def test_composite_build_is_deterministic(comp, tmp_path):
+    root, ss = comp
+    models, sums = bench.load_generators()
+    again = bench._build_composite(tmp_path, 0, 1, 128, models, sums, lambda m: None, set())
+    assert [s.provenance["hash"] for s in again] == [s.provenance["hash"] for s in ss]
+    other = bench._build_composite(tmp_path / "seed1", 1, 1, 128, models, sums, lambda m: None, set())
+    assert not {s.provenance["hash"] for s in other} & {s.provenance["hash"] for s in ss}   # the seed reaches the composite stream
+    with pytest.raises(bench.BenchError, match="same pixels"):
+        bench._build_composite(tmp_path / "dup", 0, 1, 128, models, sums, lambda m: None, {ss[0].provenance["hash"]})
+
+
+def test_single_family_readers_unchanged(tmp_path):
+    "Old manifests and single-edit samples: one family, the sample's own mask."
+    (tmp_path / "a.png").write_bytes(b"")
+    s = Sample(id="x", image="a.png", label=1, family="splice", mask="m.png")
+    assert sample_families(s) == ["splice"] and family_masks(s) == {"splice": "m.png"} and not is_composite(s)
+    assert sample_families(Sample(id="y", image="a.png", label=0)) == []
+    assert sample_families(Sample(id="z", image="a.png", label=1)) == [] and family_masks(Sample(id="z", image="a.png", label=1)) == {}
+    (tmp_path / "m.csv").write_text("image,label,family\na.png,1,splice\n")
+    assert [sample_families(x) for x in load_manifest(tmp_path / "m.csv")] == [["splice"]]
+    (tmp_path / "bad.csv").write_text("image,label,family,families\na.png,1,face,splice;gen_inpaint\n")
+    with pytest.raises(DatasetError, match="not both"): load_manifest(tmp_path / "bad.csv")
+
+
+def test_bench_spec_names_the_composite_collection():
+    assert (DatasetSpec.parse("composite").kind, DatasetSpec.parse("bench:composite").arg) == ("bench", COMPOSITE)
+    with pytest.raises(DatasetError, match="composite"): DatasetSpec.parse("bench:composites")
+    with pytest.raises(bench.BenchError, match="composite"): load_bench("composites", "/nonexistent")
+
+
+def _map(*boxes):
+    h = np.zeros((64, 64), np.float32)
+    for y0, y1, x0, x1 in boxes: h[y0:y1, x0:x1] = 0.9
+    return h
+
+
+CARDS = {"face_blend": make_card("face_blend", ["face"], True), "noise": make_card("noise", ["classic_inpaint"], True),
+         "cfa": make_card("cfa", ["splice"], True)}
+
+
+def test_composite_rule_adds_only_disjoint_localised_scopes():
+    dets = {"face_blend": Detection.from_score("face_blend", 0.9, heatmap=_map((0, 20, 0, 20))),
+            "noise": Detection.from_score("noise", 0.7, heatmap=_map((40, 60, 40, 60))),
+            "cfa": Detection.from_score("cfa", 0.8, heatmap=_map((4, 24, 4, 24)))}
+    one = Verdict(reasoning="f", is_manipulated=True, locality="local", arbitrated_tools=["face_blend"], decision_path=["p"])
+    v = composite_extend(one, dets, CARDS)
+    assert v.arbitrated_tools == ["face_blend", "noise"] and arbitrated_families(v, CARDS) == ["face", "classic_inpaint"]
+    assert decisive_by_family(v, CARDS) == {"face": "face_blend", "classic_inpaint": "noise"}
+    # the same scene with the inpainting map moved onto the face: nothing is added
+    moved = {**dets, "noise": Detection.from_score("noise", 0.7, heatmap=_map((2, 22, 2, 22)))}
+    assert composite_extend(one, moved, CARDS).arbitrated_tools == ["face_blend"]
+    # a dropped detection is not a candidate
+    drop = {"noise": AuditVerdict(reasoning="r", tool_id="noise", audit_verdict="invalid")}
+    assert composite_extend(one, dets, CARDS, drop).arbitrated_tools == ["face_blend"]
+
+
+def test_composite_judge_in_a_pipeline_keeps_the_base_decision():
+    "No face in a grey image: the rule auditor drops face_blend; the splice and inpainting maps are kept and disjoint."
+    dets = {"cfa": Detection.from_score("cfa", 0.9, heatmap=_map((0, 20, 0, 20))),
+            "noise": Detection.from_score("noise", 0.7, heatmap=_map((40, 60, 40, 60)))}
+    img = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    base = TriagePipeline("rules", auditor=RuleAuditor(), judge=RuleJudge())(img, dets, CARDS).verdict
+    comp = TriagePipeline("rules+composite", auditor=RuleAuditor(), judge=CompositeJudge(RuleJudge()))(img, dets, CARDS).verdict
+    assert comp.is_manipulated == base.is_manipulated and comp.decisive == base.decisive
+    assert len(arbitrated_families(comp, CARDS)) == len(arbitrated_families(base, CARDS)) + 1
+
+
+def test_right_family_wrong_region_is_visible(tmp_path):
+    for f, box in (("face", (0, 20, 0, 20)), ("classic_inpaint", (40, 60, 40, 60))):
+        Image.fromarray((_map(box) > 0).astype(np.uint8) * 255).save(tmp_path / f"{f}.png")
+    s = Sample(id="c", image="x.png", label=1, provenance={"families": ["face", "classic_inpaint"],
+                                                           "masks": {f: str(tmp_path / f"{f}.png") for f in ("face", "classic_inpaint")}})
+    v = Verdict(reasoning="f", is_manipulated=True, locality="local", arbitrated_tools=["face_blend"], decision_path=["p"])
+    right = composite_case(s, v, {"face_blend": Detection.from_score("face_blend", 0.9, heatmap=_map((0, 20, 0, 20)))}, CARDS)
+    wrong = composite_case(s, v, {"face_blend": Detection.from_score("face_blend", 0.9, heatmap=_map((40, 60, 40, 60)))}, CARDS)
+    assert right["jaccard"] == wrong["jaccard"] == 0.5                 # the family set cannot tell them apart ...
+    assert right["region"]["face"]["iou"] == 1.0 and wrong["region"]["face"]["iou"] == 0.0   # ... the region can
+    assert wrong["other"]["face"]["iou"] == 1.0
+
+
+def test_set_metrics_refuse_unpaired_inputs():
+    with pytest.raises(MetricError): set_arbitration([{"a"}], [])
+    with pytest.raises(MetricError): family_recall([{"a"}, {"b"}], [{"a"}])
+    with pytest.raises(MetricError): mask_scores(np.zeros((2, 2), bool), np.zeros((3, 3), bool))
+
+
+def test_adding_the_composite_collection_leaves_the_others_byte_identical(tmp_path, monkeypatch):
+    "Two tiny builds, with and without the composite step: train, id and ood hold the same bytes (13 s on the shared 2-core machine)."
+    sizes = BenchSizes.tiny()
+    with_c = ensure_bench(tmp_path / "with", 0, sizes, log=lambda m: None)
+    monkeypatch.setattr(bench, "_build_composite", lambda *a, **k: [])
+    without = ensure_bench(tmp_path / "without", 0, sizes, log=lambda m: None)
+    assert (with_c / COMPOSITE).is_dir() and not (without / COMPOSITE).exists()
+    for c in COLLECTIONS: assert _bytes(with_c, c) == _bytes(without, c), c
