@@ -1,4 +1,4 @@
-"""Binary metrics with bootstrap confidence intervals, paired McNemar tests, and table writers shared by every study.
+"""Binary metrics with bootstrap confidence intervals, paired McNemar tests, family-set and region scores, and table writers shared by every study.
 
 Docs: https://forensicslab.github.io/forensicslab/metrics.html.md"""
 

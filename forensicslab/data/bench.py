@@ -1,4 +1,4 @@
-"""A small, seeded forgery benchmark built on any machine from the photographs that ship inside PyPI packages: `train`, an in-distribution collection grouped per detector, and an out-of-distribution collection.
+"""A small, seeded forgery benchmark built on any machine from the photographs that ship inside PyPI packages: `train`, an in-distribution collection grouped per detector, an out-of-distribution collection, and a `composite` collection of images with two manipulations of different families (one mask per family).
 
 Docs: https://forensicslab.github.io/forensicslab/data.bench.html.md"""
 

@@ -1,4 +1,4 @@
-"""The pipeline that runs the roles of a configuration on one case (Stage 1 auditors, then the Stage 2 judge, or one single agent), and the two no-agent fusions the paper compares against.
+"""The pipeline that runs the roles of a configuration on one case (Stage 1 auditors, then the Stage 2 judge, or one single agent), the two no-agent fusions the paper compares against, and a composite-aware extension that accepts several families when their maps localise disjoint regions.
 
 Docs: https://forensicslab.github.io/forensicslab/triage.judge.html.md"""
 
