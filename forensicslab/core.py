@@ -14,9 +14,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # %% auto #0
-__all__ = ['FAMILIES', 'FAMILY_PARENTS', 'ForensicsLabError', 'jsonable', 'register_family', 'family_lineage', 'Box',
-           'EvidenceItem', 'Sample', 'save_samples', 'load_samples', 'ToolCard', 'Detection', 'Detector', 'ChatMessage',
-           'Reply', 'ChatFailure', 'ChatModel']
+__all__ = ['FAMILIES', 'FAMILY_PARENTS', 'ForensicsLabError', 'jsonable', 'UnknownName', 'NameTaken', 'Registry',
+           'register_family', 'family_lineage', 'Box', 'EvidenceItem', 'Sample', 'save_samples', 'load_samples',
+           'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
 
 # %% ../nbs/00_core.ipynb #9839d780
 class ForensicsLabError(Exception):
@@ -38,8 +38,54 @@ def jsonable(x: Any, digits: Optional[int] = None) -> Any:
     if isinstance(x, Path): return str(x)
     return x
 
+# %% ../nbs/00_core.ipynb #a1e0c002
+class UnknownName(ForensicsLabError, KeyError):
+    "A name that no entry of a `Registry` has; the one-line message lists the registered names."
+    def __str__(self): return str(self.args[0]) if self.args else ""
+
+class NameTaken(ForensicsLabError, ValueError):
+    "A name already registered to another entry, registered again without `replace=True`."
+
+_NO_DEFAULT = object()
+
+class Registry(dict):
+    """Entries of one `kind` by name: `register(name, obj)` or `@reg.register(name)`, `get(name)` / `reg[name]`
+    (an unknown name raises `error`, by default `UnknownName`, with one line listing the names), `names()` and
+    `unregister(name)`. It is a dict, so `in`, iteration, `items()` and `del` work as they always did."""
+    def __init__(self, kind: str, entries=(), *, error: type[Exception] = UnknownName):
+        super().__init__(entries)
+        self.kind, self.error = kind, error
+
+    def register(self, name: str, obj: Any = _NO_DEFAULT, *, replace: bool = True):
+        "Add `obj` as `name` and return it (without `obj`: a decorator); `replace=False` refuses a name another entry holds."
+        if obj is _NO_DEFAULT: return lambda o: self.register(name, o, replace=replace)
+        if not replace and name in self and dict.__getitem__(self, name) is not obj:
+            raise NameTaken(f"a {self.kind} is already registered as {name!r}; pick another name or pass replace=True")
+        self[name] = obj
+        return obj
+
+    def unregister(self, name: str) -> None:
+        "Remove `name` if it is there."
+        self.pop(name, None)
+
+    def names(self) -> list[str]:
+        "The registered names, sorted."
+        return sorted(self)
+
+    def unknown(self, name: str) -> Exception:
+        "The error for a name that is not registered: one line that lists the names that are."
+        return self.error(f"no {self.kind} named {name!r}; registered: {', '.join(self.names()) or 'none'}")
+
+    def get(self, name: str, default: Any = _NO_DEFAULT) -> Any:
+        "The entry `name`; an unknown one raises `unknown(name)` unless a `default` is given."
+        if name in self: return dict.__getitem__(self, name)
+        if default is _NO_DEFAULT: raise self.unknown(name)
+        return default
+
+    def __missing__(self, name): raise self.unknown(name)
+
 # %% ../nbs/00_core.ipynb #acb8ed9a
-FAMILIES: dict[str, str] = {
+FAMILIES: Registry = Registry("manipulation family", {
     "synthesis": "whole-image synthesis by a generative model",
     "face": "face manipulation: swap, blend, reenactment or warp",
     "gen_inpaint": "generative inpainting: a learned model fills a region",
@@ -47,7 +93,7 @@ FAMILIES: dict[str, str] = {
     "splice": "splicing and copy-move: regions pasted from another or the same image",
     "diffusion_inpaint": "diffusion inpainting: a diffusion model fills a region (a kind of gen_inpaint)",
     "gan_inpaint": "GAN inpainting: a GAN or other non-diffusion network fills a region (a kind of gen_inpaint)",
-}
+})
 "Default manipulation taxonomy (family id -> description). Extend it with `register_family`."
 FAMILY_PARENTS: dict[str, str] = {"diffusion_inpaint": "gen_inpaint", "gan_inpaint": "gen_inpaint"}
 "Finer families and the broader family each refines: a card whose scope names the parent covers the child."
@@ -57,7 +103,7 @@ def register_family(name: str, description: str, parent: Optional[str] = None) -
     if not name.isidentifier(): raise ValueError(f"family name {name!r} must be a Python identifier, e.g. 'gan_face'")
     if parent is not None and parent not in FAMILIES: raise ValueError(f"parent family {parent!r} of {name!r} is unknown; known: {sorted(FAMILIES)}")
     if parent == name or (parent is not None and name in family_lineage(parent)): raise ValueError(f"family {name!r} cannot refine {parent!r}: a loop")
-    FAMILIES[name] = description
+    FAMILIES.register(name, description)
     if parent is not None: FAMILY_PARENTS[name] = parent
 
 def family_lineage(family: str) -> list[str]:

@@ -27,7 +27,7 @@ from .cache import ChatCache, default_cache_path
 from .backends import Blocked
 from .models import ModelControls, get_model
 from .reliability import PriceTable, read_trace, redact
-from ..core import ChatFailure, ChatMessage, ForensicsLabError
+from ..core import ChatFailure, ChatMessage, ForensicsLabError, Registry
 
 
 # %% auto #0
@@ -168,13 +168,12 @@ class _Probe(BaseModel):
     verdict: Literal["authentic", "manipulated"]
     confidence: float
 
-CHECK_ROLES: dict[str, CheckRole] = {}
+CHECK_ROLES: Registry = Registry("check role")
 "The roles `models check` tries, by name (built-in probes first; studies add theirs with `register_check_role`)."
 
 def register_check_role(name: str, schema: Optional[type[BaseModel]], prompt: str, image: bool = False, **params) -> CheckRole:
     "Add (or replace) a role of `models check`."
-    CHECK_ROLES[name] = CheckRole(name, schema, prompt, image, params)
-    return CHECK_ROLES[name]
+    return CHECK_ROLES.register(name, CheckRole(name, schema, prompt, image, params))
 
 register_check_role("probe-schema-vision", _Probe, "Is this small image manipulated? Answer briefly.", image=True)
 register_check_role("probe-free-text", None, "In one short sentence: what does a JPEG quantisation table record?")
@@ -192,8 +191,7 @@ def check_model(spec: Any, controls: ModelControls, roles: Optional[list[str]] =
     `base_url`); a row per role: `accepted`, `validated`, `finish`, `input_tokens`, `output_tokens`, `cost_usd`
     (None: unpriced), `seconds`, `error`."""
     names = roles or list(CHECK_ROLES)
-    unknown = [n for n in names if n not in CHECK_ROLES]
-    if unknown: raise ForensicsLabError(f"unknown role(s) {unknown}; known: {sorted(CHECK_ROLES)}")
+    for n in names: CHECK_ROLES.get(n)   # an unknown role: one line listing the registered ones, before any request
     rows = []
     with tempfile.TemporaryDirectory() as d:
         trace = Path(d) / "check.jsonl"

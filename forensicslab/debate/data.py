@@ -20,7 +20,7 @@ import yaml
 from PIL import Image
 from skimage import data as skdata
 
-from ..core import ForensicsLabError, Sample
+from ..core import ForensicsLabError, Registry, Sample
 from ..data.datasets import MissingData
 from ..metrics import paper_numbers
 from ..runs import cache_dir, project_root
@@ -282,7 +282,10 @@ def build_source_index(ds: OOCDataset, path: str | Path | None = None):
     return ix
 
 # %% ../../nbs/07b_debate.data.ipynb #7b4ecd5e
-FETCH = {
+class FetchError(ForensicsLabError, RuntimeError):
+    "A dataset download failed (HTTP error, a cap exceeded, or a file that is not what it should be)."
+
+FETCH: Registry = Registry("dataset download", {
     "verite": {"base_url": "https://raw.githubusercontent.com/stevejpapad/image-text-verification/HEAD/VERITE",
                "files": ["VERITE.csv", "VERITE_articles.csv", "VERITE_clip_image_embeddings_ViTL14.npy",
                          "VERITE_clip_text_embeddings_ViTL14.npy"],
@@ -290,10 +293,7 @@ FETCH = {
     "newsclippings": {"base_url": "https://huggingface.co/g-luo/news-clippings/resolve/main",
                       "files": [f"data/merged_balanced/{s}.json" for s in ("train", "val", "test")], "dest": "news_clippings",
                       "note": "VisualNews (images, captions) must be requested at https://github.com/FuxiaoLiu/VisualNews-Repository"},
-}
-
-class FetchError(ForensicsLabError, RuntimeError):
-    "A dataset download failed (HTTP error, a cap exceeded, or a file that is not what it should be)."
+}, error=FetchError)
 
 def _check_file(path: Path, name: str) -> None:
     head = path.read_bytes()[:4096]
@@ -328,7 +328,7 @@ def _download(client, url: str, dest: Path, max_bytes: int) -> int:
 def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[str] = None, force: bool = False,
                   max_bytes: int = 500_000_000, timeout: float = 60.0, log=print) -> Path:
     "Download dataset `name`'s public files into `root` (default: `$FORENSICSLAB_<NAME>` or `<repo>/data/<name>`); returns the root."
-    if name not in FETCH: raise FetchError(f"no download for {name!r}; fetchable: {', '.join(FETCH)}. {DOWNLOADS.get(name, '')}")
+    if name not in FETCH: raise FetchError(f"{FETCH.unknown(name)}. {DOWNLOADS.get(name, '')}".strip())
     spec = FETCH[name]
     root = Path(root or os.environ.get(f"FORENSICSLAB_{name.upper()}") or project_root() / "data" / name).expanduser()
     base = (base_url or spec["base_url"]).rstrip("/")
@@ -500,10 +500,10 @@ def load_user_study(path: str | Path, groups: Optional[dict] = None) -> UserStud
     return UserStudy(ans, str(p))
 
 # %% ../../nbs/07b_debate.data.ipynb #f5b1b06d
-LOADERS = {"verite": load_verite, "newsclippings": load_newsclippings, "mmfakebench": load_mmfakebench,
-           "teaching": lambda root=None, **kw: build_teaching_set(root, **kw)}
+LOADERS: Registry = Registry("out-of-context dataset", {
+    "verite": load_verite, "newsclippings": load_newsclippings, "mmfakebench": load_mmfakebench,
+    "teaching": lambda root=None, **kw: build_teaching_set(root, **kw)}, error=DatasetError)
 
 def load_ooc(name: str, root: str | Path | None = None, **kw) -> OOCDataset:
     "Load an out-of-context dataset by name (`verite`, `newsclippings`, `mmfakebench`, or the built `teaching` set)."
-    if name not in LOADERS: raise DatasetError(f"unknown dataset {name!r}; known: {sorted(LOADERS)}")
-    return LOADERS[name](root, **kw)
+    return LOADERS.get(name)(root, **kw)   # an unknown name: a DatasetError listing the registered ones

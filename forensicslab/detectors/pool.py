@@ -32,7 +32,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydantic import ValidationError
 
 import forensicslab
-from ..core import FAMILIES, Detection, Detector, ForensicsLabError, ToolCard, jsonable, register_family
+from ..core import FAMILIES, Detection, Detector, ForensicsLabError, Registry, ToolCard, UnknownName, jsonable, register_family
 from ..imageio import ImageSource, LoadedImage, fit_within, load_image
 
 # %% auto #0
@@ -51,9 +51,8 @@ CARDS_DIR = Path(forensicslab.__file__).parent / "detectors" / "builtin"
 class CardError(ForensicsLabError, ValueError):
     "A tool card that is missing or invalid; the message names the file and what to fix."
 
-class DetectorNotFound(ForensicsLabError, KeyError):
+class DetectorNotFound(UnknownName):
     "No detector is registered under the name asked for; the message lists the registered ones."
-    def __str__(self): return str(self.args[0]) if self.args else ""
 
 def available_cards(cards_dir: str | Path | None = None) -> list[str]:
     "Ids of the cards in `cards_dir` (default: the built-in cards folder)."
@@ -133,8 +132,8 @@ def linear(x: float, lo: float = 0.0, hi: float = 1.0) -> float:
     if hi <= lo: raise ValueError(f"linear needs hi > lo, got lo={lo}, hi={hi}")
     return float(min(1.0, max(0.0, (float(x) - lo) / (hi - lo))))
 
-NORMALISERS: dict[str, Callable[..., float]] = dict(identity=identity, logistic=logistic, two_sided=two_sided, linear=linear)
-"Normalisation rules a card may name."
+NORMALISERS: Registry = Registry("normalisation", dict(identity=identity, logistic=logistic, two_sided=two_sided, linear=linear))
+"Normalisation rules a card may name (`NORMALISERS.register(name, fn)` adds one: `fn(x, **numbers) -> [0, 1]`)."
 
 # %% ../../nbs/04_detectors.pool.ipynb #cc1586ac
 _RULE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:\(([^)]*)\))?")
@@ -184,7 +183,7 @@ def make_detection(card: ToolCard, value: float, raw: dict | None = None, heatma
 
 # %% ../../nbs/04_detectors.pool.ipynb #25324886
 ENTRY_POINT_GROUP = "forensicslab.detectors"
-_FACTORIES: dict[str, Callable[[], Any]] = {}
+_FACTORIES: Registry = Registry("detector", error=DetectorNotFound)   # id -> class or zero-argument factory
 _INSTANCES: dict[str, Any] = {}
 _ERRORS: dict[str, str] = {}
 _LOCK = threading.RLock()
@@ -207,7 +206,7 @@ def register(id: str, *, replace: bool = False, opt_in: Optional[bool] = None):
             if card.id != id: raise ValueError(f"detector registered as {id!r} carries the card of {card.id!r}")
             if not callable(getattr(cls, "detect", None)): raise TypeError(f"detector {id!r}: class {cls.__name__} has no detect(image) method")
         with _LOCK:
-            old = _FACTORIES.get(id)
+            old = _FACTORIES.get(id, None)
             # the same class defined again (a re-imported module, or a notebook re-defining the class its
             # module exports, which runs as `__main__`) replaces the old registration
             mods = {getattr(old, "__module__", None), getattr(cls, "__module__", None)}
@@ -215,7 +214,7 @@ def register(id: str, *, replace: bool = False, opt_in: Optional[bool] = None):
                    and (len(mods) == 1 or "__main__" in mods)
             if old is not None and old is not cls and not (replace or same):
                 raise ValueError(f"a detector is already registered as {id!r} ({old!r}); pick another id or pass replace=True")
-            _FACTORIES[id] = cls
+            _FACTORIES.register(id, cls)
             _INSTANCES.pop(id, None)
             if opt_in if opt_in is not None else str(getattr(cls, "__module__", "")).startswith(OPT_IN_PACKAGES): OPT_IN.add(id)
             else: OPT_IN.discard(id)
@@ -225,7 +224,7 @@ def register(id: str, *, replace: bool = False, opt_in: Optional[bool] = None):
 def unregister(id: str) -> None:
     "Remove a detector from the registry (tests, or replacing a remote one)."
     with _LOCK:
-        _FACTORIES.pop(id, None)
+        _FACTORIES.unregister(id)
         _INSTANCES.pop(id, None)
         OPT_IN.discard(id)
 
@@ -266,9 +265,7 @@ def get_detector(name: str) -> Detector:
     discover()
     with _LOCK:
         if name in _INSTANCES: return _INSTANCES[name]
-        if name not in _FACTORIES:
-            raise DetectorNotFound(f"no detector named {name!r}; registered: {', '.join(sorted(_FACTORIES)) or 'none'}")
-        det = _FACTORIES[name]()
+        det = _FACTORIES.get(name)()   # an unknown name: DetectorNotFound listing the registered ones
         if not isinstance(getattr(det, "card", None), ToolCard) or not callable(getattr(det, "detect", None)):
             raise TypeError(f"detector {name!r}: {det!r} does not follow the Detector protocol (card + detect)")
         _INSTANCES[name] = det

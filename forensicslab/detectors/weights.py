@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..core import ForensicsLabError
+from ..core import ForensicsLabError, Registry
 from ..runs import cache_dir
 from .imdl import CheckpointError
 
@@ -60,19 +60,16 @@ class WeightsSource:
     check: Optional[Callable[[Path], None]] = None
     note: str = ""
 
-SOURCES: dict[str, WeightsSource] = {}
+SOURCES: Registry = Registry("weights source", error=WeightsError)
 "Registered weight sources by detector id (each paper adapter registers its own)."
 
 def register_source(src: WeightsSource) -> WeightsSource:
     "Add (or replace) the weights source of detector `src.id`."
-    SOURCES[src.id] = src
-    return src
+    return SOURCES.register(src.id, src)
 
 def get_source(det_id: str) -> WeightsSource:
     "The weights source of `det_id`, or a `WeightsError` listing the known ones."
-    if det_id not in SOURCES:
-        raise WeightsError(f"no weights source for detector {det_id!r}; known: {', '.join(sorted(SOURCES)) or 'none'}")
-    return SOURCES[det_id]
+    return SOURCES.get(det_id)
 
 def weights_dir(det_id: str) -> Path:
     "Folder of detector `det_id`'s weight files: `$FORENSICSLAB_WEIGHTS_DIR/<id>`, else `<user cache>/weights/<id>`."

@@ -90,7 +90,7 @@ def paper_pool() -> list[str]:
 
 def preset_members(name: str) -> list[str]:
     "Registered detectors (opt-in included) whose class names the preset `name` in its `preset` attribute, sorted."
-    return [i for i in list_detectors(include_opt_in=True) if getattr(_FACTORIES.get(i), "preset", None) == name]
+    return [i for i in list_detectors(include_opt_in=True) if getattr(_FACTORIES.get(i, None), "preset", None) == name]
 
 def resolve_pool(spec: str | None) -> list[str]:
     "Detector ids for a pool name (`default`, `paper`, `builtin-ungated`) or a comma-separated list of ids."
