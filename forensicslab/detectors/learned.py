@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -157,6 +157,29 @@ def _load_mask(s: Sample, shape) -> np.ndarray:
     if not s.mask: return np.zeros(shape[:2], np.float32)
     return (np.asarray(load_image(s.mask).rgb[..., 0]) > 127).astype(np.float32)
 
+def _fit_classifier(model: nn.Module, data: list, weights: np.ndarray, rng, steps: int, batch: int, lr: float,
+                    draw: Callable, name: str, log, log_every: int) -> nn.Module:
+    """The image classifiers' training loop: `batch` weighted draws of `data` items per step, each turned into a
+    patch and its label by `draw(rng, item) -> (patch, y)`, then a random flip; BCE, AdamW, one-cycle schedule.
+    Random numbers are drawn in the order the trainers always drew them (choice, the draw's own, flip)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    model.train()
+    for step in range(steps):
+        xs, ys = [], []
+        for i in rng.choice(len(data), batch, p=weights):
+            p, y = draw(rng, data[i])
+            if rng.random() < 0.5: p = p[:, ::-1]
+            xs.append(to_tensor(p))
+            ys.append(y)
+        loss = F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if log and (step + 1) % log_every == 0: log(f"{name} step {step+1}/{steps} loss {loss.item():.4f}")
+    return model.eval()
+
 def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop: int = 64, lr: float = 2e-3,
               seed: int = 0, log_every: int = 100, log=print) -> NPRNet:
     "Train `NPRNet` on synthesis images (label 1) against authentic ones (label 0) of the `train` collection."
@@ -167,27 +190,12 @@ def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = NPRNet()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
     weights = np.array([0.5 / len(pos)] * len(pos) + [0.5 / len(neg)] * len(neg))   # balanced classes
-    model.train()
-    for step in range(steps):
-        idx = rng.choice(len(imgs), batch, p=weights)
-        xs, ys = [], []
-        for i in idx:
-            a, y = imgs[i]
-            r, c = _crop(rng, a, crop, 2)
-            p = a[r:r + crop, c:c + crop]
-            if rng.random() < 0.5: p = p[:, ::-1]
-            xs.append(to_tensor(p))
-            ys.append(y)
-        loss = F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if log and (step + 1) % log_every == 0: log(f"npr step {step+1}/{steps} loss {loss.item():.4f}")
-    return model.eval()
+    def draw(rng, item):   # a random crop on the even pixel grid (NPR reads the grid's phase)
+        a, y = item
+        r, c = _crop(rng, a, crop, 2)
+        return a[r:r + crop, c:c + crop], y
+    return _fit_classifier(model, imgs, weights, rng, steps, batch, lr, draw, "npr", log, log_every)
 
 # %% ../../nbs/04i_detectors.learned.ipynb #9a8221a4
 def _fit_segmenter(model: nn.Module, data: list, weights: np.ndarray, rng, steps: int, batch: int, crop: int, lr: float,
@@ -295,27 +303,13 @@ def train_face_swap_net(samples: Sequence[Sample], steps: int = 300, batch: int 
             a = _load_rgb(s)
             data.append((a, face_box(a)[0], float(s.label)))
         model = FaceCropNet()
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
         n1 = sum(y for _, _, y in data)
         weights = np.array([0.5 / n1 if y else 0.5 / (len(data) - n1) for _, _, y in data])
-        model.train()
-        for step in range(steps):
-            xs, ys = [], []
-            for i in rng.choice(len(data), batch, p=weights):
-                a, box, y = data[i]
-                p = face_crop(a, box, shift=tuple(rng.uniform(-0.08, 0.08, 2)), zoom=float(rng.uniform(0.9, 1.1)))
-                if rng.random() < 0.5: p = p[:, ::-1]
-                xs.append(to_tensor(p))
-                ys.append(y)
-            loss = F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            if log and (step + 1) % log_every == 0: log(f"face_swap_net step {step+1}/{steps} loss {loss.item():.4f}")
+        def draw(rng, item):   # a face crop, its centre and size jittered
+            a, box, y = item
+            return face_crop(a, box, shift=tuple(rng.uniform(-0.08, 0.08, 2)), zoom=float(rng.uniform(0.9, 1.1))), y
+        return _fit_classifier(model, data, weights, rng, steps, batch, lr, draw, "face_swap_net", log, log_every)
     finally: torch.set_num_threads(n_threads)
-    return model.eval()
 
 SPLICE_GROUPS = ("adq", "copymove", "cfa")
 "The benchmark groups whose manipulations are splices (the `splice` family): `splice_net`'s own family."
