@@ -202,6 +202,7 @@ class CappedReply:
         "The body parsed as JSON (strict UTF-8)."
         return json.loads(self.text())
 
+# %% ../nbs/01a_net.ipynb #65fe9015
 def _read_capped(r: httpx.Response, what: str, end: float, deadline_s: float, max_bytes: int, clock, chunks,
                  truncate: bool = False) -> bytes:
     """The body of the open reply `r` (its `chunks()`), read whole by `end` (a timer closes the stream then, whatever
@@ -254,6 +255,7 @@ def request_capped(client: httpx.Client, method: str, url: str, *, deadline_s: f
             raise DeadlineExceeded(f"{what}: no complete reply within the {deadline_s:g} s deadline") from None
         raise Retryable(f"{what}: connection failed ({type(e).__name__})") from None
 
+# %% ../nbs/01a_net.ipynb #c7e94636
 class CappedTransport(httpx.HTTPTransport):
     """An httpx transport that reads every reply whole before handing it on, within the request's timeout taken as
     one total deadline (connection, headers and the whole body; none given: an hour) and at most `max_bytes` bytes
