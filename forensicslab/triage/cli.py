@@ -207,6 +207,7 @@ def expand_inputs(paths: list[str | Path]) -> list[Path]:
     "Image files from files and folders (folders searched recursively for known image extensions), in order, unique."
     return [p for p, _ in collect_inputs(paths).files]
 
+# %% ../../nbs/06g_triage.cli.ipynb #e21a7219
 def report_name(name: str, sha256: str) -> str:
     "The report file of an image: its relative name made safe for a file name, and a hash of name and content (never a position)."
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:70] or "image"
@@ -219,6 +220,7 @@ def _sha256(p: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""): h.update(block)
     return h.hexdigest()
 
+# %% ../../nbs/06g_triage.cli.ipynb #f306d7d1
 def _case_row(p: Path, name: str, sha: str, out: Path, config: str, backends: dict, detectors, cache: bool, model_cache: str,
               history: dict, max_attempts: int, controls=None, reference=None, trust=None, provenance: bool = True,
               trust_store=None) -> dict:
@@ -302,6 +304,7 @@ def index_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
         flat.append(f)
     return flat, dets
 
+# %% ../../nbs/06g_triage.cli.ipynb #a426a4ec
 def write_index(out: Path, rows: list[dict], title: str, about: dict | None = None) -> Path:
     """`out/results.csv`, `out/results.json` and `out/index.html` from `rows` (one line per image, linking its case report);
     `about`: what produced them (configuration, backends, pool, provenance, skipped inputs, an early stop) for the banner."""
@@ -359,6 +362,7 @@ def write_index(out: Path, rows: list[dict], title: str, about: dict | None = No
     (out / ".index.html.tmp").replace(out / "index.html")
     return out / "index.html"
 
+# %% ../../nbs/06g_triage.cli.ipynb #cee0c2f7
 def run_identity(cfg, detectors: list[str] | None, provenance: bool, reference: Path | None, trust, trust_store=None) -> dict:
     """What makes a folder run's results comparable: configuration and backends, the detector pool (names and card versions),
     provenance settings, and the experience store's content hash when one is used."""
@@ -386,6 +390,7 @@ def _claim_out(out: Path, ident: str, label: str):
         return
     p.write_text(json.dumps(dict(identity=ident, label=label), indent=1))
 
+# %% ../../nbs/06g_triage.cli.ipynb #91cc155a
 def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules", auditor_backend: str | None = None,
                   judge_backend: str | None = None, detectors: list[str] | None = None, cache: bool = True,
                   model_cache: str = "off", progress: bool = True, max_attempts: int = 3, controls=None,
