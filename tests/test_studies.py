@@ -27,11 +27,11 @@ def project(tmp_path, monkeypatch):
     d = tmp_path / "nbs" / "studies"
     d.mkdir(parents=True)
     _notebook(d / "triage_table4.ipynb", 'quick = True\nout_dir = ""\npool = "default"\nseed = 0\nvariant = ""')
-    _notebook(d / "triage_figure2.ipynb", 'quick = True\nout_dir = ""\npool = "default"\ntable4 = "triage_table4"\nvariant = ""')
+    _notebook(d / "triage_figure2.ipynb", 'quick = True\nout_dir = ""\npool = "default"\ntable4_study = "triage_table4"\nvariant = ""')
     _notebook(d / "zoom_table1.ipynb", 'quick = True\nout_dir = ""\nseed = 0')       # no `variant` parameter
     (d / "variants.yaml").write_text(
         "triage_table4_ungated:\n  study: triage_table4\n  params: {pool: builtin-ungated}\n  about: ungated pool\n"
-        "triage_figure2_ungated:\n  study: triage_figure2\n  params: {pool: builtin-ungated, table4: triage_table4_ungated}\n")
+        "triage_figure2_ungated:\n  study: triage_figure2\n  params: {pool: builtin-ungated, table4_study: triage_table4_ungated}\n")
     monkeypatch.setattr(S, "project_root", lambda start=None: tmp_path)
     calls = []
     def execute(src, dst, parameters, **kw):
@@ -89,7 +89,7 @@ def test_reproduce_runs_variants_after_their_base_and_refuses_a_clash_before_run
     assert code == 0, out.err
     assert [n for n, _ in seen] == ["triage_table4", "triage_table4_ungated", "triage_figure2", "triage_figure2_ungated", "zoom_table1"]
     assert (root / "out" / "triage_figure2_ungated" / "run.json").is_file()
-    assert [c["params"].get("table4") for c in calls if c["src"] == "triage_figure2.ipynb"] == [None, "triage_table4_ungated"]
+    assert [c["params"].get("table4_study") for c in calls if c["src"] == "triage_figure2.ipynb"] == [None, "triage_table4_ungated"]
     seen.clear()
     code, out = main("reproduce", "--only", "triage_figure2_ungated", "--quick", "--out", str(root / "out"))
     assert code == 0 and [n for n, _ in seen] == ["triage_figure2_ungated"]
@@ -122,5 +122,5 @@ def test_the_shipped_variants_point_figure2_at_the_ungated_table4():
     "The checkout's own variants: Figure 2's ungated variant reads the ungated Table 4's folder, with the same pool."
     v = S.study_variants()
     t4, f2 = v["triage_table4_ungated"], v["triage_figure2_ungated"]
-    assert f2.params["table4"] == t4.name and f2.params["pool"] == t4.params["pool"] == "builtin-ungated"
+    assert f2.params["table4_study"] == t4.name and f2.params["pool"] == t4.params["pool"] == "builtin-ungated"
     assert t4.params["compare_with"] == t4.study

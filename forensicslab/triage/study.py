@@ -593,7 +593,7 @@ def pool_finding(summary: pd.DataFrame, pool: str) -> str:
         rem = next((r for (c, k), r in m.items() if k == "false alarms removed"), None)
         lost = next((r for (c, k), r in m.items() if k == "true evidence lost"), None)
         if rem is not None:
-            cmp = ("no fire event of either kind to compare" if not (rem.of and lost.of) else
+            cmp = ("one of the two kinds has no fire event, so the shares are not compared" if not (rem.of and lost.of) else
                    "a larger share of false alarms than of true evidence" if rem.share > lost.share else
                    "no larger a share of false alarms than of true evidence")
             parts.append(f"the rule triage's auditors dropped {rem.count} of {rem.of} fires on authentic images ({_pct(rem)}, false "
