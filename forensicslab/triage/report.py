@@ -70,6 +70,7 @@ code{background:#f5f5f5;padding:0 3px}
 
 def _e(x) -> str: return html.escape(str(x), quote=True)
 
+# %% ../../nbs/06f_triage.report.ipynb #8c98c6ff
 def _dispatch_rows(detections: dict[str, Detection], cards: dict[str, ToolCard], res: CaseResult) -> str:
     rows = []
     for k, d in detections.items():
@@ -97,6 +98,7 @@ def _reading(d: Detection, c: ToolCard | None) -> str:
         r += (" " if r else "") + "(A score at 1.00 is the ceiling of the normalisation: a strength beyond it is not measured; it is not certainty.)"
     return r
 
+# %% ../../nbs/06f_triage.report.ipynb #f944fcfe
 def region_statement(res: CaseResult, detections: dict[str, Detection], hot: float = 0.5, min_fraction: float = 1e-3) -> str:
     """The region the report states, computed from the decisive detector's map exactly as the image legend counts regions
     (`map_regions`): none when that map localised nothing, whatever words the judge used."""
@@ -223,6 +225,7 @@ def _file_section(img: LoadedImage, title: str, facts: dict) -> str:
             f"<tr><th>size</th><td>{_size(facts['bytes'])}</td></tr>"
             f"<tr><th>format</th><td>{_e(facts['format'])}, {facts['width']}x{facts['height']} pixels</td></tr></table></div>")
 
+# %% ../../nbs/06f_triage.report.ipynb #8fd544fb
 def _provenance_section(prov: dict[str, ProvenanceEvidence] | None) -> list[str]:
     "The provenance table (status, summary, flags, the card behind a click) and, for a near-duplicate, both images and the difference map."
     if prov is None: return ["<h2>Provenance</h2><p class='meta'>Not read for this case.</p>"]
@@ -269,6 +272,7 @@ def _image_section(img: LoadedImage, detections, res: CaseResult, panels: bool) 
                 f"<img alt='composite raw maps' src='{data_uri(raw, 1000)}'></div>", COLOUR_SCALE]
     return out
 
+# %% ../../nbs/06f_triage.report.ipynb #44cada3e
 def case_report_html(image, detections: dict[str, Detection], cards: dict[str, ToolCard], res: CaseResult,
                      title: str = "case", truth: Optional[str] = None, panels: bool = True,
                      offline: Optional[bool] = None, provenance: dict[str, ProvenanceEvidence] | None = None,
