@@ -431,6 +431,7 @@ def openai_traits(model: str, accepts_temperature: Optional[bool] = None, reason
     if reasoning is not None: t["reasoning"] = bool(reasoning)
     return t
 
+# %% ../../nbs/05a_chat.backends.ipynb #3d2f5476
 _STRICT_DROP = frozenset({"default", "examples", "minLength", "maxLength", "patternProperties", "unevaluatedProperties",
                           "propertyNames", "minProperties", "maxProperties", "unevaluatedItems", "contains",
                           "minContains", "maxContains", "uniqueItems"})
@@ -456,6 +457,7 @@ def strict_schema(schema: type[BaseModel]) -> tuple[dict, bool]:
     sj = walk(schema_json(schema))
     return sj, not free[0]
 
+# %% ../../nbs/05a_chat.backends.ipynb #4af381e6
 SERVER_FAMILIES = ("openai", "vllm", "llamacpp", "transformers", "generic")
 "The request builders of the OpenAI protocol: OpenAI itself, vLLM, llama.cpp, `transformers serve`, any other server."
 
