@@ -189,6 +189,7 @@ def copied_placeholder(obj: Any, prepared: list[Prepared]) -> Optional[str]:
         return None
     return walk(obj, "")
 
+# %% ../../nbs/05_chat.models.ipynb #43c98e6c
 class AdaptiveLimiter:
     """The concurrency limit of one endpoint, adapted to its rate limits: at most `limit` calls in flight (starting at
     `ceiling`); a 429 halves it (not below 1) and holds every new call until the server's `Retry-After` has passed;
