@@ -216,6 +216,7 @@ def credibility(det: Detection, card: ToolCard, facts: CaseFacts | None, peers: 
             why.append(f"x {1 - w:g}: provenance declares a signed, unedited capture ({pv.capture_hints[0]})")
     return float(np.clip(c, 0, 1)), " ".join(why)
 
+# %% ../../nbs/06a_triage.rules.ipynb #fca6617a
 class RuleJudge:
     "Stage 2 without a model: conflict and reliability rules over the kept detectors (an offline baseline)."
     kind = "rules"
