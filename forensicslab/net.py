@@ -55,7 +55,7 @@ def parse_retry_after(headers) -> Optional[float]:
     except (TypeError, ValueError): return None
 
 # %% ../nbs/01a_net.ipynb #8a20b7f3
-@dataclass
+@dataclass(frozen=True)
 class RetryPolicy:
     """Bounded retries of `retry_on` errors: `max_attempts` in all, exponential backoff from `base_delay`, +-`jitter`
     fraction. A rate limit (HTTP 429) is not a failed attempt but a request to wait: up to `max_waits` of them are

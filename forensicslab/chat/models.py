@@ -52,7 +52,7 @@ _SERVER_OF = {"vllm": "vllm", "llamacpp": "llamacpp", "tfserve": "transformers"}
 _SPEC_HELP = ("use 'openai:MODEL', 'openai-compatible:BASE_URL#MODEL' (or vllm:, llamacpp:, tfserve:), 'gemini:MODEL', 'hf:PATH_OR_REPO' or 'hf:/folder#model.gguf', "
               "or a dict {'backend': ..., 'model': ..., 'base_url': ...}")
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSpec:
     "A parsed model spec: `backend` kind, `model` name or path, optional `base_url`, backend `options`."
     backend: str
@@ -61,7 +61,7 @@ class ModelSpec:
     options: dict = None
 
     def __post_init__(self):
-        self.options = dict(self.options or {})
+        object.__setattr__(self, "options", dict(self.options or {}))   # a copy: the caller's dict stays the caller's
 
 def parse_spec(spec: Union[str, dict, ModelSpec]) -> ModelSpec:
     "Parse `'kind:model'`, `'openai-compatible:URL#model'` or a dict into a `ModelSpec`."

@@ -38,7 +38,7 @@ RECORD = "installed.json"
 class WeightsError(ForensicsLabError, ValueError):
     "A weights file that cannot be installed or is missing; one line naming the detector, the expected layout and the download page."
 
-@dataclass
+@dataclass(frozen=True)
 class FileSpec:
     "One weight file an adapter reads: `name` in the weights folder; `download` (the published file's name), `url`, `checksums` (algo -> hex) of the download; `member` to extract when the download is an archive."
     name: str
@@ -47,7 +47,7 @@ class FileSpec:
     checksums: dict = field(default_factory=dict)
     member: Optional[str] = None
 
-@dataclass
+@dataclass(frozen=True)
 class WeightsSource:
     "Where a detector's weights come from and how the lab checks them (`check(path)` raises `CheckpointError` when a file does not fit)."
     id: str
