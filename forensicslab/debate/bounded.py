@@ -294,6 +294,7 @@ def _vs(a: pd.DataFrame, b: pd.DataFrame, n_boot: int) -> str:
     d = _ci(a["acc"].values - b["acc"].values, n_boot)
     return f"{100 * d[0]:+.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}], p={m['p_value']:.3g} ({m['a_only']}:{m['b_only']})"
 
+# %% ../../nbs/07da_debate.bounded.ipynb #9bbcfb4e
 def bounded_table(rows: Sequence[dict], n_boot: int = 1000, data: str = "") -> pd.DataFrame:
     """Accuracy of every arm at every B (pair-bootstrap 95% intervals over pairs, each pair averaged over its reading
     orders), items read per pair, debate as a share of the ceiling, and each N-agent arm against the vote and the single agent."""
@@ -320,6 +321,7 @@ def bounded_table(rows: Sequence[dict], n_boot: int = 1000, data: str = "") -> p
                             "vs single: diff [95% CI], McNemar": _vs(c, single, n_boot) if arm != "single" and len(single) else "-"})
     return pd.DataFrame(out)
 
+# %% ../../nbs/07da_debate.bounded.ipynb #64fd7fa9
 def gap_table(rows: Sequence[dict], n_boot: int = 1000, data: str = "") -> pd.DataFrame:
     """The value of communication at every B: debate minus the no-talking arm with the same final rule (vote, pooled
     belief), the share of (pair, order) debates whose agents disagreed at round 0, and accuracy on those only."""
