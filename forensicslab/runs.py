@@ -424,6 +424,7 @@ def note_run(folder: str | Path, **fields) -> dict:
     _atomic_write(Path(folder) / RUN_RECORD, json.dumps(rec, indent=1, sort_keys=True, default=str) + "\n")
     return rec
 
+# %% ../nbs/02_runs.ipynb #b1d4712f
 def part_files(folder: str | Path, part: str) -> list[Path]:
     "The files of `part` in `folder`: `<part>.*` and `<part>_*` (its tables, figures and provenance note)."
     d = Path(folder)
@@ -454,6 +455,7 @@ def skipped_parts(folder: str | Path) -> dict[str, str]:
     "Parts the last run of `folder` skipped: part -> reason."
     return {k: v.get("why", "") for k, v in (read_run_record(folder).get("parts") or {}).items() if v.get("status") == "skipped"}
 
+# %% ../nbs/02_runs.ipynb #83ec96a3
 def write_run_record(folder: str | Path, study: str, params: dict | None = None, status: str = "ok",
                      seconds: float | None = None, error: str | None = None, root: str | Path | None = None) -> dict:
     """Write `<folder>/run.json`, the provenance of a study output folder: package version, git commit, dependency
