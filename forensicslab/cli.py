@@ -83,7 +83,10 @@ def study_cmd(ctx: typer.Context,
             typer.echo(f"{n}\t{p}" + (f"\tvariant: {v.describe()}" if v else ""))
         return
     if params:
-        for k, v in study_parameters(name).items(): typer.echo(f"{k} = {v['default']}" + (f"   # {v['help']}" if v["help"] else ""))
+        fixed = (study_variant(name).params if study_variant(name) else {})
+        for k, v in study_parameters(name).items():
+            if k in fixed: typer.echo(f"{k} = {fixed[k]!r}   # fixed by the study variant {name}"); continue
+            typer.echo(f"{k} = {v['default']}" + (f"   # {v['help']}" if v["help"] else ""))
         return
     given = {"quick": quick, **parse_param_args(ctx.args)}
     t0 = time.time()
