@@ -82,6 +82,7 @@ def check_detectors(names: list[str] | None) -> list[str] | None:
                            + f"; registered: {', '.join(have)}")
     return list(dict.fromkeys(names))
 
+# %% ../../nbs/06g_triage.cli.ipynb #1689bb79
 def analyze_config(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
                    trust_store: str | Path | None = None):
     """The configuration `analyze` runs: a preset (`study.preset`), or with `trust_store` one of the store's configurations
@@ -108,6 +109,7 @@ def load_store(path: str | Path) -> TrustStore:
     if key not in _STORES: _STORES[key] = TrustStore.load(p)
     return _STORES[key]
 
+# %% ../../nbs/06g_triage.cli.ipynb #3f423275
 def analyze_image(image, config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
                   detectors: list[str] | None = None, cache: bool = True, model_cache: str = "off", controls=None,
                   trust_store: str | Path | None = None):

@@ -52,6 +52,7 @@ def find_faces(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5, min_neig
                                         min_neighbor_number=min_neighbors)
     return _merge([(h["c"], h["r"], h["width"], h["height"]) for h in hits], max_faces)
 
+# %% ../../../nbs/04h_detectors.builtin.face_blend.ipynb #17bc6efd
 def _make_haar():
     path = getattr(getattr(cv2, "data", None), "haarcascades", None)
     cc = cv2.CascadeClassifier(str(path) + "haarcascade_frontalface_alt2.xml") if path else None
