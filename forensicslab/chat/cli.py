@@ -178,6 +178,7 @@ def register_check_role(name: str, schema: Optional[type[BaseModel]], prompt: st
 register_check_role("probe-schema-vision", _Probe, "Is this small image manipulated? Answer briefly.", image=True)
 register_check_role("probe-free-text", None, "In one short sentence: what does a JPEG quantisation table record?")
 
+# %% ../../nbs/05e_chat.cli.ipynb #aa2b13d9
 def _check_image() -> np.ndarray:
     "A 64 x 64 test picture (a gradient with a bright square): small, and the same on every run."
     y, x = np.mgrid[0:64, 0:64]

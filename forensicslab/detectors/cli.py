@@ -45,6 +45,7 @@ def dispatch_table(detections: dict[str, Detection]) -> list[dict]:
                          runtime_s=round(d.runtime_s, 3)))
     return rows
 
+# %% ../../nbs/04w_detectors.cli.ipynb #6d12d9e5
 def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to analyse (omit with --list)."),
                detectors: Optional[list[str]] = typer.Option(None, "--detectors", "-d", help="Run only these detectors (comma-separated or repeated)."),
                timeout: float = typer.Option(DEFAULT_TIMEOUT, help="Seconds each detector may take."),
