@@ -276,8 +276,22 @@ def run_study(name: str | Path, params: dict | None = None, out_root: str | Path
     with _study_lock(final):
         return _run_staged(nb, stem, params, final, kernel, progress, variant)
 
+def _portable_output(out: dict, stage: Path, final: Path, root: Path | None = None) -> None:
+    """One cell output's text (a stream, a traceback, every text mime type; images untouched) with `stage` read as `final`
+    and the checkout's prefix (`root/`) removed. Only these two literal prefixes are rewritten: a general path pattern
+    would also match markup such as `</td>` in an HTML table."""
+    prefix = str(root or project_root()).rstrip("/") + "/"
+    fix = lambda s: s.replace(str(stage), str(final)).replace(prefix, "") if isinstance(s, str) else s
+    fix_all = lambda v: [fix(s) for s in v] if isinstance(v, list) else fix(v)
+    if "text" in out: out["text"] = fix_all(out["text"])
+    if "traceback" in out: out["traceback"] = fix_all(out["traceback"])
+    for mime, v in (out.get("data") or {}).items():
+        if mime.startswith("text/"): out["data"][mime] = fix_all(v)
+
 def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
-    "Papermill's record in an executed notebook (its paths, the injected parameters) as the final folder and checkout-relative paths (`shown_text`): no machine's absolute path is committed."
+    """Papermill's record in an executed notebook (its paths, the injected parameters) as the final folder and
+    checkout-relative paths (`shown_text`), and the cells' printed text with the staging folder read as the final one and
+    the checkout's own prefix dropped (`_portable_output`): no machine's absolute path is committed."""
     try: nb = nbformat.read(str(path), as_version=4)
     except (OSError, ValueError, KeyError, nbformat.ValidationError): return   # not a notebook papermill wrote (a stand-in executor's)
     fix = lambda v: shown_text(v.replace(str(stage), str(final))) if isinstance(v, str) else v
@@ -287,6 +301,7 @@ def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
     if "parameters" in meta: meta["parameters"] = {k: fix(v) for k, v in meta["parameters"].items()}
     for c in nb.cells:
         if "injected-parameters" in c.metadata.get("tags", []): c.source = fix(c.source)
+        for o in c.get("outputs", []): _portable_output(o, stage, final)
     nbformat.write(nb, str(path))
 
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool,

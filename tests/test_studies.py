@@ -124,3 +124,16 @@ def test_the_shipped_variants_point_figure2_at_the_ungated_table4():
     t4, f2 = v["triage_table4_ungated"], v["triage_figure2_ungated"]
     assert f2.params["table4_study"] == t4.name and f2.params["pool"] == t4.params["pool"] == "builtin-ungated"
     assert t4.params["compare_with"] == t4.study
+
+
+def test_printed_paths_in_cell_outputs_become_checkout_relative(tmp_path):
+    root, stage, final = tmp_path / "co", tmp_path / "co/outputs/.s.running", tmp_path / "co/outputs/s"
+    png = "iVBORw0KGgo=/" + str(root)   # image bytes are never rewritten
+    out = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+           "data": {"text/plain": [f"PosixPath('{stage}/t.csv')"], "text/html": f"<td>{root}/x</td>", "image/png": png}}
+    stream = {"output_type": "stream", "name": "stderr", "text": f"{root}/.venv/lib/tqdm/auto.py:21: Warning\nkept /etc/hosts\n"}
+    S._portable_output(out, stage, final, root)
+    S._portable_output(stream, stage, final, root)
+    assert out["data"]["text/plain"] == ["PosixPath('outputs/s/t.csv')"]
+    assert out["data"]["text/html"] == "<td>x</td>" and out["data"]["image/png"] == png
+    assert stream["text"] == ".venv/lib/tqdm/auto.py:21: Warning\nkept /etc/hosts\n"
