@@ -580,6 +580,7 @@ _OPENAI_ARGS = frozenset({"model", "messages", "temperature", "top_p", "seed", "
                           "response_format", "reasoning_effort"})
 "The request keys `openai`'s `chat.completions.create` takes as arguments; the family's own keys go in `extra_body`."
 
+# %% ../../nbs/05a_chat.backends.ipynb #dd308885
 @patch
 def complete(self: OpenAIBackend, messages, schema, params, timeout, image_detail: Optional[str] = None) -> Completion:
     """One attempt through `openai`'s `chat.completions.with_raw_response.create` (the family's own keys, such as vLLM's
