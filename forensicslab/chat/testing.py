@@ -136,6 +136,7 @@ def _check_openai(req: dict) -> Optional[str]:
         if k in req: return f"Unrecognized request argument supplied: {k}"
     return None
 
+# %% ../../nbs/05d_chat.testing.ipynb #fe7b4d2c
 def _check_vllm(req: dict) -> Optional[str]:
     "vLLM since 0.12: the `guided_*` keys are gone; `structured_outputs` takes exactly one of json, regex, choice, grammar."
     old = [k for k in req if k.startswith("guided_")]

@@ -111,6 +111,7 @@ def _verify(src: WeightsSource, fs: FileSpec, path: Path, unverified: bool) -> t
     raise WeightsError(f"{src.id}: {path.name} has {a} {got[a]}, the published {fs.download or fs.name} has {v}; "
                        f"download it from {src.page}, or add your own fine-tuned file with --unverified")
 
+# %% ../../nbs/04n_detectors.weights.ipynb #0206f638
 def add_weights(det_id: str, file: str | Path, unverified: bool = False) -> dict:
     "Check and install a downloaded weight file for `det_id`; returns the record written beside it."
     src, path = get_source(det_id), Path(file)
