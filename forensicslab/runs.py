@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Optional
 import platformdirs
 from tqdm.auto import tqdm
 
-from .core import ForensicsLabError
+from .core import ForensicsLabError, Registry
 
 # %% auto #0
 __all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash',
@@ -242,7 +242,7 @@ def _atomic_write(path: Path, text: str | bytes):
 
 
 # %% ../nbs/02_runs.ipynb #08cf0b4e
-PROGRESS_NOTES: dict[str, Callable[[], str]] = {}
+PROGRESS_NOTES: Registry = Registry("progress note")   # name -> a function giving a short text
 "Live notes a run's progress bar shows beside its counts: name -> a function giving a short text ('' hides it). Layers above add theirs (the chat endpoints' adaptive limits)."
 
 def _notes() -> dict:

@@ -7,13 +7,15 @@ from forensicslab.chat.cli import CHECK_ROLES, check_model
 from forensicslab.debate.data import FETCH, LOADERS, DatasetError, FetchError, fetch_dataset, load_ooc
 from forensicslab.detectors import pool as D
 from forensicslab.detectors.weights import SOURCES, WeightsError, get_source
+from forensicslab.runs import PROGRESS_NOTES
 from forensicslab.detectors.paper.pool import paper_sources
 
 D.discover()      # the built-in detectors register on discovery
 paper_sources()   # and the paper adapters their weights sources
 
 REGISTRIES = {"FAMILIES": FAMILIES, "CHECK_ROLES": CHECK_ROLES, "debate FETCH": FETCH, "debate LOADERS": LOADERS,
-              "detectors": D._FACTORIES, "NORMALISERS": D.NORMALISERS, "SOURCES": SOURCES}
+              "detectors": D._FACTORIES, "NORMALISERS": D.NORMALISERS, "SOURCES": SOURCES,
+              "PROGRESS_NOTES": PROGRESS_NOTES}
 
 
 @pytest.mark.parametrize("name", REGISTRIES)

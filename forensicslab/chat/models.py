@@ -244,7 +244,7 @@ def _throttled() -> str:
     with _LIMITERS_LOCK: items = list(_LIMITERS.items())
     return ", ".join(f"{ep.split('@', 1)[0]} {l.limit}/{l.ceiling}" for (ep, _), l in items if l.limit < l.ceiling)
 
-PROGRESS_NOTES["limit"] = _throttled
+PROGRESS_NOTES.register("limit", _throttled)
 
 # %% ../../nbs/05_chat.models.ipynb #18401b01
 @dataclass
