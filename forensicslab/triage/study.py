@@ -16,33 +16,34 @@ from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 from ..chat.models import ModelControls, get_model
 from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
-from ..data.datasets import describe_dataset, parse_dataset_spec
+from ..data.datasets import describe_dataset, parse_dataset_spec, sample_families
 from ..imageio import load_image
 from ..provenance.evidence import gather
-from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, share_ci
+from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, set_arbitration, share_ci
 from ..runs import Case, Run, config_hash, shown_path
 from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
 from .data import PROVENANCE_VERSION, Evidence, stage0
-from .judge import AUTHENTIC, LearnedJudge, TriagePipeline, algorithmic_fusion, ds_fusion
+from .judge import (AUTHENTIC, CompositeJudge, LearnedJudge, TriagePipeline, algorithmic_fusion,
+                                       arbitrated_families, composite_extend, ds_fusion)
 from .records import CaseResult, TriageConfigError, TriageError
 from .rules import (FACTS_VERSION, ContentOracleAuditor, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent,
                                       content_facts, measure_facts, provenance_facts)
 
 # %% auto #0
-__all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'METRICS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'LEVER_GRID',
-           'TriageConfig', 'paper_configs', 'offline_configs', 'provenance_configs', 'presets', 'preset',
-           'build_config', 'case_row', 'detector_versions', 'failure_history', 'open_run', 'triage_metrics',
-           'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'paper_row', 'paper_table4', 'table4',
-           'provenance_summary', 'provenance_finding', 'fire_events', 'triage_table', 'change_decomposition',
-           'event_finding', 'pool_summary', 'pool_finding', 'table4_rows', 'pool_changes', 'pool_changes_finding',
-           'figure2', 'GridResults', 'run_grid', 'run_totals', 'calibrate_rules', 'judge_axis_configs',
-           'fit_learned_judge', 'table4_rule_params', 'check_trust_store', 'study_configs', 'open_bench',
-           'rows_written', 'dataset_note', 'portable_spec']
+__all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'COMPOSITE_SUFFIX', 'METRICS', 'COMPOSITE_PARTS', 'PAPER_MODELS', 'EVENT_CLASSES',
+           'FATES', 'RULE_GRID', 'LEVER_GRID', 'TriageConfig', 'paper_configs', 'offline_configs', 'provenance_configs',
+           'composite_configs', 'presets', 'preset', 'build_config', 'case_row', 'detector_versions', 'failure_history',
+           'open_run', 'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'composite_table',
+           'composite_finding', 'paper_row', 'paper_table4', 'table4', 'provenance_summary', 'provenance_finding',
+           'fire_events', 'triage_table', 'change_decomposition', 'event_finding', 'pool_summary', 'pool_finding',
+           'table4_rows', 'pool_changes', 'pool_changes_finding', 'figure2', 'GridResults', 'run_grid', 'run_totals',
+           'calibrate_rules', 'judge_axis_configs', 'fit_learned_judge', 'table4_rule_params', 'check_trust_store',
+           'study_configs', 'open_bench', 'rows_written', 'dataset_note', 'portable_spec']
 
 # %% ../../nbs/06e_triage.study.ipynb #a9b76d42
 OFFLINE_ROLES = ("rules", "oracle", "learned")
@@ -60,6 +61,14 @@ class TriageConfig(BaseModel):
     paper_row: Optional[str] = None
     rule_params: Optional[dict] = None   # this configuration's own rule parameters (else the run's)
     provenance: bool = False             # the roles also read the file's provenance evidence (`forensicslab.provenance`)
+    composite: Optional[dict] = None     # a composite-aware twin (`composite_configs`): its base's name and the composite rule's parameters
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        "Dumped without `composite` when unset, so every other configuration's manifest, and so its run folder, stays as it was."
+        d = handler(self)
+        if d.get("composite") is None: d.pop("composite", None)
+        return d
 
     @property
     def offline(self) -> bool:
@@ -116,6 +125,18 @@ def provenance_configs(configs: list[TriageConfig]) -> list[TriageConfig]:
                                      paper_row=None))
             for c in configs if c.kind in ("pipeline", "single") and not c.provenance]
 
+COMPOSITE_SUFFIX = "+composite"
+"The name suffix of a composite-aware twin (`rules+composite`)."
+
+def composite_configs(configs: list[TriageConfig], max_overlap: float = 0.1, max_hot: float = 0.5) -> list[TriageConfig]:
+    """The composite-aware twin of each configuration of `configs` (`<name>+composite`): the same roles on the same
+    detections, its one-family verdict extended by `judge.composite_extend` (a pipeline's judge wrapped in `CompositeJudge`;
+    a fusion's, a single agent's or a given runner's verdict extended after it), so both judge rules can be compared."""
+    CompositeJudge(None, max_overlap, max_hot)   # refuses parameters out of range, in one line
+    return [c.model_copy(update=dict(name=f"{c.name}{COMPOSITE_SUFFIX}", label=f"{c.label}, composite-aware", paper_row=None,
+                                     composite=dict(base=c.name, max_overlap=max_overlap, max_hot=max_hot)))
+            for c in configs if c.composite is None]
+
 def presets(backbone: str = DEFAULT_BACKBONE, other: str = "openai:gpt-4o", judge_only: str = "openai:gpt-5") -> dict[str, TriageConfig]:
     "Every named preset: the offline ones and the paper's six (shared name `fusion`)."
     out = {c.name: c for c in offline_configs()}
@@ -158,6 +179,22 @@ def _jsonable(x):
     if isinstance(x, (np.floating, float)): return round(float(x), 6)
     return x
 
+def _base_name(cfg: TriageConfig) -> str: return cfg.composite["base"] if cfg.composite else cfg.name
+
+def _composite_judge(cfg: TriageConfig, base=None) -> CompositeJudge:
+    return CompositeJudge(base, cfg.composite.get("max_overlap", 0.1), cfg.composite.get("max_hot", 0.5))
+
+def _composite_result(cfg: TriageConfig, runner: Callable[..., CaseResult]) -> Callable[..., CaseResult]:
+    "`runner` as is, or for a composite-aware twin a runner whose verdict `composite_extend` extends (with the case's audits, if any)."
+    if not cfg.composite: return runner
+    cj = _composite_judge(cfg)
+    def run(image, detections, cards, facts=None) -> CaseResult:
+        res = runner(image, detections, cards, facts)
+        v = res.verdict if res.verdict is None else \
+            composite_extend(res.verdict, detections, cards, res.audits or None, cj.max_overlap, cj.max_hot, cj.hot)
+        return res.model_copy(update={"config": cfg.name, "verdict": v})
+    return run
+
 def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, reliability: dict | float = 0.8,
                  model_cache: str = "off", cache_path: str | Path | None = None, models: dict | None = None,
                  workers: int = 8, controls: Any = None, learned: LearnedJudge | None = None,
@@ -170,10 +207,11 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
     those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache).
     `runners` maps a configuration name to a runner built elsewhere and a key naming what it holds, `(runner, key)`
     (e.g. `(trust.trust_runner(store, "trust-lr"), store.fingerprint())`): that configuration runs it as given, and
-    `open_run` keys its rows by the key, so another store never reuses them."""
-    if runners and cfg.name in runners: return runners[cfg.name][0]
-    if cfg.kind == "algorithmic": return _fusion_result(cfg, algorithmic_fusion)
-    if cfg.kind == "ds": return _fusion_result(cfg, lambda d, c: ds_fusion(d, c, reliability))
+    `open_run` keys its rows by the key, so another store never reuses them. A composite-aware twin (`composite_configs`)
+    runs its base's runner, its verdict extended by `composite_extend` (a pipeline's judge wrapped in `CompositeJudge`)."""
+    if runners and _base_name(cfg) in runners: return _composite_result(cfg, runners[_base_name(cfg)][0])
+    if cfg.kind == "algorithmic": return _composite_result(cfg, _fusion_result(cfg, algorithmic_fusion))
+    if cfg.kind == "ds": return _composite_result(cfg, _fusion_result(cfg, lambda d, c: ds_fusion(d, c, reliability)))
     models = {} if models is None else models
     def model(spec, role):
         key = spec if controls is None else (role, spec)
@@ -186,13 +224,14 @@ def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, relia
     if cfg.judge is None: raise TriageConfigError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
     if cfg.kind == "single":
         single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge, "single"))
-        return _reading_provenance(TriagePipeline(cfg.name, single=single, workers=workers), cfg)
+        return _composite_result(cfg, _reading_provenance(TriagePipeline(cfg.name, single=single, workers=workers), cfg))
     auditor = (None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else ContentOracleAuditor(rp)
                if cfg.auditor == "oracle" else LLMAuditor(model(cfg.auditor, "auditor"), extra_rules=auditor_rules))
     if cfg.judge == "learned" and learned is None:
         raise TriageConfigError(f"configuration {cfg.name!r} has a learned judge: fit one (fit_learned_judge) and pass it as learned=")
     judge = (RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else learned if cfg.judge == "learned"
              else LLMJudge(model(cfg.judge, "judge"), guided=cfg.guided))
+    if cfg.composite: judge = _composite_judge(cfg, judge)
     return _reading_provenance(TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers), cfg)
 
 def _reading_provenance(runner: TriagePipeline, cfg: TriageConfig) -> Callable[..., CaseResult]:
@@ -215,13 +254,16 @@ def _reading_provenance(runner: TriagePipeline, cfg: TriageConfig) -> Callable[.
 # %% ../../nbs/06e_triage.study.ipynb #8d9a6719
 def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard], detections: dict | None = None) -> dict:
     """The results row of one case (truth, prediction, arbitration, failure, usage, full record); with `detections`,
-    also `fired`: each detector that fired, with its declared scope (what the event-level triage table reads)."""
+    also `fired`: each detector that fired, with its declared scope (what the event-level triage table reads).
+    `families` is the true family set (`sample_families`: two for a composite), `answer` the families the verdict
+    arbitrated (`arbitrated_families`), and `in_scope` holds when the decisive tool's scope holds one of the true families."""
     v = res.verdict
     pred = None if v is None else int(v.is_manipulated)
     dec = None if v is None else v.decisive
-    return dict(sample=sample.id, config=res.config, label=sample.label, family=sample.family,
-                group=sample.provenance.get("group"), pred=pred, decisive=dec,
-                in_scope=bool(sample.label == 1 and pred == 1 and dec is not None and sample.family in cards[dec].scope),
+    fams = sample_families(sample)
+    return dict(sample=sample.id, config=res.config, label=sample.label, family=sample.family, families=fams,
+                group=sample.provenance.get("group"), pred=pred, decisive=dec, answer=arbitrated_families(v, cards),
+                in_scope=bool(sample.label == 1 and pred == 1 and dec is not None and set(fams) & set(cards[dec].scope)),
                 failure=res.failure,
                 fired=None if detections is None else {k: list(cards[k].scope) for k, d in sorted(detections.items())
                                                        if d.status == "ok" and d.fired},
@@ -270,7 +312,7 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
                     reliability=build_kw.get("reliability") if cfg.kind == "ds" else None,
                     detectors=detector_versions(evidence), facts=FACTS_VERSION,
                     **({"provenance": PROVENANCE_VERSION} if cfg.provenance else {}),
-                    **({"runner": build_kw["runners"][cfg.name][1]} if cfg.name in (build_kw.get("runners") or {}) else {}))
+                    **({"runner": build_kw["runners"][_base_name(cfg)][1]} if _base_name(cfg) in (build_kw.get("runners") or {}) else {}))
     tag = config_hash({"config": manifest, "seed": 0, "backends": cfg.backends})[:8]
     run = Run(Path(out_dir) / "runs" / collection / f"{cfg.name}-{tag}", config=manifest, backends=cfg.backends)
     history = failure_history(run)
@@ -302,12 +344,26 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
 # %% ../../nbs/06e_triage.study.ipynb #6e95a644
 METRICS = ("recall", "specificity", "accuracy", "arbitration")
 
+def _families(r: dict) -> list[str]:
+    "A row's true families: `families` (rows since composites), else its one `family`; `[]` when authentic or unknown."
+    if r.get("label") == 0: return []
+    return list(r.get("families") or ([r["family"]] if r.get("family") else []))
+
+def _answer(r: dict, cards: dict[str, ToolCard] | None = None) -> list[str]:
+    "A row's answered families: `answer`, or for a row written before it was recorded, its verdict's tools read through `cards`."
+    if "answer" in r: return list(r["answer"] or [])
+    v = (r.get("record") or {}).get("verdict")
+    if cards is None or "record" not in r:
+        raise TriageError(f"row {r.get('sample')!r} records no answered families (written before composites were scored): "
+                          "give the cards, or re-run the study")
+    return list(dict.fromkeys(f for t in (v or {}).get("arbitrated_tools", []) for f in cards[t].scope))
+
 def _arrays(rows: list[dict]):
     y = np.array([r["label"] for r in rows], int)
     failed = np.array([r.get("pred") is None for r in rows], bool)
     p = np.array([(1 - r["label"]) if r.get("pred") is None else r["pred"] for r in rows], int)
     arb = np.array([bool(r.get("in_scope")) for r in rows], bool)
-    known = np.array([r.get("family", "?") is not None or r["label"] == 0 for r in rows], bool)
+    known = np.array([r.get("family", "?") is not None or bool(r.get("families")) or r["label"] == 0 for r in rows], bool)
     return y, p, arb & known, failed, known
 
 def _metric(name, y, p, arb, known):
@@ -326,7 +382,7 @@ def triage_metrics(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict[
     return out
 
 # %% ../../nbs/06e_triage.study.ipynb #b5e0349a
-def _fam(r: dict) -> str: return r["family"] or ("authentic" if r["label"] == 0 else "unknown")
+def _fam(r: dict) -> str: return r.get("family") or "+".join(_families(r)) or ("authentic" if r["label"] == 0 else "unknown")
 
 def family_breakdown(rows: list[dict]) -> pd.DataFrame:
     "Per true family (authentic included): n, share judged manipulated, in-scope arbitration, failures."
@@ -345,8 +401,9 @@ def decisive_breakdown(rows: list[dict]) -> pd.DataFrame:
     return pd.crosstab(df["decisive"], df["family"]) if len(df) else df
 
 def mcnemar_pairs(rows_by_config: dict[str, list[dict]], pairs: list[tuple[str, str]] | None = None,
-                  on: Literal["binary", "arbitration"] = "binary") -> pd.DataFrame:
-    "Exact McNemar tests between configurations on the same images (binary correctness or in-scope arbitration)."
+                  on: Literal["binary", "arbitration", "set"] = "binary") -> pd.DataFrame:
+    """Exact McNemar tests between configurations on the same images: binary correctness, in-scope arbitration (manipulated
+    images of a known family) or `set`: the exact family set (the answered families are the true ones; authentic: none)."""
     names = list(rows_by_config)
     pairs = pairs or [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     out = []
@@ -354,7 +411,7 @@ def mcnemar_pairs(rows_by_config: dict[str, list[dict]], pairs: list[tuple[str, 
         ra = {r["sample"]: r for r in rows_by_config[a]}
         rb = {r["sample"]: r for r in rows_by_config[b]}
         ids = sorted(set(ra) & set(rb))
-        if on == "arbitration": ids = [i for i in ids if ra[i]["label"] == 1 and ra[i].get("family", "?") is not None]
+        if on == "arbitration": ids = [i for i in ids if ra[i]["label"] == 1 and (ra[i].get("family", "?") is not None or ra[i].get("families"))]
         ca = [_correct(ra[i], on) for i in ids]
         cb = [_correct(rb[i], on) for i in ids]
         t = mcnemar(ca, cb)
@@ -363,7 +420,84 @@ def mcnemar_pairs(rows_by_config: dict[str, list[dict]], pairs: list[tuple[str, 
 
 def _correct(r: dict, on: str) -> bool:
     if on == "arbitration": return bool(r.get("in_scope"))
+    if on == "set": return r.get("pred") is not None and set(_answer(r)) == set(_families(r))
     return r.get("pred") is not None and r["pred"] == r["label"]
+
+# %% ../../nbs/06e_triage.study.ipynb #73cf2893
+COMPOSITE_PARTS = ("composite", "single edit", "authentic")
+"The parts of a collection `composite_table` scores apart: images of two families or more, of one, and authentic images."
+
+def _part(r: dict) -> Optional[str]:
+    n = len(_families(r))
+    return "authentic" if r["label"] == 0 else "composite" if n > 1 else "single edit" if n == 1 else None
+
+def composite_table(results: dict[tuple[str, str], list[dict]], n_boot: int = 1000, seed: int = 0,
+                    cards: dict[str, ToolCard] | None = None) -> pd.DataFrame:
+    """Per (configuration, collection, part) of `results` (parts: `COMPOSITE_PARTS`; manipulated images of unknown family left
+    out): images, `correct` (binary: recall on manipulated images, specificity on authentic ones), `set_arbitration` (mean
+    Jaccard of the answered and the true family sets, bootstrap 95% interval `sa_lo`/`sa_hi`; an authentic image judged
+    authentic scores 1, a case without a verdict 0), `exact_set` (share answered with exactly the true families, none for an
+    authentic image), `extra_family` (share of manipulated images answered with a family they do not carry). `rule`: `one
+    family`, or `composite` for a twin (`<base>+composite`), which also gets an exact McNemar test on exact sets against
+    `base` on the same images (`a_only`: exact only under the twin). Rows written before the answered families were
+    recorded are read through `cards` (a `TriageError` without them)."""
+    cols = ["config", "base", "rule", "collection", "part", "n", "correct", "set_arbitration", "sa_lo", "sa_hi", "exact_set",
+            "extra_family", "a_only", "b_only", "p_value"]
+    def parts(rows):
+        by: dict[str, list[dict]] = {}
+        for r in rows:
+            if _part(r): by.setdefault(_part(r), []).append(r)
+        return by
+    out = []
+    for (name, coll), rows in results.items():
+        base = name.removesuffix(COMPOSITE_SUFFIX)
+        twin = base != name and (base, coll) in results
+        other = parts(results[(base, coll)]) if twin else {}
+        for part, rs in sorted(parts(rows).items(), key=lambda kv: COMPOSITE_PARTS.index(kv[0])):
+            truth = [_families(r) for r in rs]
+            said = [_answer(r, cards) for r in rs]
+            scored = [a if r.get("pred") is not None else ["(no verdict)"] for r, a in zip(rs, said)]   # no verdict: Jaccard 0
+            v, lo, hi = set_arbitration(truth, scored, n_boot, seed)
+            t: dict[str, Any] = dict(a_only=np.nan, b_only=np.nan, p_value=np.nan)
+            if twin:
+                b = {r["sample"]: r for r in other.get(part, [])}
+                ids = [r["sample"] for r in rs if r["sample"] in b]
+                mine = {r["sample"]: r for r in rs}
+                t = {k: v_ for k, v_ in mcnemar([_correct(mine[i], "set") for i in ids], [_correct(b[i], "set") for i in ids]).items()
+                     if k in ("a_only", "b_only", "p_value")}
+            out.append(dict(config=name, base=base, rule="composite" if base != name else "one family", collection=coll, part=part,
+                            n=len(rs), correct=float(np.mean([_correct(r, "binary") for r in rs])), set_arbitration=v, sa_lo=lo,
+                            sa_hi=hi, exact_set=float(np.mean([set(a) == set(x) for x, a in zip(truth, scored)])),
+                            extra_family=np.nan if part == "authentic" else float(np.mean([bool(set(a) - set(x)) for x, a in zip(truth, said)])),
+                            **t))
+    return pd.DataFrame(out, columns=cols)
+
+def _pc(v: float) -> str: return "n/a" if pd.isna(v) else f"{100 * v:.1f}%"
+
+def composite_finding(table: pd.DataFrame) -> str:
+    """One sentence per base configuration with a composite-aware twin in `composite_table`'s output: set arbitration and exact
+    sets on composite images under both rules (McNemar on exact sets), and the cost on single-edit images (a family named
+    that is not there) and on authentic ones (specificity), whichever way they go."""
+    T = table.set_index(["config", "collection", "part"])
+    lines = []
+    for tw in table[table.rule == "composite"].config.unique():
+        base = tw.removesuffix(COMPOSITE_SUFFIX)
+        parts = []
+        for x in table[table.config == tw].itertuples():
+            if (base, x.collection, x.part) not in T.index: continue
+            o = T.loc[(base, x.collection, x.part)]
+            where = f"{int(x.n)} {x.part} images of {x.collection}"
+            if x.part == "composite":
+                parts.append(f"on {where} set arbitration {_pc(o.set_arbitration)} -> {_pc(x.set_arbitration)} "
+                             f"[{_pc(x.sa_lo)}, {_pc(x.sa_hi)}], exact sets {_pc(o.exact_set)} -> {_pc(x.exact_set)} (exact only "
+                             f"composite-aware {int(x.a_only)}, only one-family {int(x.b_only)}, McNemar p = {x.p_value:.3g})")
+            elif x.part == "single edit":
+                parts.append(f"on {where} a family not there named {_pc(o.extra_family)} -> {_pc(x.extra_family)}, set arbitration "
+                             f"{_pc(o.set_arbitration)} -> {_pc(x.set_arbitration)}")
+            else:
+                parts.append(f"on {where} specificity {_pc(o.correct)} -> {_pc(x.correct)}")
+        if parts: lines.append(f"{base} one-family -> composite-aware: " + "; ".join(parts) + ".")
+    return "\n".join(lines)
 
 # %% ../../nbs/06e_triage.study.ipynb #75985a98
 def _paper() -> dict: return paper_numbers("triage", "table4")
@@ -453,8 +587,9 @@ def fire_events(rows: list[dict]) -> pd.DataFrame:
             raise TriageError(f"row {r.get('sample')!r} has no 'fired' field (written before event rows existed): re-run the study")
         dropped = set(r.get("dropped") or [])
         for k, scope in sorted(r["fired"].items()):
-            cls = ("authentic" if r["label"] == 0 else "unknown family, manipulated" if not r.get("family")
-                   else "in scope, manipulated" if r["family"] in scope else "out of scope, manipulated")
+            fams = _families(r)   # a composite is in scope for a detector whose scope holds either of its families
+            cls = ("authentic" if r["label"] == 0 else "unknown family, manipulated" if not fams
+                   else "in scope, manipulated" if set(fams) & set(scope) else "out of scope, manipulated")
             out.append(dict(sample=r["sample"], label=r["label"], family=r.get("family"), detector=k, event=cls,
                             dropped=k in dropped, pred=r.get("pred")))
     return pd.DataFrame(out, columns=["sample", "label", "family", "detector", "event", "dropped", "pred"])
