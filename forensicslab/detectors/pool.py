@@ -68,6 +68,7 @@ def _card_families(fams, source: str) -> None:
         try: register_family(str(name), desc or str(name), parent)
         except ValueError as e: raise CardError(f"{source}: family {name!r}: {e}") from None
 
+# %% ../../nbs/04_detectors.pool.ipynb #8b843ca8
 def card_from_dict(data: dict, source: str = "<dict>") -> ToolCard:
     """Validate a card mapping (from YAML, JSON or a remote server) into a `ToolCard`; errors name `source`.
     A card may bring new manipulation families (`families: {name: description or {description, parent}}`),
@@ -221,6 +222,7 @@ def register(id: str, *, replace: bool = False, opt_in: Optional[bool] = None):
         return cls
     return deco
 
+# %% ../../nbs/04_detectors.pool.ipynb #126b7a4d
 def unregister(id: str) -> None:
     "Remove a detector from the registry (tests, or replacing a remote one)."
     with _LOCK:
