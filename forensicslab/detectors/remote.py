@@ -248,6 +248,7 @@ async def _acquire(sem: asyncio.Semaphore, wait: float) -> bool:
     except asyncio.TimeoutError: return False
     return True
 
+# %% ../../nbs/04b_detectors.remote.ipynb #9dd61d1a
 _BUSY = {"Retry-After": "1"}
 
 async def _post_detect(request: Request) -> JSONResponse:

@@ -97,6 +97,7 @@ def _manifest_facts(store: dict) -> dict:
                 issuer=clean_text(sig.get("issuer") or "") or None, n_manifests=len(store.get("manifests", {})),
                 n_ingredients=len(m.get("ingredients") or []))
 
+# %% ../../nbs/04xa_provenance.credentials.ipynb #cee624ad
 def read_credentials(source, trust_anchors: str | Path | None = None) -> ProvenanceEvidence:
     "The Content Credentials of a file (path or bytes), validated offline: present/absent, state, failures, generator, actions, source type."
     c2pa = optional_import("c2pa")
