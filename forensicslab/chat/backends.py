@@ -688,6 +688,7 @@ def request(self: GeminiBackend, messages: list[Prepared], schema, params: dict)
     if system: cfg["system_instruction"] = {"parts": [{"text": system}]}
     return {"contents": contents, "config": cfg}
 
+# %% ../../nbs/05a_chat.backends.ipynb #80651597
 def _name(v) -> Optional[str]:
     "A `google-genai` enum (or a plain string the client passed through) by its API name."
     return None if v is None else str(getattr(v, "value", v))

@@ -67,6 +67,7 @@ def cache_root(path: str | Path | None):
         if old is None: os.environ.pop("FORENSICSLAB_CACHE_DIR", None)
         else: os.environ["FORENSICSLAB_CACHE_DIR"] = old
 
+# %% ../../nbs/05e_chat.cli.ipynb #fd96fbeb
 def controls_from_options(backend=(), model_controls=None, cache_dir=None, **flat) -> ModelControls:
     """A `ModelControls` from the values of the options `model_options` adds (the flat ones win over --model-controls);
     `cache_dir` puts the reply cache at `cache_dir/chat.sqlite`."""
@@ -100,7 +101,6 @@ def model_options(fn):
         with cache_root(opts["cache_dir"]): return fn(*args, controls=controls, **kw)
     wrapper.__signature__ = sig.replace(parameters=kept + added)
     return wrapper
-
 
 # %% ../../nbs/05e_chat.cli.ipynb #e1b9e39d
 models_app = typer.Typer(help="Chat model backends: try a model, inspect the reply cache and the price table.",
