@@ -25,7 +25,7 @@ from sklearn.preprocessing import StandardScaler
 
 from ..core import Detection, ForensicsLabError, Sample, ToolCard
 from ..imageio import load_image
-from ..metrics import mcnemar
+from ..metrics import mask_scores, mcnemar
 from ..provenance.jpeg import estimate_quality
 from .data import Evidence
 from .judge import AUTHENTIC, TriagePipeline, algorithmic_fusion, ds_fusion
@@ -457,9 +457,7 @@ def region_scores(heatmap: np.ndarray, mask_path: str | Path, hot: float = 0.5) 
     "IoU and pixel F1 of a detector's map (hot where >= `hot`, resized to the mask) against a ground-truth mask (white = edited)."
     m = np.asarray(Image.open(mask_path).convert("L")) > 127
     h = np.asarray(Image.fromarray(np.asarray(heatmap, np.float32)).resize((m.shape[1], m.shape[0]), Image.BILINEAR)) >= hot
-    inter, union = float((m & h).sum()), float((m | h).sum())
-    tot = float(m.sum() + h.sum())
-    return dict(iou=inter / union if union else 0.0, f1=2 * inter / tot if tot else 0.0)
+    return mask_scores(h, m)
 
 def _region(case: EvalCase, decisive: str | None) -> dict:
     "Right region, not only right family: the decisive detector's map against the mask, when both exist."
