@@ -14,8 +14,8 @@ from typing import Callable, Optional
 import typer
 
 from ..core import ForensicsLabError
-from .bench import (publish_card, COLLECTIONS, IMAGE_FAMILIES, _TRAIN_FAKE, _TRAIN_REAL, BenchSizes, bench_info, default_root,
-                                     ensure_bench, load_bench)
+from .bench import (publish_card, COLLECTIONS, COMPOSITE, COMPOSITE_RECIPES, IMAGE_FAMILIES, _TRAIN_FAKE,
+                                     _TRAIN_REAL, BenchSizes, bench_info, composite_info, default_root, ensure_bench, load_bench)
 
 
 # %% auto #0
@@ -64,6 +64,13 @@ def _print_info(r: Path, elapsed: Optional[float] = None):
         fam = {f: sum(1 for s in ss if s.family == f) for f in IMAGE_FAMILIES}
         typer.echo(f"{c:5s}: {len(ss):4d} images, {sum(s.label for s in ss)} manipulated "
                    f"({', '.join(f'{k} {v}' for k, v in fam.items() if v)}), {sum(1 - s.label for s in ss)} authentic")
+    if composite_info(r) is None:
+        typer.echo(f"{COMPOSITE}: not built (`load_bench('{COMPOSITE}')` or the triage_composite study adds it)")
+    else:
+        ss = load_bench(COMPOSITE, r, build=False)
+        rec = {k: sum(1 for s in ss if s.provenance.get("recipe") == k) for k in COMPOSITE_RECIPES}
+        typer.echo(f"{COMPOSITE}: {len(ss):4d} images, {sum(s.label for s in ss)} manipulated with two families each "
+                   f"({', '.join(f'{k} {v}' for k, v in rec.items() if v)})")
     typer.echo(f"card: {r / 'README.md'}")
 
 @bench_app.command("info")
