@@ -483,7 +483,8 @@ def composite_finding(table: pd.DataFrame) -> str:
     for tw in table[table.rule == "composite"].config.unique():
         base = tw.removesuffix(COMPOSITE_SUFFIX)
         parts = []
-        for x in table[table.config == tw].itertuples():
+        mine = table[table.config == tw]
+        for x in mine.iloc[sorted(range(len(mine)), key=lambda i: COMPOSITE_PARTS.index(mine.part.iloc[i]))].itertuples():   # composites first
             if (base, x.collection, x.part) not in T.index: continue
             o = T.loc[(base, x.collection, x.part)]
             where = f"{int(x.n)} {x.part} images of {x.collection}"
