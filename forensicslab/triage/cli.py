@@ -590,6 +590,7 @@ def reliability_text(cal: dict, width: int = 30) -> str:
         lines.append(f"{t.lo:.1f}-{t.hi:.1f}  {int(t.n):5d}  {t.observed:5.2f} |{bar:<{width}}| mean p {t.mean_p:.2f}")
     return "\n".join(lines)
 
+# %% ../../nbs/06g_triage.cli.ipynb #62c2f90b
 @trust_app.command("fit")
 def trust_fit_cmd(datasets: list[str] = typer.Argument(..., help="Labelled dataset specs: bench:train, folder:PATH, noso:PATH, ..."),
                   out: Path = typer.Option(..., "--out", help="The store file to write (JSON: read it, version it, share it)."),
