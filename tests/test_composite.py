@@ -207,3 +207,21 @@ def test_table4_twins_leave_the_other_configurations_run_keys_alone():
     assert TriageConfig.model_validate(twin.model_dump()) == twin and TriageConfig.model_validate(rules.model_dump()) == rules
     with pytest.raises(TriageConfigError, match="max_hot"):
         composite_configs(offline_configs(), max_hot=0)
+
+
+def test_a_twin_of_a_given_runner_extends_that_runner_s_verdict():
+    "A configuration run by a runner built elsewhere (a trust store's rows): its twin runs the same runner, verdict extended."
+    from forensicslab.triage.records import CaseResult
+    from forensicslab.triage.study import TriageConfig, build_config, composite_configs
+    dets = {"cfa": Detection.from_score("cfa", 0.9, heatmap=_map((0, 20, 0, 20))),
+            "noise": Detection.from_score("noise", 0.8, heatmap=_map((40, 60, 40, 60)))}
+    calls = []
+    def given(image, detections, cards, facts=None):
+        calls.append(1)
+        return CaseResult(config="store-lr", verdict=Verdict(reasoning="lr", is_manipulated=True, locality="local",
+                                                             arbitrated_tools=["cfa"], decision_path=["p"]))
+    cfg = TriageConfig(name="store-lr", label="a store's judge", kind="pipeline", judge="learned")
+    twin = composite_configs([cfg])[0]
+    res = build_config(twin, runners={"store-lr": (given, "fp")})(None, dets, CARDS)
+    assert calls == [1] and res.config == "store-lr+composite" and res.verdict.arbitrated_tools == ["cfa", "noise"]
+    assert build_config(cfg, runners={"store-lr": (given, "fp")}) is given
