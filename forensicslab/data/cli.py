@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import typer
 
-from ..core import ForensicsLabError
+from ..core import ForensicsLabError, Registry
 from .bench import (publish_card, COLLECTIONS, COMPOSITE, COMPOSITE_RECIPES, IMAGE_FAMILIES, _TRAIN_FAKE,
                                      _TRAIN_REAL, BenchSizes, bench_info, composite_info, default_root, ensure_bench, load_bench)
 
@@ -83,11 +83,12 @@ def info_cmd(root: Optional[Path] = typer.Option(None, help="Benchmark folder (d
     _print_info(r)
 
 # %% ../../nbs/03c_data.cli.ipynb #ba14b15a
-FETCHERS: dict[str, Callable[..., Path]] = {}
+FETCHERS: Registry = Registry("dataset download")
+"Dataset name -> download function `fetch(out, base_url=, force=, log=) -> Path` (an unknown name: one line listing them)."
 
 def register_fetcher(name: str, fetch: Callable[..., Path]) -> None:
     "Make `forensicslab data fetch NAME` call `fetch(out, base_url=, force=, log=)` (a study package registers its datasets)."
-    FETCHERS[name] = fetch
+    FETCHERS.register(name, fetch)
 
 data_app = typer.Typer(help="Datasets: download the public files of the benchmarks the study packages register.", no_args_is_help=True)
 
@@ -103,9 +104,7 @@ def fetch_cmd(name: str = typer.Argument(..., help="A dataset a study package re
               root: Optional[Path] = typer.Option(None, "--root", hidden=True, help="Deprecated spelling of --out.")):
     "Download dataset NAME's public files (annotations, embeddings) into data/NAME."
     try:
-        if name not in FETCHERS:
-            raise ForensicsLabError(f"no download for {name!r}; fetchable: {', '.join(FETCHERS) or 'none registered'}")
-        r = FETCHERS[name](out or root, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
+        r = FETCHERS.get(name)(out or root, base_url=base_url, force=force, log=lambda m: typer.echo(f"  {m}"))
     except ForensicsLabError as e:
         typer.echo(f"error: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(2)

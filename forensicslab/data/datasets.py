@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..core import FAMILIES, ForensicsLabError, Sample
+from ..core import FAMILIES, ForensicsLabError, Registry, Sample
 from .bench import COLLECTIONS, COMPOSITE, load_bench
 from ..imageio import MAX_PIXELS
 
@@ -463,7 +463,7 @@ def is_composite(s: Sample) -> bool:
 
 
 # %% ../../nbs/03a_data.datasets.ipynb #f9f92d3f
-DATASET_KINDS: dict[str, tuple] = {
+DATASET_KINDS: Registry = Registry("dataset spec kind", {
     "bench": (lambda a, root=None: load_bench(a, root), "a collection of the offline benchmark: bench:train, bench:id, bench:ood or bench:composite"),
     "folder": (lambda a: load_folder(a, check_images=False), "a folder with real/ + fake/ (or authentic/ + tampered/)"),
     "casia2": (lambda a: load_casia2(a), "CASIA v2.0"),
@@ -475,7 +475,7 @@ DATASET_KINDS: dict[str, tuple] = {
     "comfor": (lambda a: load_community_forensics(a), "Community Forensics parquet shards"),
     "pscc": (lambda a: load_pscc_samples(a), "PSCC-Net samples"),
     "manifest": (lambda a: load_manifest(a), "a CSV manifest"),
-}
+}, error=DatasetError)
 "Dataset spec kinds: kind -> (loader of the argument, description)."
 
 @dataclass(frozen=True)

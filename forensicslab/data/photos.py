@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 from PIL import Image
 
-from ..core import ForensicsLabError
+from ..core import Registry, UnknownName
 
 # %% auto #0
 __all__ = ['CATEGORIES', 'PHOTOS', 'FACE_BOXES', 'Photo', 'PhotoError', 'photo', 'shipped_photos', 'photos_in']
@@ -56,10 +56,13 @@ CATEGORIES = ("human", "animal", "object", "scene")
 
 
 # %% ../../nbs/02c_data.photos.ipynb #1ced4f14
+class PhotoError(UnknownName):
+    "An unknown photograph or category name (a `KeyError`, one line)."
+
 def _p(name, load, category, source, face=None, obj=None) -> tuple[str, Photo]:
     return name, Photo(name, load, category, source, face, obj)
 
-PHOTOS: dict[str, Photo] = dict([
+PHOTOS: Registry = Registry("photograph", [
     _p("astronaut", lambda: _skimage("astronaut"), "human", "skimage.data.astronaut",
        face=(175, 70, 93, 93), obj=("smiling face", (160, 10, 300, 150))),
     _p("grace_hopper", lambda: _matplotlib("grace_hopper.jpg"), "human", "matplotlib sample_data/grace_hopper.jpg",
@@ -77,18 +80,14 @@ PHOTOS: dict[str, Photo] = dict([
     _p("hubble", lambda: _skimage("hubble_deep_field"), "scene", "skimage.data.hubble_deep_field"),
     _p("immunohistochemistry", lambda: _skimage("immunohistochemistry"), "scene", "skimage.data.immunohistochemistry"),
     _p("retina", lambda: _skimage("retina"), "scene", "skimage.data.retina"),
-])
-"Every shipped photograph by name."
+], error=PhotoError)
+"Every shipped photograph by name (an unknown name: a one-line `PhotoError` listing them)."
 
 FACE_BOXES: dict[str, tuple[int, int, int, int]] = {n: p.face for n, p in PHOTOS.items() if p.face is not None}
 "Face boxes `(x, y, w, h)` in the full photographs, found with scikit-image's LBP frontal-face cascade."
 
 
 # %% ../../nbs/02c_data.photos.ipynb #e619697e
-class PhotoError(ForensicsLabError, KeyError):
-    "An unknown photograph or category name."
-    def __str__(self): return str(self.args[0]) if self.args else ""
-
 @functools.lru_cache(maxsize=None)
 def photo(name: str) -> np.ndarray:
     "The pixels of shipped photograph `name` (read-only HxWx3 uint8; grey repeated to 3 channels)."

@@ -23,7 +23,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ..core import Detection, ForensicsLabError, Sample, ToolCard
+from ..core import Detection, ForensicsLabError, Registry, Sample, ToolCard
 from ..imageio import load_image
 from ..metrics import mask_scores, mcnemar
 from ..provenance.jpeg import estimate_quality
@@ -623,10 +623,10 @@ def stream_curve(cases: list[EvalCase], sizes: Sequence[int], k: int = 5, seed: 
               .reset_index())
 
 # %% ../../nbs/06ea_triage.trust.ipynb #8f2dc5f1
-TRUST_CONFIGS = {
+TRUST_CONFIGS: Registry = Registry("trust configuration", {
     "trust-lr": TriageConfig(name="trust-lr", label="Likelihood-ratio judge over the experience store", kind="algorithmic"),
     "trust-ds": TriageConfig(name="trust-ds", label="Dempster-Shafer fusion with the store's context reliabilities", kind="ds"),
-}
+}, error=TrustError)
 "The store's two no-agent uses as triage configurations (kinds of the existing no-agent configurations: no auditor, no judge model)."
 
 def _rounded(x):
@@ -638,7 +638,7 @@ def _rounded(x):
 def trust_runner(store: TrustStore, name: str = "trust-lr", prior_manipulated: float | None = None):
     """A runner like `study.build_config`'s, `runner(image, detections, cards, facts=None) -> CaseResult`, for a
     configuration of `TRUST_CONFIGS`: it measures the image's context (facts when not given) and judges with the store."""
-    if name not in TRUST_CONFIGS: raise TrustError(f"unknown trust configuration {name!r}; one of {', '.join(TRUST_CONFIGS)}")
+    TRUST_CONFIGS.get(name)   # an unknown name: one line listing the configurations
     def run(image, detections, cards, facts=None) -> CaseResult:
         t0 = time.perf_counter()
         img = load_image(image)

@@ -19,7 +19,7 @@ import cv2
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from skimage.transform import swirl
 
-from ..core import Box, EvidenceItem, Sample, load_samples, save_samples
+from ..core import Box, EvidenceItem, Registry, Sample, load_samples, save_samples
 from ..runs import config_hash, project_root
 from ..data.datasets import DatasetError, DatasetSpec, Samples   # the one dataset reader
 from ..imageio import load_image
@@ -265,8 +265,8 @@ def render_impossible(rgb, rng, ood=False, exclude: str = ""):
     box = [x, y, x + pw, y + ph]
     return np.asarray(out), box, _text("impossible_ood" if ood else "impossible", rng, box, W, H, o=obj)
 
-RENDERERS = {"text": render_text, "distorted": render_distorted, "repeat": render_repeat,
-             "lighting": render_lighting, "impossible": render_impossible}
+RENDERERS: Registry = Registry("artifact renderer", {"text": render_text, "distorted": render_distorted, "repeat": render_repeat,
+    "lighting": render_lighting, "impossible": render_impossible}, error=ZoomInputError)
 "Artifact kind -> renderer `(rgb, rng, ood) -> (rgb, [x1, y1, x2, y2], reference text)`."
 
 # %% ../../nbs/08c_zoom.data.ipynb #8186b3da

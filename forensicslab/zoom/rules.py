@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage as ndi
 
-from ..core import EvidenceItem
+from ..core import EvidenceItem, Registry
 from ..detectors.pool import get_detector
 from ..imageio import load_image, luma
 from .records import ZoomInputError, ZoomAnswer, ZoomConfigError, box_ints, pixel_box, where_phrase
@@ -293,8 +293,8 @@ class RulePolicy:
 
 # %% ../../nbs/08b_zoom.rules.ipynb #zv0ex001
 VIEW_NAMES = ("residual", "ela", "copymove", "cues", "pool", "oracle")
-TOOL_SETS = {"crop": (), "forensic": ("residual", "ela", "copymove", "cues"),
-             "forensic_pool": ("residual", "ela", "copymove", "cues", "pool"), "oracle": ("oracle",)}
+TOOL_SETS: Registry = Registry("tool set", {"crop": (), "forensic": ("residual", "ela", "copymove", "cues"),
+    "forensic_pool": ("residual", "ela", "copymove", "cues", "pool"), "oracle": ("oracle",)}, error=ZoomConfigError)
 "Named tool sets: `crop` is the paper's crop-only agent; `oracle` shows the true flaw boxes and is a control, never a detector."
 POOL_VIEWS = ("inpaint_net",)
 
