@@ -14,7 +14,7 @@ from forensicslab.data import photos
 from forensicslab.data.cli import FETCHERS, data_app
 from forensicslab.data.datasets import DATASET_KINDS, DatasetSpec
 from forensicslab.data.datasets import DatasetError as SpecError
-from forensicslab.debate import cli as _debate_cli      # registers the debate datasets' downloads in FETCHERS
+from forensicslab.debate import cli as _debate_cli  # noqa: F401  (imported to register the debate datasets' downloads in FETCHERS)
 from forensicslab.triage.trust import TRUST_CONFIGS, TrustError, TrustStore, trust_runner
 from forensicslab.zoom.data import RENDERERS
 from forensicslab.zoom.records import ZoomConfigError, ZoomInputError
