@@ -35,8 +35,9 @@ from .core import ForensicsLabError, Registry
 __all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash',
            'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root',
            'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable',
-           'shown_path', 'shown_text', 'machine_info', 'read_run_record', 'note_run', 'part_files', 'part_written',
-           'part_skipped', 'skipped_parts', 'write_run_record', 'replace_dir', 'WriteAside']
+           'shown_path', 'shown_text', 'cpu_arithmetic', 'arithmetic_fingerprint', 'machine_info', 'read_run_record',
+           'note_run', 'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record', 'replace_dir',
+           'WriteAside']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -401,10 +402,38 @@ def shown_text(value: Any, root: str | Path | None = None) -> Any:
 # %% ../nbs/02_runs.ipynb #9a1c0e52
 RUN_RECORD = "run.json"
 
+def cpu_arithmetic() -> dict:
+    """What a float result of torch depends on besides the code and the data: the vector instruction set its own
+    kernels use (`AVX2`, `AVX512`, `DEFAULT`...), whether MKL does its matrix products, and the thread count. Two
+    machines that differ here may train different weights from the same seed (measured for the zoom model: torch's
+    kernels held at `DEFAULT`, MKL in its reproducible mode or oneDNN at SSE4.1 each changed the weights, thread
+    counts 1 and 2 did not). Empty where torch is not loaded: nothing is imported to find out."""
+    torch = sys.modules.get("torch")
+    if torch is None: return {}
+    return dict(cpu_capability=torch.backends.cpu.get_cpu_capability(), mkl=torch.backends.mkl.is_available(),
+                torch_threads=torch.get_num_threads(), arithmetic=arithmetic_fingerprint())
+
+def arithmetic_fingerprint() -> str:
+    """A short hash of fixed float32 computations in torch (matrix products of shapes a small transformer meets, a
+    convolution, a softmax, a layer norm, a long sum) on inputs from NumPy's seeded generator, which is the same
+    everywhere. Machines or thread settings with the same fingerprint computed these bit for bit alike; where a
+    committed output and a rerun differ, different fingerprints in their `run.json` say why."""
+    import numpy as np, torch
+    rng = np.random.default_rng(0)
+    x = lambda *s: torch.from_numpy(rng.standard_normal(s).astype(np.float32))
+    outs = [x(m, k) @ x(k, n) for m, k, n in ((1, 64, 64), (7, 128, 384), (64, 256, 256), (333, 512, 1024))]
+    a = x(64, 256)
+    outs += [torch.nn.functional.conv2d(x(2, 8, 32, 32), x(16, 8, 3, 3), padding=1), torch.softmax(a, -1),
+             torch.nn.functional.layer_norm(a, (256,)), x(1 << 20).sum()]
+    h = hashlib.sha256()
+    for o in outs: h.update(o.numpy().tobytes())
+    return h.hexdigest()[:16]
+
 def machine_info() -> dict:
-    "Python and machine of this process: Python version and implementation, platform, architecture, CPU count."
+    """Python and machine of this process: Python version and implementation, platform, architecture, CPU count, and
+    torch's CPU arithmetic where torch is loaded (`cpu_arithmetic`)."""
     return dict(python=sys.version.split()[0], implementation=platform.python_implementation(),
-                platform=platform.platform(), machine=platform.machine(), cpus=os.cpu_count())
+                platform=platform.platform(), machine=platform.machine(), cpus=os.cpu_count(), **cpu_arithmetic())
 
 def read_run_record(folder: str | Path) -> dict:
     "The `run.json` of `folder` as a dict (empty when there is none or it cannot be read)."

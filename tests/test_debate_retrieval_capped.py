@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from forensicslab.debate.data import FetchError, fetch_dataset
 from forensicslab.debate.retrieval import (MAX_SEARCH_REPLY_BYTES, BingVisualSearch, GoogleVisionWeb, RetrievalError,
                                            Retriever, fetch_page)
 from forensicslab.net import Served
@@ -26,7 +27,7 @@ async def app(scope, receive, send):
     if scope["type"] != "http": return
     while (await receive()).get("more_body"): pass
     path = scope["path"]
-    if path == "/slow":
+    if path == "/slow" or path.startswith("/trickle/"):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"2000")]})
         for _ in range(2000):
@@ -91,3 +92,12 @@ def test_a_page_fetch_does_not_read_a_download_that_is_not_a_page(server):
     t0 = time.monotonic()
     assert fetch_page(f"{server}/bin", httpx.Client(), deadline_s=5.0, allow_private=True) == ("", "", None)
     assert time.monotonic() - t0 < 1.5
+
+
+def test_a_trickling_dataset_download_is_cut_at_its_deadline(server, tmp_path):
+    "A dataset file that arrives one byte every 0.1 s is abandoned at the total deadline: no part file, no empty folder."
+    t0 = time.monotonic()
+    with pytest.raises(FetchError, match=r"VERITE.csv: not complete within 1 s"):
+        fetch_dataset("verite", tmp_path / "verite", base_url=f"{server}/trickle", deadline_s=1.0, timeout=5.0, log=lambda m: None)
+    assert time.monotonic() - t0 < 4          # before: the whole 2,000-byte reply, 200 s
+    assert not (tmp_path / "verite").exists()

@@ -230,3 +230,21 @@ def test_quick_study_folders_are_one_per_run(tmp_path):
     try: assert a != b and a.parent == b.parent and a.name.startswith("triage_table4-") and a.is_dir() and b.is_dir()
     finally: a.rmdir(); b.rmdir()
     assert study_output_dir("x", tmp_path / "given") == tmp_path / "given"
+
+
+def _fingerprint(**env) -> str:
+    code = "import torch; from forensicslab.runs import machine_info; print(machine_info()['arithmetic'])"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+def test_run_record_fingerprints_the_cpu_arithmetic():
+    """run.json's `arithmetic` fingerprint is stable from run to run and changes when the float arithmetic does (torch's
+    kernels without vector instructions, on x86): a rerun that differs from a committed output can be told apart from
+    a code change by comparing fingerprints."""
+    same = _fingerprint(OMP_NUM_THREADS="1")
+    assert len(same) == 16 and same == _fingerprint(OMP_NUM_THREADS="1")
+    import platform
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert _fingerprint(OMP_NUM_THREADS="1", ATEN_CPU_CAPABILITY="default") != same

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -305,17 +306,19 @@ def _check_file(path: Path, name: str) -> None:
         if not isinstance(d, dict) or "annotations" not in d: raise FetchError(f"{name}: no 'annotations' in the JSON object")
 
 # %% ../../nbs/07b_debate.data.ipynb #b90b99a3
-def _download(client, url: str, dest: Path, max_bytes: int) -> int:
+def _download(client, url: str, dest: Path, max_bytes: int, deadline_s: float) -> int:
+    "Stream `url` into `dest` (a hidden part file, moved into place when whole and checked); returns its size in bytes."
     tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
-    n = 0
+    n, end = 0, time.monotonic() + deadline_s
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with client.stream("GET", url, follow_redirects=True) as r:
             if r.status_code >= 400: raise FetchError(f"HTTP {r.status_code} for {url}")
             with open(tmp, "wb") as f:
-                for chunk in r.iter_bytes(1 << 16):
+                for chunk in r.iter_bytes():   # as the bytes arrive: a buffered chunk size would hide a trickle
                     n += len(chunk)
                     if n > max_bytes: raise FetchError(f"{url}: larger than the cap of {max_bytes} bytes")
+                    if time.monotonic() > end: raise FetchError(f"{url}: not complete within {deadline_s:g} s ({n} bytes read)")
                     f.write(chunk)
         _check_file(tmp, dest.name)
         tmp.replace(dest)
@@ -326,8 +329,10 @@ def _download(client, url: str, dest: Path, max_bytes: int) -> int:
     return n
 
 def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[str] = None, force: bool = False,
-                  max_bytes: int = 500_000_000, timeout: float = 60.0, log=print) -> Path:
-    "Download dataset `name`'s public files into `root` (default: `$FORENSICSLAB_<NAME>` or `<repo>/data/<name>`); returns the root."
+                  max_bytes: int = 500_000_000, timeout: float = 60.0, deadline_s: float = 3600.0, log=print) -> Path:
+    """Download dataset `name`'s public files into `root` (default: `$FORENSICSLAB_<NAME>` or `<repo>/data/<name>`); returns
+    the root. Each file must arrive within `deadline_s` seconds in all (a server that trickles is cut off, at most one
+    `timeout` late) and `max_bytes` bytes."""
     if name not in FETCH: raise FetchError(f"{FETCH.unknown(name)}. {DOWNLOADS.get(name, '')}".strip())
     spec = FETCH[name]
     root = Path(root or os.environ.get(f"FORENSICSLAB_{name.upper()}") or project_root() / "data" / name).expanduser()
@@ -340,7 +345,7 @@ def fetch_dataset(name: str, root: str | Path | None = None, base_url: Optional[
                 if dest.exists() and not force:
                     log(f"{dest}: present")
                     continue
-                size = _download(client, f"{base}/{f}", dest, max_bytes)
+                size = _download(client, f"{base}/{f}", dest, max_bytes, deadline_s)
                 log(f"{dest}: {size} bytes")
     except FetchError:
         if not existed:  # leave no empty folder that dataset lookup would take for the dataset
