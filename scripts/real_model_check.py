@@ -129,9 +129,12 @@ def _kill_group(proc, grace: float = 10.0) -> None:
 
 
 def _on_signal(signum, frame):
-    "SIGTERM/SIGINT: kill every server this script started, then exit (so `make` killed leaves no orphan)."
+    """SIGTERM/SIGINT: kill every server this script started, then exit at once (so `make` killed leaves no orphan).
+    Not `SystemExit`: that would wait for the in-process `hf:` calls still generating in the worker threads (up to
+    their 600 s attempt timeout); what the cache holds is committed call by call, so a rerun with `--work` resumes."""
     for p in list(_CHILDREN): _kill_group(p, grace=3)
-    raise SystemExit(128 + signum)
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 @contextlib.contextmanager
