@@ -405,9 +405,10 @@ RUN_RECORD = "run.json"
 def cpu_arithmetic() -> dict:
     """What a float result of torch depends on besides the code and the data: the vector instruction set its own
     kernels use (`AVX2`, `AVX512`, `DEFAULT`...), whether MKL does its matrix products, and the thread count. Two
-    machines that differ here may train different weights from the same seed (measured for the zoom model: torch's
-    kernels held at `DEFAULT`, MKL in its reproducible mode or oneDNN at SSE4.1 each changed the weights, thread
-    counts 1 and 2 did not). Empty where torch is not loaded: nothing is imported to find out."""
+    machines that differ here may train different weights from the same seed (measured on a small zoom training:
+    torch's kernels held at `DEFAULT`, MKL in its reproducible mode or oneDNN at SSE4.1 each changed the weights; a
+    7x128x384 matrix product also differs between 1 and 2 MKL threads). Empty where torch is not loaded: nothing
+    is imported to find out."""
     torch = sys.modules.get("torch")
     if torch is None: return {}
     return dict(cpu_capability=torch.backends.cpu.get_cpu_capability(), mkl=torch.backends.mkl.is_available(),
