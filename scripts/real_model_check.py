@@ -243,7 +243,7 @@ def debate_roles(model, path, case: str) -> dict:
         with chat_context(case=f"{case}:debate.{strategy}"):
             res = run_debate(DebateInput(sample, None, path.parent), [model, model],
                              DebateConfig(strategy=strategy, retrieval=False, max_rounds=rounds))
-        out[strategy] = res.status
+        out[strategy] = res.status if res.status == "ok" else f"failed ({res.failure_kind}): {res.failure}"[:140]
     return out
 
 
