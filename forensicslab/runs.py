@@ -407,8 +407,9 @@ def cpu_arithmetic() -> dict:
     kernels use (`AVX2`, `AVX512`, `DEFAULT`...), whether MKL does its matrix products, and the thread count. Two
     machines that differ here may train different weights from the same seed (measured on a small zoom training:
     torch's kernels held at `DEFAULT`, MKL in its reproducible mode or oneDNN at SSE4.1 each changed the weights; a
-    7x128x384 matrix product also differs between 1 and 2 MKL threads). Empty where torch is not loaded: nothing
-    is imported to find out."""
+    7x128x384 matrix product also differs between 1 and 2 MKL threads). Measured in the calling process: for a
+    study, the runner that starts the kernel with the same environment and thread default (a notebook that sets its
+    own thread count is not seen). Empty where torch is not loaded: nothing is imported to find out."""
     torch = sys.modules.get("torch")
     if torch is None: return {}
     return dict(cpu_capability=torch.backends.cpu.get_cpu_capability(), mkl=torch.backends.mkl.is_available(),
