@@ -32,11 +32,12 @@ from tqdm.auto import tqdm
 from .core import ForensicsLabError, Registry
 
 # %% auto #0
-__all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'Case', 'StopRun', 'package_versions', 'git_commit', 'config_hash',
-           'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run', 'project_root',
-           'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path', 'resolve_portable',
-           'shown_path', 'shown_text', 'cpu_arithmetic', 'arithmetic_fingerprint', 'machine_info', 'read_run_record',
-           'note_run', 'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record', 'replace_dir',
+__all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'PORTABLE_ARITHMETIC', 'Case', 'StopRun', 'package_versions',
+           'git_commit', 'config_hash', 'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run',
+           'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path',
+           'resolve_portable', 'shown_path', 'shown_text', 'cpu_arithmetic', 'arithmetic_fingerprint', 'machine_info',
+           'read_run_record', 'note_run', 'portable_arithmetic', 'kernel_arithmetic', 'arithmetic_differs',
+           'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record', 'replace_dir',
            'WriteAside']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
@@ -455,6 +456,48 @@ def note_run(folder: str | Path, **fields) -> dict:
     _atomic_write(Path(folder) / RUN_RECORD, json.dumps(rec, indent=1, sort_keys=True, default=str) + "\n")
     return rec
 
+# %% ../nbs/02_runs.ipynb #7b3e91a0
+PORTABLE_ARITHMETIC = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2",
+                       "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""The float arithmetic a study kernel gets on x86-64, each variable only where the user has not set it: two threads,
+and torch's, oneDNN's and MKL's kernels capped at AVX2. It is what the committed outputs were made with: on their
+machine (2 cores, AVX2, no AVX-512) these settings change no bit (the same `arithmetic_fingerprint` with and without
+them, measured). On a machine with more cores or with AVX-512 they remove the two differences measured to change
+trained weights (the thread count and the instruction set); whether MKL's own code path still differs between CPU
+vendors is not measured here, and the fingerprint in `run.json` says so where it does. Set a variable yourself (e.g.
+`OMP_NUM_THREADS=16`) to run faster with your machine's own arithmetic."""
+
+def portable_arithmetic(environ: dict | None = None) -> dict:
+    "`environ` (default: this process's) with `PORTABLE_ARITHMETIC` added where unset, on x86-64; elsewhere unchanged."
+    env = dict(os.environ if environ is None else environ)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for k, v in PORTABLE_ARITHMETIC.items(): env.setdefault(k, v)
+    return env
+
+_KERNEL_ARITHMETIC: dict = {}
+
+def kernel_arithmetic(env: dict) -> dict:
+    """`cpu_arithmetic` as a new Python process started with `env` computes it (a study kernel's arithmetic, which the
+    runner's own process may not share): one short subprocess per setting, remembered. Empty when torch is missing
+    or the subprocess fails."""
+    key = tuple(sorted((k, env.get(k)) for k in (*PORTABLE_ARITHMETIC, "MKL_CBWR", "PYTHONPATH")))
+    if key not in _KERNEL_ARITHMETIC:
+        code = "import json, torch; from forensicslab.runs import cpu_arithmetic; print(json.dumps(cpu_arithmetic()))"
+        try:
+            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+            _KERNEL_ARITHMETIC[key] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError): _KERNEL_ARITHMETIC[key] = {}
+    return dict(_KERNEL_ARITHMETIC[key])
+
+def arithmetic_differs(folder: str | Path, arithmetic: dict) -> Optional[str]:
+    """One line when `folder`'s `run.json` was made with another float arithmetic than `arithmetic` (a
+    `cpu_arithmetic` dict): its float results (trained weights, scores) may then not come out bit for bit alike."""
+    old, new = read_run_record(folder).get("arithmetic"), arithmetic.get("arithmetic")
+    if not old or not new or old == new: return None
+    return (f"{shown_path(folder)} was made with float arithmetic {old}, this machine computes {new} "
+            f"({arithmetic.get('cpu_capability')}, {arithmetic.get('torch_threads')} threads): "
+            "its trained weights and float scores may differ from the committed ones")
+
 # %% ../nbs/02_runs.ipynb #b1d4712f
 def part_files(folder: str | Path, part: str) -> list[Path]:
     "The files of `part` in `folder`: `<part>.*` and `<part>_*` (its tables, figures and provenance note)."
@@ -488,9 +531,11 @@ def skipped_parts(folder: str | Path) -> dict[str, str]:
 
 # %% ../nbs/02_runs.ipynb #83ec96a3
 def write_run_record(folder: str | Path, study: str, params: dict | None = None, status: str = "ok",
-                     seconds: float | None = None, error: str | None = None, root: str | Path | None = None) -> dict:
+                     seconds: float | None = None, error: str | None = None, root: str | Path | None = None,
+                     arithmetic: dict | None = None) -> dict:
     """Write `<folder>/run.json`, the provenance of a study output folder: package version, git commit, dependency
-    versions, Python and machine, data, backends, seed, every parameter, status, and the parts the notebook noted."""
+    versions, Python and machine, data, backends, seed, every parameter, status, and the parts the notebook noted.
+    `arithmetic`: the float arithmetic the work ran with (`kernel_arithmetic`), where it was not this process."""
     root = Path(root) if root else (checkout_root() or project_root())
     params = shown_text(dict(params or {}), root)     # user paths as `shown_path` writes them: no machine's absolute path
     notes = read_run_record(folder)
@@ -501,7 +546,7 @@ def write_run_record(folder: str | Path, study: str, params: dict | None = None,
     rec = dict(study=study, status=status, seconds=None if seconds is None else round(float(seconds), 1), error=error,
                forensicslab=package_versions(["forensicslab"]).get("forensicslab"),
                git_commit=git_commit(root, exclude=("outputs",)), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               packages=package_versions(), **machine_info(),
+               packages=package_versions(), **{**machine_info(), **(arithmetic or {})},
                data={**data, **(notes.get("data") or {})}, backends={**backends, **(notes.get("backends") or {})},
                seed=params.get("seed"), parameters=params, parts=notes.get("parts") or {})
     rec.update({k: v for k, v in notes.items() if k not in rec})   # anything else the notebook noted

@@ -8,11 +8,14 @@ Docs: https://forensicslab.github.io/forensicslab/studies.html.md"""
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import itertools
 import json
+import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import (FolderLock, config_hash, note_run, part_files, project_root, replace_dir, shown_text, skipped_parts, study_output_dir,
+from .runs import (FolderLock, arithmetic_differs, config_hash, kernel_arithmetic, note_run, part_files, portable_arithmetic, project_root, replace_dir, shown_text, skipped_parts, study_output_dir,
                                write_run_record)
 
 # %% auto #0
@@ -304,6 +307,14 @@ def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
         for o in c.get("outputs", []): _portable_output(o, stage, final)
     nbformat.write(nb, str(path))
 
+@contextlib.contextmanager
+def _environment(env: dict):
+    "This process's environment set to `env` for the block (the kernel papermill starts inherits it), then restored."
+    saved = dict(os.environ)
+    os.environ.clear(); os.environ.update(env)
+    try: yield
+    finally: os.environ.clear(); os.environ.update(saved)
+
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool,
                 variant: Optional[StudyVariant] = None) -> Path:
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
@@ -311,14 +322,19 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
     record = {**study_defaults(nb), **p}
     record.pop("out_dir")                      # the folder that holds run.json
     _open_stage(stage, final, record)
+    env = portable_arithmetic()                # the kernel's float arithmetic, as the committed outputs were made
+    arith = kernel_arithmetic(env)
+    differs = arithmetic_differs(final, arith)
+    if differs: print(f"note: {differs}", file=sys.stderr, flush=True)
     t0 = time.time()
     try:
-        pm.execute_notebook(str(nb), str(stage / f"{stem}.ipynb"), parameters=p, kernel_name=kernel, language="python",
-                            cwd=str(Path(nb).resolve().parent), progress_bar=progress, log_output=False)
+        with _environment(env):
+            pm.execute_notebook(str(nb), str(stage / f"{stem}.ipynb"), parameters=p, kernel_name=kernel, language="python",
+                                cwd=str(Path(nb).resolve().parent), progress_bar=progress, log_output=False)
     except BaseException as e:
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else _one_line(e)
         if variant is not None: note_run(stage, variant=variant.record())
-        write_run_record(stage, stem, record, status="failed", seconds=time.time() - t0, error=reason)
+        write_run_record(stage, stem, record, status="failed", seconds=time.time() - t0, error=reason, arithmetic=arith)
         failed.parent.mkdir(parents=True, exist_ok=True)
         replace_dir(stage, failed)
         if isinstance(e, KeyboardInterrupt): raise
@@ -328,7 +344,7 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
     _portable_notebook(stage / f"{stem}.ipynb", stage, final)
     _carry_skipped(stage, final)
     if variant is not None: note_run(stage, variant=variant.record())   # run.json names the variant, its base and fixed parameters
-    write_run_record(stage, stem, record, seconds=time.time() - t0)
+    write_run_record(stage, stem, record, seconds=time.time() - t0, arithmetic=arith)
     replace_dir(stage, final)
     shutil.rmtree(failed, ignore_errors=True)   # an earlier failed attempt is stale now
     return final / f"{stem}.ipynb"

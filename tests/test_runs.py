@@ -248,3 +248,34 @@ def test_run_record_fingerprints_the_cpu_arithmetic():
     import platform
     if platform.machine() in ("x86_64", "AMD64"):
         assert _fingerprint(OMP_NUM_THREADS="1", ATEN_CPU_CAPABILITY="default") != same
+
+
+def test_a_study_kernel_runs_with_the_portable_arithmetic_and_run_json_records_the_kernels(tmp_path, monkeypatch, capsys):
+    """Issue 24: study kernels get `PORTABLE_ARITHMETIC` (two threads, AVX2 caps) wherever the user has not set them, and
+    run.json records the arithmetic the kernel computed with, measured by the kernel itself here; a folder committed
+    with another fingerprint gets a one-line note before it is replaced."""
+    import nbformat
+    import forensicslab.studies as S
+    from forensicslab.runs import PORTABLE_ARITHMETIC, note_run
+    d = tmp_path / "nbs" / "studies"
+    d.mkdir(parents=True)
+    keys = sorted(PORTABLE_ARITHMETIC)
+    probe = ("import json, os, torch\nfrom pathlib import Path\nfrom forensicslab.runs import cpu_arithmetic\n"
+             f"env = {{k: os.environ.get(k) for k in {keys!r}}}\n"
+             "Path(out_dir, 'kernel.json').write_text(json.dumps({**cpu_arithmetic(), 'env': env}))")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('quick = True\nout_dir = ""', metadata={"tags": ["parameters"]}),
+                                         nbformat.v4.new_code_cell(probe)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, d / "probe_study.ipynb")
+    monkeypatch.setattr(S, "project_root", lambda start=None: tmp_path)
+    for k in PORTABLE_ARITHMETIC: monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))   # the kernel imports this checkout
+    note_run(tmp_path / "out" / "probe_study", arithmetic="0000000000000000")
+    out = S.run_study("probe_study", {}, out_root=tmp_path / "out", progress=False).parent
+    kernel, rec = json.loads((out / "kernel.json").read_text()), json.loads((out / "run.json").read_text())
+    assert "0000000000000000" in capsys.readouterr().err                       # the note before replacing it
+    assert rec["arithmetic"] == kernel["arithmetic"] and rec["torch_threads"] == kernel["torch_threads"]
+    import platform
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert kernel["env"] == PORTABLE_ARITHMETIC and kernel["torch_threads"] == min(2, os.cpu_count() or 2)
+    assert not any(k in os.environ for k in PORTABLE_ARITHMETIC)               # the runner's own environment is restored
