@@ -616,16 +616,22 @@ def test_controls_reach_every_call_and_traces_name_case_and_role(tmp_path):
     assert c.budget.spent_tokens > 0
 
 
-def _tiny_text_llm(folder: Path) -> Path:
-    "A tiny Llama (random weights) with a character-level tokenizer and a chat template that only accepts string content."
+def _tiny_text_llm(folder: Path, byte_level: bool = False) -> Path:
+    """A tiny Llama (random weights) with a character-level tokenizer and a chat template that only accepts string
+    content; `byte_level`: a byte-level BPE tokenizer without merges (the kind of GPT-2, Llama 3, Qwen, SmolLM2)."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    chars = [chr(c) for c in range(32, 127)]
-    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<pad>"] + chars)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
-    tok.decoder = decoders.Fuse()
+    chars = pre_tokenizers.ByteLevel.alphabet() if byte_level else [chr(c) for c in range(32, 127)]
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<pad>"] + sorted(chars))}
+    if byte_level:
+        tok = Tokenizer(models.BPE(vocab, merges=[], unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+        tok.decoder = decoders.Fuse()
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     hf.chat_template = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '</s>' }}{% endfor %}"
                         "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
@@ -679,13 +685,20 @@ def test_hf_constrained_triage_verdicts_pass_the_cross_field_rules(tmp_path):
     assert r.output_tokens <= 600
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[train])")
+@pytest.mark.skipif(importlib.util.find_spec("llguidance") is None, reason="needs llguidance (forensicslab[train])")
 def test_hf_regex_constrained_zoom_turns_are_well_formed(tmp_path):
     """Issue 13: a zoom turn is tagged free text, so the policy sends `turn_pattern` as the `regex` parameter;
     under hf: constrained decoding even random weights write a turn that parses (think, then one crop call or
     one answer in canonical JSON). Only what a pattern cannot say (x2 > x1) may still be wrong."""
     from forensicslab.zoom.agents import parse_action, turn_pattern
-    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    byte_level = _tiny_text_llm(tmp_path / "byte-level", byte_level=True)    # llguidance's matcher reads this tokenizer
+    for seed in range(3):
+        r = gm(f"hf:{byte_level}", device="cpu", structured="constrained").chat(
+            f"turn {seed}", regex=turn_pattern(think_chars=100, text_chars=40, key_items=1), temperature=1.0, seed=seed,
+            max_tokens=1200)   # at most 4 tokens a character (bytes)
+        a = parse_action(r.text)
+        assert a.kind != "invalid" or "must satisfy x2 > x1" in a.error, (r.text, a.error)
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")     # a decoder llguidance cannot read: lm-format-enforcer's parser
     m = gm(f"hf:{folder}", device="cpu", structured="constrained")
     for seed in range(3):
         r = m.chat(f"turn {seed}", regex=turn_pattern(think_chars=40, text_chars=30, key_items=1), temperature=1.0, seed=seed,
