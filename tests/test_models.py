@@ -754,3 +754,25 @@ def test_hf_reply_cut_by_its_time_limit_is_not_a_natural_stop(tmp_path):
     capped = m.backend.complete(prepare_messages("hi"), None, {"max_tokens": 3}, timeout=60)
     assert cut.finish_reason == "time" and cut.output_tokens < 400
     assert capped.finish_reason in ("length", "stop") and capped.output_tokens <= 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[train])")
+def test_judged_debaters_keep_their_side_under_a_constrained_backend(tmp_path):
+    """Issue 33: a judged debater's answer schema fixes `misinformation` to its assigned side when the backend decodes
+    under the schema, so even random weights argue their side, the debate reaches agent 2 and the judge, and no call
+    is spent on a stance reminder; a prompt-only backend gets the plain answer schema (and the reminder)."""
+    from PIL import Image
+    from forensicslab.core import Sample
+    from forensicslab.debate.agents import _answer_schema
+    from forensicslab.debate.all import DebateConfig, DebateInput, run_debate
+    from forensicslab.debate.records import DebateAnswer
+    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    m = gm(f"hf:{folder}", device="cpu", structured="constrained", max_tokens=160)
+    Image.new("RGB", (32, 32), (90, 120, 150)).save(tmp_path / "p.png")
+    sample = Sample(id="s", image=str(tmp_path / "p.png"), caption="A flood in Dresden, 2002.", label=1, family="out_of_context")
+    res = run_debate(DebateInput(sample, None, tmp_path), [m, m], DebateConfig(strategy="judged", retrieval=False, max_rounds=0,
+                                                                              params={"temperature": 0}))
+    assert res.status == "ok", (res.failure_kind, res.failure)
+    said = {t.agent: t.answer for t in res.turns}
+    assert said["agent1"] is True and said["agent2"] is False and "judge" in said and res.stance_reasks == 0
+    assert _answer_schema(gm(f"hf:{folder}", device="cpu", structured="prompt"), True) is DebateAnswer

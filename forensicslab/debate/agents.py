@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 
 from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Sample
 from ..chat.models import Model, ModelControls, get_model
@@ -202,13 +202,27 @@ def _self_consistency(inp, models, cfg, res):
 
 
 # %% ../../nbs/07e_debate.agents.ipynb #d7db13e9
+_STANCE_SCHEMAS = {side: create_model(f"DebateAnswer{'Misinformation' if side else 'NotMisinformation'}", __base__=DebateAnswer,
+                                      __doc__=DebateAnswer.__doc__, misinformation=(Literal[side], Field(description=(
+                                          "the side assigned to you: the pair " + ("is" if side else "is not") + " misinformation"))))
+                   for side in (True, False)}
+"""The judged debaters' answer with `misinformation` fixed to the assigned side: sent to a backend that decodes under
+the schema (`structured='constrained'`), whose grammar then keeps the stance, so no call is spent on a reply that
+argues the other side (its `stance_reasks` are 0 by construction); other backends get `DebateAnswer` and the reminder."""
+
+def _answer_schema(model, side: bool) -> type[BaseModel]:
+    backend = getattr(model, "backend", None)
+    constrained = backend is not None and getattr(backend, "effective_structured", lambda: "")() == "constrained"
+    return _STANCE_SCHEMAS[side] if constrained else DebateAnswer
+
 def _on_stance(a, text, stance, res, latest, rnd, kind, image=None):
-    "Ask judged debater `a`; a reply that argues the other side is kept as `off_stance`, asked again once, then the case fails."
-    ans, rep = a.ask(text, DebateAnswer, image, rnd=rnd)
+    """Ask judged debater `a`; a reply that argues the other side is kept as `off_stance`, asked again once, then the
+    case fails (`StanceBroken`); under a schema-enforcing backend the side is in the grammar (`_answer_schema`)."""
+    ans, rep = a.ask(text, _answer_schema(a.model, stance[0]), image, rnd=rnd)
     if ans.misinformation != stance[0]:
         res.turns.append(_turn(rnd, a.name, "off_stance", ans, rep))
         res.stance_reasks += 1
-        ans, rep = a.ask(_prompt("stance_reminder", stance=stance[1]), DebateAnswer, rnd=rnd)
+        ans, rep = a.ask(_prompt("stance_reminder", stance=stance[1]), _answer_schema(a.model, stance[0]), rnd=rnd)
         if ans.misinformation != stance[0]:
             res.turns.append(_turn(rnd, a.name, "off_stance", ans, rep))
             raise StanceBroken(f"{a.name}: argued the other side again after a reminder (assigned: the pair {stance[1]})")
