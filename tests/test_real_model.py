@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "real_model_check.py"
 
 
 def test_every_llm_role_against_a_real_model(capsys):
-    for mod in ("gguf", "lmformatenforcer", "fastapi", "uvicorn"):
+    for mod in ("gguf", "lmformatenforcer", "llguidance", "fastapi", "uvicorn"):
         assert importlib.util.find_spec(mod), f"{mod} missing: pip install -e '.[tiny-llm]'"
     spec = importlib.util.spec_from_file_location("real_model_check", SCRIPT)
     check = importlib.util.module_from_spec(spec)
