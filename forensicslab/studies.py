@@ -293,7 +293,7 @@ def _portable_output(out: dict, stage: Path, final: Path, root: Path | None = No
 
 def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
     """Papermill's record in an executed notebook (its paths, the injected parameters) as the final folder and
-    checkout-relative paths (`shown_text`), and the cells' printed text with the staging folder read as the final one and
+    checkout-relative paths (`shown_text`), its injected cell a fixed id, and the cells' printed text with the staging folder read as the final one and
     the checkout's own prefix dropped (`_portable_output`): no machine's absolute path is committed."""
     try: nb = nbformat.read(str(path), as_version=4)
     except (OSError, ValueError, KeyError, nbformat.ValidationError): return   # not a notebook papermill wrote (a stand-in executor's)
@@ -303,7 +303,8 @@ def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
         if k in meta: meta[k] = fix(meta[k])
     if "parameters" in meta: meta["parameters"] = {k: fix(v) for k, v in meta["parameters"].items()}
     for c in nb.cells:
-        if "injected-parameters" in c.metadata.get("tags", []): c.source = fix(c.source)
+        if "injected-parameters" in c.metadata.get("tags", []):
+            c.source, c.id = fix(c.source), "injected-parameters"   # papermill gives the cell a random id on every run
         for o in c.get("outputs", []): _portable_output(o, stage, final)
     nbformat.write(nb, str(path))
 

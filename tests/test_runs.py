@@ -279,3 +279,5 @@ def test_a_study_kernel_runs_with_the_portable_arithmetic_and_run_json_records_t
     if platform.machine() in ("x86_64", "AMD64"):
         assert kernel["env"] == PORTABLE_ARITHMETIC and kernel["torch_threads"] == min(2, os.cpu_count() or 2)
     assert not any(k in os.environ for k in PORTABLE_ARITHMETIC)               # the runner's own environment is restored
+    executed = nbformat.read(out / "probe_study.ipynb", as_version=4)   # papermill's random cell id is made fixed: reruns match
+    assert [c.id for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])] == ["injected-parameters"]
