@@ -310,11 +310,15 @@ def _portable_notebook(path: Path, stage: Path, final: Path) -> None:
 
 @contextlib.contextmanager
 def _environment(env: dict):
-    "This process's environment set to `env` for the block (the kernel papermill starts inherits it), then restored."
-    saved = dict(os.environ)
-    os.environ.clear(); os.environ.update(env)
+    """This process's environment with `env`'s values for the block (the kernel papermill starts inherits them), then
+    restored: only the variables `env` changes are touched, so other threads never see the rest disappear."""
+    saved = {k: os.environ.get(k) for k, v in env.items() if os.environ.get(k) != v}
+    os.environ.update({k: env[k] for k in saved})
     try: yield
-    finally: os.environ.clear(); os.environ.update(saved)
+    finally:
+        for k, v in saved.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
 
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool,
                 variant: Optional[StudyVariant] = None) -> Path:

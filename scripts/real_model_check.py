@@ -140,14 +140,13 @@ def _on_signal(signum, frame):
 
 
 @contextlib.contextmanager
-def server_process(cmd: list, name: str, log: Path, health: str, ready_s: float = 300):
-    """A model server (`cmd`, listening on the port in `health`) on loopback in its own process group, one thread,
-    killed on any exit; yields the base URL of its OpenAI API or None (it did not answer `health` within `ready_s`)."""
+def server_process(cmd: list, name: str, log: Path, url: str, health: str, ready_s: float = 300):
+    """A model server (`cmd`) on loopback in its own process group, one thread, killed on any exit; yields `url`, the
+    base URL of its OpenAI API, or None (it did not answer `health` within `ready_s`)."""
     with open(log, "w") as lf:
         proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     _CHILDREN.append(proc)
-    url = health.rsplit("/", 1)[0] if health.endswith("/models") else health.rsplit("/", 1)[0] + "/v1"
     try:
         import httpx
         t0 = time.time()
@@ -173,7 +172,8 @@ def transformers_server(ckpt: Path, log: Path):
     port = free_port()
     exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
     cmd = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32", str(ckpt)]
-    return server_process(cmd, f"transformers serve ({ckpt.name})", log, f"http://127.0.0.1:{port}/health")
+    return server_process(cmd, f"transformers serve ({ckpt.name})", log, f"http://127.0.0.1:{port}/v1",
+                          f"http://127.0.0.1:{port}/health")
 
 
 def llamacpp_server(gguf: Path, log: Path, chat_format: str | None):
@@ -182,7 +182,8 @@ def llamacpp_server(gguf: Path, log: Path, chat_format: str | None):
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "--n_ctx", "8192", "--n_threads", "1", "--n_threads_batch", "1", *(["--chat_format", chat_format] if chat_format else [])]
-    return server_process(cmd, f"llama.cpp server ({gguf.name})", log, f"http://127.0.0.1:{port}/v1/models")
+    url = f"http://127.0.0.1:{port}/v1"
+    return server_process(cmd, f"llama.cpp server ({gguf.name})", log, url, f"{url}/models")
 
 
 def probe(spec, controls, seconds: float) -> tuple[bool, str]:
