@@ -520,7 +520,7 @@ def part_written(folder: str | Path, part: str, data: dict | None = None, **info
 
 def part_skipped(folder: str | Path, part: str, why: str, log: Callable[[str], None] = print) -> None:
     "Record that this run could not make `part` and why (one line printed); its files of an earlier run stay untouched."
-    why = " ".join(str(why).split())
+    why = shown_text(" ".join(str(why).split()))     # no machine's absolute path in run.json
     note_run(folder, parts={part: {"status": "skipped", "why": why}})
     kept = part_files(folder, part)
     log(f"skipped {part}: {why}" + (f" (its earlier files are kept: {len(kept)})" if kept else ""))

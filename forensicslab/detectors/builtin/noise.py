@@ -16,8 +16,8 @@ from ...imageio import LoadedImage, luma
 from ..signals import analysis_rgb, block_reduce, compact_region, to_image_map
 
 # %% auto #0
-__all__ = ['noise_structure_ratio', 'robust_z', 'centre_surround', 'ring_range', 'outside_range', 'fill_evidence',
-           'inpaint_forgery', 'NoiseDetector']
+__all__ = ['gradient_magnitude', 'noise_structure_ratio', 'robust_z', 'centre_surround', 'ring_range', 'outside_range',
+           'fill_evidence', 'inpaint_forgery', 'NoiseDetector']
 
 # %% ../../../nbs/04e_detectors.builtin.noise.ipynb #eac8a57a
 def _block_quantile(a: np.ndarray, block: int, q: float) -> np.ndarray:
@@ -31,12 +31,16 @@ def _block_quantile(a: np.ndarray, block: int, q: float) -> np.ndarray:
     p = np.sort(v, axis=2)                                   # faster than np.partition for 16 values
     return p[..., i] * (1 - f) + p[..., j] * f
 
+def gradient_magnitude(gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
+    "`sqrt(gx^2 + gy^2)`, bit for bit the same wherever the arrays sit in memory (`cv2.magnitude`'s last bits are not)."
+    return np.sqrt(gx * gx + gy * gy)
+
 def noise_structure_ratio(grey: np.ndarray, block: int = 4) -> np.ndarray:
     "Per-block log ratio of the upper-quartile |Laplacian| residual to the median gradient magnitude (smoothed image)."
     g = np.asarray(grey, np.float32)
     lap = np.abs(cv2.Laplacian(g, cv2.CV_32F, ksize=1))
     gs = cv2.GaussianBlur(g, (0, 0), 1.0)
-    grad = cv2.magnitude(cv2.Sobel(gs, cv2.CV_32F, 1, 0), cv2.Sobel(gs, cv2.CV_32F, 0, 1))
+    grad = gradient_magnitude(cv2.Sobel(gs, cv2.CV_32F, 1, 0), cv2.Sobel(gs, cv2.CV_32F, 0, 1))
     return np.log(_block_quantile(lap, block, 0.75) + 0.5) - np.log(_block_quantile(grad, block, 0.5) + 1.0)
 
 def robust_z(x: np.ndarray) -> np.ndarray:
