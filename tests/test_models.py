@@ -667,15 +667,21 @@ def test_hf_constrained_decoding_gives_schema_valid_json_from_a_random_model(tmp
     assert isinstance(r.parsed, Verdict)      # random weights: only the grammar can make this valid
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None, reason="needs lm-format-enforcer (forensicslab[train])")
-def test_hf_constrained_triage_verdicts_pass_the_cross_field_rules(tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("lmformatenforcer") is None or importlib.util.find_spec("llguidance") is None,
+                    reason="needs lm-format-enforcer and llguidance (forensicslab[train])")
+@pytest.mark.parametrize("byte_level,engine", [(True, "_llg_prefix_fn"), (False, "_prefix_fn")])
+def test_hf_constrained_triage_verdicts_pass_the_cross_field_rules(tmp_path, byte_level, engine):
     """Issue 13: the triage verdict's cross-field rules (a manipulated verdict names a decisive tool, an
     authentic one none; locality n/a exactly when authentic) and its allowed detector ids are in the grammar,
-    so even random weights give verdicts that pass pydantic validation, not just JSON-schema-shaped ones."""
+    so even random weights give verdicts that pass pydantic validation, not just JSON-schema-shaped ones. Under
+    both grammar engines: llguidance for the tokenizers it reads (byte-level BPE), lm-format-enforcer for the rest."""
+    from transformers import AutoTokenizer
+    from forensicslab.chat.backends import json_prefix_fn
     from forensicslab.triage.agents import Verdict as TriageVerdict, verdict_schema
-    folder = _tiny_text_llm(tmp_path / "tiny-llm")
+    folder = _tiny_text_llm(tmp_path / "tiny-llm", byte_level=byte_level)
     m = gm(f"hf:{folder}", device="cpu", structured="constrained")
     schema, seen = verdict_schema(("adq", "noise")), set()
+    assert json_prefix_fn(AutoTokenizer.from_pretrained(folder), schema, 600).__qualname__.startswith(engine)
     for seed in range(4):          # sampled: several random paths through the grammar
         r = m.chat(f"case {seed}: is this photo edited", schema=schema, temperature=1.0, seed=seed, max_tokens=600)
         v = r.parsed

@@ -815,9 +815,9 @@ _ENFORCER_DATA: dict = {}
 _ENFORCER_LOCK = threading.Lock()
 
 def grammar_available() -> bool:
-    "Whether the grammar library for constrained decoding (`lm-format-enforcer`) is installed."
+    "Whether the grammar libraries for constrained decoding are installed (llguidance, and lm-format-enforcer for tokenizers llguidance cannot read)."
     import importlib.util
-    return importlib.util.find_spec("lmformatenforcer") is not None
+    return all(importlib.util.find_spec(m) is not None for m in ("llguidance", "lmformatenforcer"))
 
 def _tokenizer_data(tok):
     """`(data, alphabet, chars_per_token)`: lm-format-enforcer's view of a tokenizer's vocabulary, every
@@ -873,14 +873,30 @@ def grammar_parser(schema: type[BaseModel], max_chars: Optional[int] = None, alp
     if not cases: return JsonSchemaParser(sj, config=config)
     return UnionParser([JsonSchemaParser({**sj, **case}, config=config) for case in cases])
 
-def json_prefix_fn(tok, schema: type[BaseModel], max_new_tokens: Optional[int] = None):
-    """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a
-    prefix of a JSON document valid under `grammar_parser(schema)`; with `max_new_tokens`, free text is
-    capped (`free_text_cap`, at the tokenizer's characters per token, at most 2) so the document fits.
-    Built on the library's core classes: its transformers module imports a path transformers 5 removed."""
+def json_prefix_fn(tok, schema: type[BaseModel], max_new_tokens: Optional[int] = None, eos: tuple = ()):
+    """A `prefix_allowed_tokens_fn` for `generate` that only lets through tokens keeping the output a prefix of a
+    JSON document valid under `grammar_schema(schema)` (fields in order, no free whitespace), then only an end token
+    (`eos`, default the tokenizer's); with `max_new_tokens`, free text is capped (`free_text_cap`) so the document
+    fits. Built on llguidance's JSON-schema matcher (0.2 ms a token on Gemma 3's 262 k tokens, where
+    lm-format-enforcer's vocabulary walk took 17-180 ms, measured); a tokenizer llguidance cannot read, or a schema
+    it cannot compile, falls back to lm-format-enforcer (`grammar_parser`)."""
+    cap = lambda cpt: None if max_new_tokens is None else free_text_cap(schema, max_new_tokens, cpt)
+    items = None if max_new_tokens is None else GRAMMAR_MAX_ITEMS
+    try:
+        import llguidance
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(grammar_schema(schema, cap(_chars_per_token(tok)), items),
+                                                                defaults={"whitespace_flexible": False})
+        return _llg_prefix_fn(tok, grammar, eos)
+    except (ImportError, ValueError, ForensicsLabError): pass
     data, alphabet, chars_per_token = _tokenizer_data(tok)
-    cap = None if max_new_tokens is None else free_text_cap(schema, max_new_tokens, chars_per_token)
-    return _prefix_fn(data, grammar_parser(schema, cap, alphabet, max_items=None if cap is None else GRAMMAR_MAX_ITEMS))
+    return _prefix_fn(data, grammar_parser(schema, cap(chars_per_token), alphabet, max_items=items))
+
+_SAMPLE_TEXT = ("The detector marks a compact region near the centre whose noise is lower than its surroundings, "
+                "so the patch was probably filled; the caption's date and place match the retrieved reports.")
+
+def _chars_per_token(tok) -> float:
+    "Characters a token of `tok` writes in plain English reasoning (a fixed sample sentence), at most 2."
+    return min(2.0, len(_SAMPLE_TEXT) / max(1, len(tok.encode(_SAMPLE_TEXT, add_special_tokens=False))))
 
 def regex_prefix_fn(tok, pattern: str, eos: tuple = ()):
     """A `prefix_allowed_tokens_fn` that keeps the output a prefix of a match of regular expression `pattern`, and
@@ -890,12 +906,17 @@ def regex_prefix_fn(tok, pattern: str, eos: tuple = ()):
     token (SmolLM2's 49 k tokens, measured), which cut the zoom policy's turns at their time limit. A tokenizer that
     llguidance cannot read (a slow one, or an unusual decoder) falls back to lm-format-enforcer's regex parser."""
     import llguidance
-    try: lt = _llg_tokenizer(tok, tuple(sorted(set(eos) or {tok.eos_token_id})))
+    try: return _llg_prefix_fn(tok, llguidance.LLMatcher.grammar_from_regex(pattern), eos)
     except ValueError:
         from lmformatenforcer import RegexParser
         return _prefix_fn(_tokenizer_data(tok)[0], RegexParser(pattern))
-    matcher = llguidance.LLMatcher(lt, llguidance.LLMatcher.grammar_from_regex(pattern))
-    if matcher.is_error(): raise ForensicsLabError(f"regex {pattern[:80]!r}...: {matcher.get_error()}")
+
+def _llg_prefix_fn(tok, grammar: str, eos: tuple = ()):
+    """The `prefix_allowed_tokens_fn` of an llguidance `grammar`: `ValueError` when llguidance cannot read `tok`,
+    `ForensicsLabError` when the grammar does not compile."""
+    import llguidance
+    matcher = llguidance.LLMatcher(_llg_tokenizer(tok, tuple(sorted(set(eos) or {tok.eos_token_id}))), grammar)
+    if matcher.is_error(): raise ForensicsLabError(f"grammar: {matcher.get_error()}")
     seen = {"start": None, "n": 0}
     def allowed(batch_id, sent):
         ids = sent.tolist()
@@ -965,7 +986,7 @@ class HFBackend(Backend):
     """A local `transformers` model: a vision-language model (`AutoModelForImageTextToText` + processor)
     or a text-only causal LM (`AutoModelForCausalLM` + tokenizer), from a folder, a hub id, or a GGUF
     file (`gguf_file`, converted once to safetensors). Schema-bound calls decode under the schema's
-    grammar (`structured='constrained'`, the default when lm-format-enforcer is installed). `chat_template`: a name
+    grammar (`structured='constrained'`, the default when the grammar libraries are installed: `grammar_available`). `chat_template`: a name
     in `CHAT_TEMPLATES` or a `.jinja` file, for a checkpoint that ships none (its stop strings end a turn)."""
     default_concurrency = 1
     def __init__(self, path: str, device: str = "auto", dtype: str = "auto", processor=None, model=None,
@@ -987,7 +1008,7 @@ class HFBackend(Backend):
         if self.structured in ("auto", "json_schema", "constrained"):
             if grammar_available(): return "constrained"
             if self.structured == "constrained":
-                raise ForensicsLabError("structured='constrained' needs lm-format-enforcer: pip install 'forensicslab[tiny-llm]'")
+                raise ForensicsLabError("structured='constrained' needs llguidance and lm-format-enforcer: pip install 'forensicslab[tiny-llm]'")
         return "prompt" if self.structured in ("auto", "json_schema") else self.structured
 
     def load(self):
@@ -1072,7 +1093,7 @@ def complete(self: HFBackend, messages, schema, params, timeout) -> Completion:
     gc = getattr(getattr(net, "generation_config", None), "eos_token_id", None)
     ends = {tok.eos_token_id, *stops, *(gc if isinstance(gc, (list, tuple)) else [gc])} - {None}
     if schema is not None and self.effective_structured() == "constrained":   # the reply must fit max_tokens
-        gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, gen["max_new_tokens"])
+        gen["prefix_allowed_tokens_fn"] = json_prefix_fn(tok, schema, gen["max_new_tokens"], tuple(sorted(ends)))
     elif params.get("regex") and self.effective_structured() == "constrained":
         gen["prefix_allowed_tokens_fn"] = regex_prefix_fn(tok, params["regex"], tuple(sorted(ends)))
     if stops: gen["eos_token_id"] = sorted(ends)
