@@ -475,7 +475,8 @@ def main(argv=None) -> int:
                 skipped.append(f"{name}/llama.cpp: the server did not start")
                 continue
             cpp_spec = {"backend": "openai-compatible", "base_url": url, "model": gguf.name, "server": "llamacpp",
-                        "vision": False, "context_length": 8192}
+                        "vision": False, "context_length": 8192,
+                        **({"system_role": False} if tmpl == "gemma" else {})}   # its `gemma` format drops system messages
             ok, msg = probe(cpp_spec, controls, a.probe_timeout)
             print(f"{name}/llama.cpp probe: {msg}", flush=True)
             if ok: legs[f"{name}/llamacpp"] = ("server", cpp_spec)

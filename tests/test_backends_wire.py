@@ -353,3 +353,21 @@ def test_models_check_covers_every_study_role():
     rows = {line.split()[0]: line for line in res.output.splitlines()[1:] if line.strip()}
     for role in ("triage.auditor", "triage.judge", "debate.agent", "zoom.policy", "zoom.judge"):
         assert role in rows and " NO " in rows[role], res.output
+
+
+def test_system_role_off_moves_the_system_text_into_the_first_user_turn():
+    """llama-cpp-python's `gemma` chat format drops system messages without a word; `system_role=False` sends the
+    system text (and any system image) at the head of the first user turn instead, and nothing is lost."""
+    sysimg = [ChatMessage.of("system", "You inspect images.", IMAGE), ChatMessage.of("user", "Is it fake?"),
+              ChatMessage.of("assistant", "Maybe."), ChatMessage.of("user", "Decide.")]
+    with openai_server(lambda req: "ok", family="llamacpp") as url:
+        m = get_model({"backend": "llamacpp", "base_url": str(url), "model": "m", "system_role": False}, controls())
+        assert m.backend.complete(prepare_messages(sysimg), Rating, {}, 10).text == "ok"   # accepted by the llama.cpp server
+        sent = url.calls[-1].json["messages"]
+    assert [w["role"] for w in sent] == ["user", "assistant", "user"]
+    texts = [p["text"] for p in sent[0]["content"] if p["type"] == "text"]
+    assert "You inspect images." in texts and any("JSON schema" in t for t in texts) and texts[-1] == "Is it fake?"
+    assert [p["type"] for p in sent[0]["content"]].count("image_url") == 1 and sent[2]["content"] == "Decide."
+    with openai_server(lambda req: "ok", family="llamacpp") as url:   # the default keeps the system role
+        get_model({"backend": "llamacpp", "base_url": str(url), "model": "m"}, controls()).chat(msgs())
+        assert url.calls[-1].json["messages"][0]["role"] == "system"

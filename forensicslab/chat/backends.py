@@ -39,9 +39,9 @@ __all__ = ['OPTIONAL_EXTRAS', 'STRUCTURED_MODES', 'GRAMMAR_MAX_ITEMS', 'OPENAI_M
            'extra_for', 'ImagePart', 'image_part', 'Prepared', 'as_messages', 'prepare_messages', 'Completion',
            'Capabilities', 'Blocked', 'ReplyTooLarge', 'schema_json', 'schema_instruction', 'with_schema_instruction',
            'grammar_schema', 'free_text_cap', 'Backend', 'shared_client', 'close_clients', 'body_retry_delay',
-           'APIBackend', 'openai_traits', 'strict_schema', 'OpenAIBackend', 'GeminiBackend', 'resolve_device',
-           'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint', 'grammar_available',
-           'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
+           'APIBackend', 'openai_traits', 'strict_schema', 'OpenAIBackend', 'system_folded', 'GeminiBackend',
+           'resolve_device', 'load_processor', 'UnsafeWeightsError', 'check_safe_weights', 'gguf_checkpoint',
+           'grammar_available', 'grammar_parser', 'json_prefix_fn', 'regex_prefix_fn', 'HFBackend']
 
 # %% ../../nbs/05a_chat.backends.ipynb #0a1e7a02
 OPTIONAL_EXTRAS = {"openai": "api", "google": "api", "transformers": "train", "peft": "train", "trl": "train",
@@ -467,13 +467,15 @@ _AUTO_MODE = {"openai": "json_schema", "vllm": "constrained", "llamacpp": "const
 class OpenAIBackend(APIBackend):
     """OpenAI or a server of its protocol (`server`: one of `SERVER_FAMILIES`, default `openai` for the official API,
     `generic` otherwise). `vision`, `json_schema`, `tools` and `context_length` declare what the served model can do;
-    `image_detail` is OpenAI's `low` | `high` | `auto`; `accepts_temperature` / `reasoning` override `OPENAI_MODELS`."""
+    `image_detail` is OpenAI's `low` | `high` | `auto`; `accepts_temperature` / `reasoning` override `OPENAI_MODELS`;
+    `system_role=False` sends the system text at the head of the first user turn, for a served chat format that drops
+    system messages (llama-cpp-python's `gemma` format does, silently)."""
     def __init__(self, model: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
                  provider: str = "openai", server: Optional[str] = None, structured: str = "auto",
                  image_detail: str = "high", concurrency: int = 8, timeout: float = 60.0, vision: bool = True,
                  json_schema: Optional[bool] = None, tools: Optional[bool] = None, context_length: Optional[int] = None,
-                 accepts_temperature: Optional[bool] = None, reasoning: Optional[bool] = None):
-        self.provider, self.model = provider, model
+                 accepts_temperature: Optional[bool] = None, reasoning: Optional[bool] = None, system_role: bool = True):
+        self.provider, self.model, self.system_role = provider, model, bool(system_role)
         official = provider == "openai"
         self.server = server or ("openai" if official else "generic")
         if self.server not in SERVER_FAMILIES: raise ValueError(f"server must be one of {SERVER_FAMILIES}, got {server!r}")
@@ -535,6 +537,15 @@ def _gbnf_choice(options: list) -> str:
 def _choice_note(options: list) -> str:
     return "Answer with exactly one of: " + ", ".join(json.dumps(str(o)) for o in options) + " (nothing else)."
 
+def system_folded(messages: list[Prepared]) -> list[Prepared]:
+    "The system messages' parts moved to the head of the first user turn, for chat formats without a system role."
+    head = [p for m in messages if m.role == "system" for p in m.parts]
+    rest = [m for m in messages if m.role != "system"]
+    i = next((k for k, m in enumerate(rest) if m.role == "user"), None)
+    if not head: return rest
+    if i is None: return [Prepared("user", head), *rest]
+    return [*rest[:i], Prepared("user", [*head, *rest[i].parts]), *rest[i + 1:]]
+
 @patch
 def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type[BaseModel]], params: dict,
             image_detail: Optional[str] = None) -> dict:
@@ -547,6 +558,7 @@ def request(self: OpenAIBackend, messages: list[Prepared], schema: Optional[type
     if schema is not None and mode != "json_schema": messages = with_schema_instruction(messages, schema)
     if choice and not enforced[1]:
         messages = [*messages[:-1], Prepared(messages[-1].role, messages[-1].parts + [_choice_note(choice)])]
+    if not self.system_role: messages = system_folded(messages)
     wire = []
     for m in messages:
         if m.role == "system" and m.images: raise ValueError("images are not allowed in a system message; put them in a user turn")
