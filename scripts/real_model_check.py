@@ -388,9 +388,10 @@ def served_copy(ckpt: Path, work: Path, template: str | None, stops: tuple) -> P
 MODELS = ("smollm2", "gemma3")
 
 
-def run_all(controls, legs: dict, work: Path) -> tuple[dict, list]:
+def run_all(controls, legs: dict, work: Path) -> tuple[dict, list, dict]:
     """Every role through every leg (`{name: (kind, spec)}`: `hf` legs run all three studies, server legs the text
-    roles of triage and debate), the legs at once (servers generate in their own processes)."""
+    roles of triage and debate), the legs at once (servers generate in their own processes): outcomes, models and
+    each leg's seconds."""
     from concurrent.futures import ThreadPoolExecutor
     from forensicslab.chat.cache import CacheMiss
     from forensicslab.chat.models import get_model
@@ -404,14 +405,15 @@ def run_all(controls, legs: dict, work: Path) -> tuple[dict, list]:
         m = get_model(spec, controls=controls)
         models.append(m)
         def job(m=m, kind=kind):
+            t0 = time.time()
             out = {"triage": guarded(triage_roles, m, path, cards, dets, "s1"), "debate": guarded(debate_roles, m, path, "s1")}
             if kind == "hf": out["zoom"] = guarded(zoom_roles, m, path, "s1")
-            return out
+            return out, round(time.time() - t0)      # the leg's wall time, beside the others running at once
         jobs[name] = job
     with ThreadPoolExecutor(max(1, len(jobs))) as ex:
         futures = {k: ex.submit(f) for k, f in jobs.items()}
-        out = {k: f.result() for k, f in futures.items()}
-    return out, models
+        done = {k: f.result() for k, f in futures.items()}
+    return {k: v[0] for k, v in done.items()}, models, {k: v[1] for k, v in done.items()}
 
 
 def main(argv=None) -> int:
@@ -483,8 +485,8 @@ def main(argv=None) -> int:
             else: skipped.append(f"{name}/llama.cpp: {msg}")
         for s_ in skipped: print("SKIP", s_, flush=True)
         t0 = time.time()
-        out, _ = run_all(controls, legs, work) if legs else ({}, [])
-    print(f"\nrecorded in {time.time() - t0:.0f} s; outcomes: {json.dumps(out, default=str)}\n")
+        out, _, leg_s = run_all(controls, legs, work) if legs else ({}, [], {})
+    print(f"\nrecorded in {time.time() - t0:.0f} s (per leg: {leg_s}); outcomes: {json.dumps(out, default=str)}\n")
     calls = calls_from_trace(work / "trace.jsonl") if (work / "trace.jsonl").exists() else []
     rows = table(calls)
     print_table(rows)
@@ -492,7 +494,7 @@ def main(argv=None) -> int:
     # replay with the servers stopped: the cache must answer everything
     replay = ModelControls.of({**base, "cache": "replay", "trace": str(work / "replay.jsonl")})
     dead = {k: (kind, {**spec, "base_url": "http://127.0.0.1:9/v1"} if kind == "server" else spec) for k, (kind, spec) in legs.items()}
-    out2, models2 = run_all(replay, dead, work) if legs else ({}, [])
+    out2, models2, _ = run_all(replay, dead, work) if legs else ({}, [], {})
     network = sum(m.stats["network"] for m in models2)
     hits = sum(m.stats["hits"] for m in models2)
     print(f"\nreplay with the server stopped: {network} model calls, {hits} cache hits, same outcomes: {out2 == out}")
@@ -513,7 +515,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     notes.append(f"## Real-model check, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
                  f"{os.cpu_count()} cores, load {load:.1f} at the end, {time.time() - t_start:.0f} s in all, "
-                 f"max_tokens {a.max_tokens}; legs: {', '.join(legs) or 'none'}.\n\n"
+                 f"max_tokens {a.max_tokens}; legs (seconds each, run at once): {', '.join(f'{k} {leg_s.get(k, 0)}' for k in legs) or 'none'}.\n\n"
                  + "".join(f"- skipped: {x}\n" for x in skipped) + "\n" + markdown_table(rows) +
                  f"\nReplay with the servers stopped: {network} model calls, {hits} cache hits.\n\n"
                  + ("".join(f"- PROBLEM: {p}\n" for p in problems) or "No problems.\n"))
