@@ -782,3 +782,25 @@ def test_judged_debaters_keep_their_side_under_a_constrained_backend(tmp_path):
     said = {t.agent: t.answer for t in res.turns}
     assert said["agent1"] is True and said["agent2"] is False and "judge" in said and res.stance_reasks == 0
     assert _answer_schema(gm(f"hf:{folder}", device="cpu", structured="prompt"), True) is DebateAnswer
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llguidance") is None, reason="needs llguidance (forensicslab[train])")
+def test_grammar_allows_no_invented_field_after_the_last_one(tmp_path):
+    """Issue 33: under llguidance a schema without `additionalProperties: false` let SmolLM2 open an invented key after
+    the last field and write until max_tokens (the reply then needed repair); the grammar closes the object instead."""
+    import torch
+    from pydantic import BaseModel
+    from transformers import AutoTokenizer
+    from forensicslab.chat.backends import json_prefix_fn
+
+    class Two(BaseModel):
+        a: str
+        b: bool
+
+    tok = AutoTokenizer.from_pretrained(_tiny_text_llm(tmp_path / "byte-level", byte_level=True))
+    fn = json_prefix_fn(tok, Two, 200)
+    prompt = tok.encode("assistant: ")
+    fn(0, torch.tensor(prompt))                                       # the first call sees the prompt only
+    allowed = set(fn(0, torch.tensor(prompt + tok.encode('{"a":"x","b":true', add_special_tokens=False))))
+    close, comma = tok.encode("}", add_special_tokens=False), tok.encode(",", add_special_tokens=False)
+    assert len(close) == len(comma) == 1 and close[0] in allowed and comma[0] not in allowed

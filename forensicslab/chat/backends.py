@@ -201,7 +201,8 @@ def _free_text(node) -> bool:
 
 def grammar_schema(schema: type[BaseModel], max_chars: Optional[int] = None, max_items: Optional[int] = None) -> dict:
     """The JSON schema a grammar decodes `schema` under: every property required (as in strict API modes,
-    so that no field can be skipped), free-text strings capped at `max_chars` characters and arrays without
+    so that no field can be skipped) and no other allowed (a grammar engine such as llguidance otherwise lets a
+    small model open an invented key and never close it), free-text strings capped at `max_chars` characters and arrays without
     a bound at `max_items` (so a small model closes its object before `max_tokens` instead of spending them
     inside one string or one list), and the model's cross-field rules in grammar form: a class attribute `grammar_cases`, a
     list of `{field: extra constraints}`, becomes an `anyOf` of whole objects, one per case, fields in order."""
@@ -211,7 +212,8 @@ def grammar_schema(schema: type[BaseModel], max_chars: Optional[int] = None, max
         out = {k: walk(v) for k, v in node.items()}
         if max_chars and _free_text(out): out["maxLength"] = min(int(out.get("maxLength", max_chars)), max_chars)
         if max_items and out.get("type") == "array" and "maxItems" not in out: out["maxItems"] = max_items
-        if out.get("type") == "object" and isinstance(out.get("properties"), dict): out["required"] = list(out["properties"])
+        if out.get("type") == "object" and isinstance(out.get("properties"), dict):   # no field skipped, none invented
+            out["required"], out["additionalProperties"] = list(out["properties"]), False
         return out
     sj = walk(schema_json(schema))
     cases = getattr(schema, "grammar_cases", None)
