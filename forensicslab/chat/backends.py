@@ -543,8 +543,8 @@ def system_folded(messages: list[Prepared]) -> list[Prepared]:
     "The system messages' parts moved to the head of the first user turn, for chat formats without a system role."
     head = [p for m in messages if m.role == "system" for p in m.parts]
     rest = [m for m in messages if m.role != "system"]
-    i = next((k for k, m in enumerate(rest) if m.role == "user"), None)
     if not head: return rest
+    i = next((k for k, m in enumerate(rest) if m.role == "user"), None)
     if i is None: return [Prepared("user", head), *rest]
     return [*rest[:i], Prepared("user", [*head, *rest[i].parts]), *rest[i + 1:]]
 
