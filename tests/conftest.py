@@ -16,6 +16,13 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def pytest_runtest_logstart(nodeid, location):
+    "The test now running, in `.pytest_cache/current-test`: when the run dies of a signal, `make test` names it."
+    d = REPO / ".pytest_cache"
+    d.mkdir(exist_ok=True)
+    (d / "current-test").write_text(nodeid + "\n")
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 

@@ -12,6 +12,8 @@ import pytest
 
 from forensicslab.runs import Case, Run
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 WORKER = textwrap.dedent("""
     import sys, time
     from forensicslab.runs import Run, Case
@@ -61,14 +63,20 @@ def test_process_executor(tmp_path):
 
 
 def test_ray_executor_on_local_instance(tmp_path):
-    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'forensicslab[ray]'")
-    try:
-        # Ray workers import the case function by reference: use one they can import (`dict`)
-        rows = Run(tmp_path).execute([Case(str(i), [("y", i ** 3)]) for i in range(5)], dict, workers=2,
-                                     executor="ray", progress=False)
-    finally:
-        ray.shutdown()
-    assert [r["y"] for r in rows] == [i ** 3 for i in range(5)]
+    """A local Ray instance runs the cases, in a second process: Ray's threads, its object-store mapping and its
+    child processes never enter the test session's own process."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'forensicslab[ray]'")
+    code = textwrap.dedent(f"""
+        import json, ray
+        from forensicslab.runs import Case, Run
+        try:   # Ray workers import the case function by reference: use one they can import (`dict`)
+            rows = Run({str(tmp_path)!r}).execute([Case(str(i), [("y", i ** 3)]) for i in range(5)], dict, workers=2,
+                                                 executor="ray", progress=False)
+        finally: ray.shutdown()
+        print(json.dumps([r["y"] for r in rows]))""")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [i ** 3 for i in range(5)]
 
 
 def test_manifest_records_provenance(tmp_path):
@@ -149,7 +157,7 @@ def test_two_configs_racing_on_a_fresh_folder_never_mix(tmp_path):
 def test_cache_dir_is_the_user_cache_never_a_checkout(tmp_path, monkeypatch):
     "Issue 24: every cache goes to the user cache folder (or $FORENSICSLAB_CACHE_DIR), inside a checkout or not."
     from forensicslab.runs import cache_dir, user_cache_dir
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO_ROOT
     monkeypatch.delenv("FORENSICSLAB_CACHE_DIR", raising=False)
     for where in (tmp_path, repo):
         monkeypatch.chdir(where)
@@ -163,7 +171,7 @@ def test_session_cache_is_outside_the_checkout():
     "conftest points FORENSICSLAB_CACHE_DIR at a temporary folder: no test writes a cache into the checkout."
     import os
     from forensicslab.runs import cache_dir
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO_ROOT
     assert os.environ.get("FORENSICSLAB_CACHE_DIR") and not cache_dir("debate").resolve().is_relative_to(repo)
 
 
@@ -269,7 +277,7 @@ def test_a_study_kernel_runs_with_the_portable_arithmetic_and_run_json_records_t
     nbformat.write(nb, d / "probe_study.ipynb")
     monkeypatch.setattr(S, "project_root", lambda start=None: tmp_path)
     for k in PORTABLE_ARITHMETIC: monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))   # the kernel imports this checkout
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))   # the kernel imports this checkout
     note_run(tmp_path / "out" / "probe_study", arithmetic="0000000000000000")
     out = S.run_study("probe_study", {}, out_root=tmp_path / "out", progress=False).parent
     kernel, rec = json.loads((out / "kernel.json").read_text()), json.loads((out / "run.json").read_text())
