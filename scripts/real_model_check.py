@@ -13,7 +13,8 @@ gets the named `gemma` template and `<end_of_turn>` as a stop token).
    (`pip install -e '.[llamacpp]'` builds it from source), llama-cpp-python's server on the GGUF file itself (a JSON
    schema in `response_format`); each server in its own process group, killed on any exit (SIGTERM and Ctrl-C
    included); each leg **probed first** with one short request and skipped with a message when it cannot answer
-   within `--probe-timeout`. Every leg runs at once on one thread (more threads a leg only spin on 2 cores);
+   within `--probe-timeout`. Each leg runs on one thread, `--parallel` legs at a time (default: one per core; six legs
+   at once on 2 cores ran each 3-7 times slower than two at a time, measured), the longest first;
 4. prints and writes (to `scripts/real_model_check.md`) a table per model and backend from the JSONL trace: calls,
    valid, repaired, re-asked, failed, replies cut by the time limit (`time`) apart from natural stops, tokens and
    seconds per call, failed calls included;
@@ -388,10 +389,16 @@ def served_copy(ckpt: Path, work: Path, template: str | None, stops: tuple) -> P
 MODELS = ("smollm2", "gemma3")
 
 
-def run_all(controls, legs: dict, work: Path) -> tuple[dict, list, dict]:
+def leg_order(names) -> list:
+    "Legs longest first (so the short ones fill in at the end): the larger model first, then hf, serve, llama.cpp."
+    rank = {"hf": 0, "serve": 1, "llamacpp": 2}
+    return sorted(names, key=lambda n: (not n.startswith("gemma3"), rank.get(n.split("/")[-1], 3), n))
+
+
+def run_all(controls, legs: dict, work: Path, parallel: int = 2) -> tuple[dict, list, dict]:
     """Every role through every leg (`{name: (kind, spec)}`: `hf` legs run all three studies, server legs the text
-    roles of triage and debate), the legs at once (servers generate in their own processes): outcomes, models and
-    each leg's seconds."""
+    roles of triage and debate), `parallel` legs at a time, longest first (servers generate in their own processes):
+    outcomes, models and each leg's seconds."""
     from concurrent.futures import ThreadPoolExecutor
     from forensicslab.chat.cache import CacheMiss
     from forensicslab.chat.models import get_model
@@ -410,8 +417,8 @@ def run_all(controls, legs: dict, work: Path) -> tuple[dict, list, dict]:
             if kind == "hf": out["zoom"] = guarded(zoom_roles, m, path, "s1")
             return out, round(time.time() - t0)      # the leg's wall time, beside the others running at once
         jobs[name] = job
-    with ThreadPoolExecutor(max(1, len(jobs))) as ex:
-        futures = {k: ex.submit(f) for k, f in jobs.items()}
+    with ThreadPoolExecutor(max(1, min(parallel, len(jobs)))) as ex:
+        futures = {k: ex.submit(jobs[k]) for k in leg_order(jobs)}
         done = {k: f.result() for k, f in futures.items()}
     return {k: v[0] for k, v in done.items()}, models, {k: v[1] for k, v in done.items()}
 
@@ -425,6 +432,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--probe-timeout", type=float, default=300, help="seconds a leg's first short request may take before the leg is skipped")
     ap.add_argument("--no-server", action="store_true", help="skip the transformers-serve legs")
+    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 2, help="legs run at a time, one thread each (default: one per core)")
     ap.add_argument("--notes", default=str(NOTES), help="markdown file the tables are written to")
     a = ap.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGINT): signal.signal(sig, _on_signal)
@@ -485,7 +493,7 @@ def main(argv=None) -> int:
             else: skipped.append(f"{name}/llama.cpp: {msg}")
         for s_ in skipped: print("SKIP", s_, flush=True)
         t0 = time.time()
-        out, _, leg_s = run_all(controls, legs, work) if legs else ({}, [], {})
+        out, _, leg_s = run_all(controls, legs, work, a.parallel) if legs else ({}, [], {})
     print(f"\nrecorded in {time.time() - t0:.0f} s (per leg: {leg_s}); outcomes: {json.dumps(out, default=str)}\n")
     calls = calls_from_trace(work / "trace.jsonl") if (work / "trace.jsonl").exists() else []
     rows = table(calls)
@@ -494,7 +502,7 @@ def main(argv=None) -> int:
     # replay with the servers stopped: the cache must answer everything
     replay = ModelControls.of({**base, "cache": "replay", "trace": str(work / "replay.jsonl")})
     dead = {k: (kind, {**spec, "base_url": "http://127.0.0.1:9/v1"} if kind == "server" else spec) for k, (kind, spec) in legs.items()}
-    out2, models2, _ = run_all(replay, dead, work) if legs else ({}, [], {})
+    out2, models2, _ = run_all(replay, dead, work, a.parallel) if legs else ({}, [], {})
     network = sum(m.stats["network"] for m in models2)
     hits = sum(m.stats["hits"] for m in models2)
     print(f"\nreplay with the server stopped: {network} model calls, {hits} cache hits, same outcomes: {out2 == out}")
@@ -515,7 +523,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     notes.append(f"## Real-model check, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
                  f"{os.cpu_count()} cores, load {load:.1f} at the end, {time.time() - t_start:.0f} s in all, "
-                 f"max_tokens {a.max_tokens}; legs (seconds each, run at once): {', '.join(f'{k} {leg_s.get(k, 0)}' for k in legs) or 'none'}.\n\n"
+                 f"max_tokens {a.max_tokens}; legs (seconds each, {a.parallel} at a time, longest first): {', '.join(f'{k} {leg_s.get(k, 0)}' for k in leg_order(legs)) or 'none'}.\n\n"
                  + "".join(f"- skipped: {x}\n" for x in skipped) + "\n" + markdown_table(rows) +
                  f"\nReplay with the servers stopped: {network} model calls, {hits} cache hits.\n\n"
                  + ("".join(f"- PROBLEM: {p}\n" for p in problems) or "No problems.\n"))

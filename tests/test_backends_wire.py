@@ -134,6 +134,26 @@ def test_length_with_empty_content_is_one_line_and_never_reasked(tmp_path):
     assert len(ChatCache(tmp_path / "c.sqlite")) == 0 and read_trace(tmp_path / "t.jsonl")[0]["status"] == "error"
 
 
+def test_a_reply_cut_at_max_tokens_is_not_reasked_and_replays_as_the_same_failure(tmp_path):
+    """A reply cut at the cap before its JSON closed fails at once, saying to raise max_tokens: a re-ask would get the
+    same cap (the real-model check's prompt-only servers spent half their time on such re-asks); a replay reproduces
+    the failure with no call."""
+    cut = '{"reason": "The left edge repeats the right edge and the'
+    c = dict(cache_path=tmp_path / "c.sqlite", trace=tmp_path / "t.jsonl")
+    with openai_server(lambda req: chat_completion(cut, finish_reason="length", completion_tokens=16), family="openai") as url:
+        m = get_model("openai:gpt-4o", controls(cache="rw", **c), base_url=str(url), api_key="sk-test-0123456789")
+        with pytest.raises(ChatFailure, match="cut at max_tokens=16 .*raise max_tokens") as e:
+            m.chat("Rate it.", schema=Rating, max_tokens=16)
+        assert url.hits == 1 and "\n" not in str(e.value) and e.value.output_tokens == 16
+        again = get_model("openai:gpt-4o", controls(cache="replay", **c), base_url=str(url), api_key="sk-test-0123456789")
+        with pytest.raises(ChatFailure, match="cut at max_tokens=16"): again.chat("Rate it.", schema=Rating, max_tokens=16)
+        assert url.hits == 1
+    with openai_server(lambda req: chat_completion(cut, finish_reason="stop"), family="openai") as url:   # a natural stop is re-asked
+        m = get_model("openai:gpt-4o", controls(), base_url=str(url), api_key="sk-test-0123456789")
+        with pytest.raises(ChatFailure, match="after repair and one re-ask"): m.chat("Rate it.", schema=Rating, max_tokens=16)
+        assert url.hits == 2
+
+
 @pytest.mark.parametrize("reply,reason", [(gemini_response(finish_reason="SAFETY", blocked_category="HARM_CATEGORY_DANGEROUS_CONTENT"),
                                            "SAFETY: HARM_CATEGORY_DANGEROUS_CONTENT"),
                                           (gemini_response(block_reason="PROHIBITED_CONTENT"), "PROHIBITED_CONTENT")],

@@ -804,3 +804,21 @@ def test_grammar_allows_no_invented_field_after_the_last_one(tmp_path):
     allowed = set(fn(0, torch.tensor(prompt + tok.encode('{"a":"x","b":true', add_special_tokens=False))))
     close, comma = tok.encode("}", add_special_tokens=False), tok.encode(",", add_special_tokens=False)
     assert len(close) == len(comma) == 1 and close[0] in allowed and comma[0] not in allowed
+
+
+def test_grammar_bounds_the_zoom_judges_rating(tmp_path):
+    """Issue 33: the zoom judge's `Rating` had its 1-10 range only in a validator, so under the grammar Gemma 3 wrote
+    `10` followed by 150 zeros until max_tokens (real-model check); the bounds are in the schema now, and the grammar
+    closes the number after `10`."""
+    import torch
+    from transformers import AutoTokenizer
+    from forensicslab.chat.backends import json_prefix_fn
+    from forensicslab.zoom.records import Rating
+
+    tok = AutoTokenizer.from_pretrained(_tiny_text_llm(tmp_path / "byte-level", byte_level=True))
+    fn = json_prefix_fn(tok, Rating, 200)
+    prompt = tok.encode("assistant: ")
+    fn(0, torch.tensor(prompt))
+    allowed = set(fn(0, torch.tensor(prompt + tok.encode('{"reason":"x","rating":10', add_special_tokens=False))))
+    zero, close = tok.encode("0", add_special_tokens=False), tok.encode("}", add_special_tokens=False)
+    assert len(zero) == len(close) == 1 and zero[0] not in allowed and close[0] in allowed

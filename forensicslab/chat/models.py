@@ -529,7 +529,8 @@ def _check(parsed: BaseModel, prepared: list[Prepared], validate: Optional[Calla
 def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: list, dropped: int,
             validate: Optional[Callable[[Any], Any]] = None) -> Reply:
     """Answer, validate (schema, placeholders, the caller's `validate`), repair, re-ask once; only a reply that passed
-    every check is cached."""
+    every check is cached. A reply cut at `max_tokens` is not re-asked: the re-ask would get the same cap (and a longer
+    prompt), so the failure says to raise it."""
     comp, info, key = self._checked_exchange(prepared, schema, params, ctx, "answer")
     tally.add(info)
     hit = info["cache"] == "hit"
@@ -551,6 +552,11 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
     except SchemaError as e:
         err = str(e)
         self._trace(ctx, "answer", prepared, params, schema, comp, info, status="invalid", error=err)
+    where = f"reply for case {ctx.get('case')!r} (role {ctx.get('role')!r})"
+    if comp.finish_reason == "length":
+        cap = params.get("max_tokens") or getattr(self.backend, "max_new_tokens", None)
+        self._fail(key, comp, f"{self.model_id}: {where} was cut at max_tokens={cap} before it matched {schema.__name__} "
+                              f"({err}); not re-asked, the re-ask would get the same cap: raise max_tokens")
     again = _reask_messages(prepared, comp.text or "(empty reply)", err, schema)
     comp, info2, _ = self._checked_exchange(again, schema, params, ctx, "reask")
     tally.add(info2)
@@ -560,14 +566,17 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
         _check(parsed, prepared, validate)
     except SchemaError as err2:
         self._trace(ctx, "reask", again, params, schema, comp, info2, status="invalid", error=str(err2))
-        msg = (f"{self.model_id}: reply for case {ctx.get('case')!r} (role {ctx.get('role')!r}) does not "
-               f"match {schema.__name__} after repair and one re-ask: {err2}")
-        if key is not None and self.cache_mode == "rw":   # a replay reproduces the failure; a rw re-run retries it
-            self.cache.put(_failure_key(key), self.model_id, {"failure_of": key}, {"error": msg, "raw_text": comp.text[:2000]})
-        raise ChatFailure(msg, raw_text=comp.text, model_id=self.model_id) from None
+        self._fail(key, comp, f"{self.model_id}: {where} does not match {schema.__name__} after repair and one re-ask: {err2}")
     self._trace(ctx, "reask", again, params, schema, comp, info2, status="ok", repaired=repaired)
     self._store(key, prepared, params, schema, ctx, comp, tally, reasked=True)
     return reply(comp, parsed)
+
+@patch
+def _fail(self: Model, key, comp: Completion, msg: str):
+    "Raise the `ChatFailure` `msg` for a reply that did not validate, recorded so that a replay reproduces it (a rw re-run retries it)."
+    if key is not None and self.cache_mode == "rw":
+        self.cache.put(_failure_key(key), self.model_id, {"failure_of": key}, {"error": msg, "raw_text": comp.text[:2000]})
+    raise ChatFailure(msg, raw_text=comp.text, model_id=self.model_id) from None
 
 # %% ../../nbs/05_chat.models.ipynb #18401bd8
 @patch

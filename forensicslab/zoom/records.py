@@ -239,7 +239,7 @@ class ZoomResult(BaseModel):
 class Rating(BaseModel):
     "A judge's quality rating."
     reason: str = ""
-    rating: int
+    rating: int = Field(json_schema_extra={"minimum": 1, "maximum": 10})   # in the schema, so a grammar bounds it (a tiny model wrote 10 followed by 150 zeros)
 
     @field_validator("rating")
     @classmethod
