@@ -40,7 +40,7 @@ def blockwise_dct(grey: np.ndarray) -> np.ndarray:
     return (DCT8 @ B @ DCT8.T).reshape(H // 8, W // 8, 64)
 
 # jpeglib is not thread-safe: two threads reading at once, one of them a corrupt file, kill the process with SIGBUS or
-# SIGABRT (measured: 3 of 3 runs of 600 reads on 8 threads; CI's triage tests died of it twice). One reader at a time.
+# SIGABRT (measured: 3 of 3 runs of 600 direct reads on 8 threads; a CI run's triage tests died of it). One reader at a time.
 _JPEGLIB_LOCK = threading.Lock()
 
 def jpeg_luma_coefficients(image: LoadedImage) -> tuple[Optional[np.ndarray], Optional[np.ndarray], str]:
