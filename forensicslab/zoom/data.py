@@ -27,9 +27,10 @@ from .records import ZoomInputError, ZoomAnswer, norm_to_box, where_phrase
 from .agents import steps_from_plan
 
 # %% auto #0
-__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'photo_facts', 'artifact_photo', 'render_text',
-           'render_distorted', 'render_repeat', 'render_lighting', 'render_impossible', 'artifacts_root',
-           'ensure_artifacts', 'load_artifacts', 'extra_train', 'load_groundfake', 'load_study_data', 'smoke_task']
+__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'OUTLINE_RGB', 'photo_facts', 'artifact_photo',
+           'render_text', 'render_distorted', 'render_repeat', 'render_lighting', 'render_impossible', 'artifacts_root',
+           'ensure_artifacts', 'load_artifacts', 'extra_train', 'outline_flaws', 'load_groundfake', 'load_study_data',
+           'smoke_task']
 
 # %% ../../nbs/08c_zoom.data.ipynb #d54cec8d
 from ..data.photos import CATEGORIES, PHOTOS as SHIPPED_PHOTOS, photo as shipped_photo
@@ -351,6 +352,29 @@ def extra_train(k: int, n: int = 200, seed: int = 0, root: str | Path | None = N
             save_samples(_build_split(d, "train", n, j), d / "train.jsonl")
         out += [s.model_copy(update={"id": f"extra{j}-{s.id}", "image": str(s.image_path(d).resolve())})
                 for s in load_samples(d / "train.jsonl")]
+    return out
+
+# %% ../../nbs/08c_zoom.data.ipynb #c4e21c03
+OUTLINE_RGB = (255, 0, 255)
+"The oracle outline's colour (magenta: rare in photographs)."
+
+def outline_flaws(samples: list[Sample], folder: str | Path, width: int = 4, tint: float = 0.35) -> list[Sample]:
+    """ORACLE copies of `samples` (PNG files under `folder`): each fake's boxed evidence outlined (`width` px) and
+    tinted (`tint`) in `OUTLINE_RGB`; authentic images copied unchanged. `provenance['oracle_overlay']` marks them."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for s in samples:
+        rgb = load_image(s.image).rgb.astype(np.float32)
+        H, W = rgb.shape[:2]
+        boxes = [e.box.clip(W, H).as_list() for e in s.boxes if e.box is not None] if s.label == 1 else []
+        for x1, y1, x2, y2 in ((int(round(v)) for v in b) for b in boxes):
+            rgb[y1:y2, x1:x2] = (1 - tint) * rgb[y1:y2, x1:x2] + tint * np.array(OUTLINE_RGB, np.float32)
+        im = Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8))
+        for b in boxes: ImageDraw.Draw(im).rectangle([int(round(v)) for v in b], outline=OUTLINE_RGB, width=width)
+        path = folder / f"{s.id}.png"
+        im.save(path)
+        out.append(s.model_copy(update={"image": str(path.resolve()), "provenance": {**(s.provenance or {}), "oracle_overlay": True}}))
     return out
 
 # %% ../../nbs/08c_zoom.data.ipynb #95354ce3

@@ -37,8 +37,8 @@ from .checkpoint import checkpoint_info
 from ..runs import resolve_portable
 
 # %% auto #0
-__all__ = ['PERTURBATIONS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'perturb_image', 'throughput',
-           'fitted_thresholds', 'make_policy', 'instrument_baseline']
+__all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'perturb_image',
+           'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -180,3 +180,19 @@ def instrument_baseline(train: Sequence[Sample], test: Sequence[Sample], views: 
     m = binary_metrics(yte, (p > 0.5).astype(int))
     return {"accuracy": m["accuracy"], "f1": m["f1"], "auc": roc_auc(p, yte), "n": len(yte), "features": keys}
 
+
+# %% ../../nbs/08k_zoom.study.ipynb #729dd05d
+ZOOM_TARGETS = {"acc": 0.75, "f1": 0.7, "iou": 0.3, "valid": 0.95}
+"What a trained zoom policy should reach on the artifact test split (fakes' IoU), beside its controls."
+
+def instrument_controls(train: Sequence[Sample], test: Sequence[Sample], seed: int = 0) -> dict[str, dict]:
+    """The control rows beside a trained policy, by label: the instrument-only baseline on the forensic readouts, the
+    same with the readouts shuffled across test images, and the ORACLE row (readouts of the true flaw boxes: a
+    ceiling, never a detector). Each row: acc, f1, auc, n."""
+    rows = {}
+    for name, views, shuffle in (("instrument only: logistic regression over the forensic readouts", TOOL_SETS["forensic"], False),
+                                 ("instrument only, readouts shuffled across images", TOOL_SETS["forensic"], True),
+                                 ("ORACLE: logistic regression over the true flaw boxes", ("oracle",), False)):
+        r = instrument_baseline(train, test, views, shuffle=shuffle, seed=seed)
+        rows[name] = {"acc": r["accuracy"], "f1": r["f1"], "auc": r["auc"], "n": r["n"]}
+    return rows
