@@ -354,3 +354,39 @@ def test_ckpt_policy_refuses_pickle_weights_like_hf(tmp_path):
     (base / "pytorch_model.bin").write_bytes(b"not a real pickle")     # the base the checkpoint names
     with pytest.raises(UnsafeWeightsError, match=r"refusing to load pytorch_model\.bin"):
         make_policy(f"ckpt:{ck}")
+
+
+def test_heldout_design_keeps_test_photographs_out_of_training_and_has_forty_fakes_per_kind(tmp_path):
+    from collections import Counter
+    from forensicslab.zoom.data import DESIGNS, HELDOUT_TEST_PHOTOS, ensure_artifacts, extra_train, load_artifacts
+    root = ensure_artifacts(tmp_path / "ho", design="artifacts_heldout", n_train=20, n_ood=10)
+    tr, te = load_artifacts("train", root, "artifacts_heldout"), load_artifacts("test", root, "artifacts_heldout")
+    ex = extra_train(1, n=10, root=root, design="artifacts_heldout")
+    train_photos = {s.provenance["photo"] for s in tr + ex}
+    assert train_photos and not train_photos & set(HELDOUT_TEST_PHOTOS)
+    assert {s.provenance["photo"] for s in te} == set(HELDOUT_TEST_PHOTOS)
+    kinds = Counter(s.provenance["kind"] for s in te if s.label == 1)
+    assert len(te) == DESIGNS["artifacts_heldout"].n[1] and min(kinds.values()) >= 40, kinds
+    lo, hi = DESIGNS["artifacts_heldout"].strength
+    assert all(lo <= s.provenance["strength"] <= hi for s in tr + te)
+    from PIL import Image
+    assert max(max(Image.open(s.image).size) for s in te) == 224     # smaller crops than the original design's 320
+
+
+@pytest.mark.parametrize("kind", ["text", "distorted", "repeat", "impossible"])
+def test_weaker_flaws_are_smaller(kind):
+    from forensicslab.zoom.data import RENDERERS, artifact_photo
+    rgb = np.ascontiguousarray(artifact_photo("coffee")[:300, :400])
+    area = lambda b: (b[2] - b[0]) * (b[3] - b[1])
+    full = RENDERERS[kind](rgb, np.random.default_rng(3), False)
+    weak = RENDERERS[kind](rgb, np.random.default_rng(3), False, strength=0.35)
+    same = RENDERERS[kind](rgb, np.random.default_rng(3), False, strength=1.0)
+    assert np.array_equal(full[0], same[0]) and full[1] == same[1]      # strength 1 is the original renderer
+    assert area(weak[1]) < 0.8 * area(full[1])
+
+
+def test_weaker_lighting_is_dimmer():
+    from forensicslab.zoom.data import render_lighting, artifact_photo
+    rgb = np.ascontiguousarray(artifact_photo("coffee")[:300, :400])
+    gain = lambda s: np.abs(render_lighting(rgb, np.random.default_rng(5), strength=s)[0].astype(int) - rgb).sum()
+    assert gain(0.35) < 0.5 * gain(1.0)

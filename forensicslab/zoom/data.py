@@ -12,6 +12,7 @@ import math
 import shutil
 import string
 from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
@@ -27,10 +28,10 @@ from .records import ZoomInputError, ZoomAnswer, norm_to_box, where_phrase
 from .agents import steps_from_plan
 
 # %% auto #0
-__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'OUTLINE_RGB', 'photo_facts', 'artifact_photo',
-           'render_text', 'render_distorted', 'render_repeat', 'render_lighting', 'render_impossible', 'artifacts_root',
-           'ensure_artifacts', 'load_artifacts', 'extra_train', 'outline_flaws', 'load_groundfake', 'load_study_data',
-           'smoke_task']
+__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'HELDOUT_TEST_PHOTOS', 'DESIGNS', 'OUTLINE_RGB',
+           'photo_facts', 'artifact_photo', 'render_text', 'render_distorted', 'render_repeat', 'render_lighting',
+           'render_impossible', 'ArtifactDesign', 'artifacts_root', 'ensure_artifacts', 'load_artifacts', 'extra_train',
+           'strongest_first', 'outline_flaws', 'load_groundfake', 'load_study_data', 'smoke_task']
 
 # %% ../../nbs/08c_zoom.data.ipynb #d54cec8d
 from ..data.photos import CATEGORIES, PHOTOS as SHIPPED_PHOTOS, photo as shipped_photo
@@ -53,11 +54,11 @@ def artifact_photo(name: str) -> np.ndarray:
 KINDS = ("text", "distorted", "repeat", "lighting", "impossible")
 
 # %% ../../nbs/08c_zoom.data.ipynb #bd2045f0
-def _window(rgb, aspect: float, long_side: int, rng) -> tuple[np.ndarray, list[int]]:
+def _window(rgb, aspect: float, long_side: int, rng, share: tuple = (0.55, 1.0)) -> tuple[np.ndarray, list[int]]:
     H, W = rgb.shape[:2]
     w = min(W, H * aspect)
     h = w / aspect
-    f = rng.uniform(0.55, 1.0)
+    f = rng.uniform(*share)
     w, h = int(w * f), int(h * f)
     x, y = int(rng.integers(0, W - w + 1)), int(rng.integers(0, H - h + 1))
     size = (long_side, round(long_side / aspect)) if aspect >= 1 else (round(long_side * aspect), long_side)
@@ -76,10 +77,10 @@ def _place(rng, W, H, w, h, margin=4):
 _WORDS = ["OPEN", "CAFE", "EXIT", "HOTEL", "PARKING", "BAKERY", "MARKET", "POLICE", "STATION", "BOOKS", "PHARMACY", "TAXI"]
 
 # %% ../../nbs/08c_zoom.data.ipynb #888e06a4
-def _sign(rgb, rng, mode: str):
-    "Draw a sign; mode 'legible' (real words), 'glyphs' (broken letters) or 'melted' (words cut into shifted strips)."
+def _sign(rgb, rng, mode: str, scale: float = 1.0):
+    "Draw a sign (`scale` times the usual size); mode 'legible' (real words), 'glyphs' (broken letters) or 'melted' (words cut into shifted strips)."
     H, W = rgb.shape[:2]
-    sw, sh = int(W * rng.uniform(0.3, 0.46)), int(H * rng.uniform(0.1, 0.15))
+    sw, sh = int(W * rng.uniform(0.3, 0.46) * scale), int(H * rng.uniform(0.1, 0.15) * scale)
     x, y = _place(rng, W, H, sw, sh)
     light = rng.random() < 0.5
     bg = tuple(int(v) for v in (rng.integers(200, 250, 3) if light else rng.integers(20, 70, 3)))
@@ -188,18 +189,21 @@ def _structured_point(rgb, rng, size):
         if best is None or s > best[0]: best = (s, x, y)
     return best[1], best[2]
 
-def render_text(rgb, rng, ood=False):
-    box = None
-    out, box = _sign(rgb, rng, "melted" if ood else "glyphs")
+def _size(strength: float) -> float:
+    "How a flaw's size shrinks with its strength (1: full size, 0: half)."
+    return 0.5 + 0.5 * strength
+
+def render_text(rgb, rng, ood=False, strength: float = 1.0):
+    out, box = _sign(rgb, rng, "melted" if ood else "glyphs", scale=_size(strength))
     return out, box, _text("text_ood" if ood else "text", rng, box, rgb.shape[1], rgb.shape[0])
 
-def render_distorted(rgb, rng, ood=False):
+def render_distorted(rgb, rng, ood=False, strength: float = 1.0):
     H, W = rgb.shape[:2]
-    s = int(min(H, W) * rng.uniform(0.25, 0.36))
+    s = int(min(H, W) * rng.uniform(0.25, 0.36) * _size(strength))
     x, y = _structured_point(rgb, rng, s)
     out = rgb.copy()
     if not ood:
-        reg = swirl(rgb[y:y + s, x:x + s].astype(np.float64) / 255, strength=float(rng.uniform(4, 7)), radius=s * 0.5)
+        reg = swirl(rgb[y:y + s, x:x + s].astype(np.float64) / 255, strength=float(rng.uniform(4, 7) * strength), radius=s * 0.5)
         yy, xx = np.mgrid[:s, :s]
         circ = (((yy - s / 2) ** 2 + (xx - s / 2) ** 2) < (s * 0.5) ** 2)[..., None]
         out[y:y + s, x:x + s] = np.where(circ, np.clip(reg * 255, 0, 255), rgb[y:y + s, x:x + s]).astype(np.uint8)
@@ -211,9 +215,9 @@ def render_distorted(rgb, rng, ood=False):
     return out, box, _text("distorted_ood" if ood else "distorted", rng, box, W, H)
 
 # %% ../../nbs/08c_zoom.data.ipynb #b9fc24c7
-def render_repeat(rgb, rng, ood=False):
+def render_repeat(rgb, rng, ood=False, strength: float = 1.0):
     H, W = rgb.shape[:2]
-    s = int(min(H, W) * rng.uniform(0.16, 0.24))
+    s = int(min(H, W) * rng.uniform(0.16, 0.24) * _size(strength))
     for _ in range(20):
         x, y = _structured_point(rgb, rng, s)
         horiz = rng.random() < 0.5
@@ -230,7 +234,7 @@ def render_repeat(rgb, rng, ood=False):
     box = [min(x, dx), min(y, dy), max(x, dx) + s, max(y, dy) + s]
     return np.clip(out, 0, 255).astype(np.uint8), box, _text("repeat_ood" if ood else "repeat", rng, box, W, H)
 
-def render_lighting(rgb, rng, ood=False):
+def render_lighting(rgb, rng, ood=False, strength: float = 1.0):
     H, W = rgb.shape[:2]
     sig = min(H, W) * rng.uniform(0.06, 0.1)
     cx, cy = rng.uniform(0.2, 0.8) * W, rng.uniform(0.2, 0.8) * H
@@ -238,21 +242,21 @@ def render_lighting(rgb, rng, ood=False):
     g = np.exp(-(((xx - cx) / (sig * (1.6 if ood else 1))) ** 2 + ((yy - cy) / sig) ** 2) / 2)
     g = (np.clip(g - math.exp(-2), 0, None) / (1 - math.exp(-2)))[..., None]   # zero beyond 2 sigma
     out = rgb.astype(np.float32)
-    if not ood: out = out + g * rng.uniform(80, 120) * np.array([1.0, 0.85, 0.6], np.float32)
-    else: out = out * (1 - rng.uniform(0.5, 0.65) * g)
+    if not ood: out = out + g * (rng.uniform(80, 120) * strength) * np.array([1.0, 0.85, 0.6], np.float32)
+    else: out = out * (1 - (rng.uniform(0.5, 0.65) * strength) * g)
     r = 2 * sig
     rx = r * (1.6 if ood else 1)
     box = [int(max(0, cx - rx)), int(max(0, cy - r)), int(min(W, cx + rx)), int(min(H, cy + r))]
     return np.clip(out, 0, 255).astype(np.uint8), box, _text("lighting_ood" if ood else "lighting", rng, box, W, H)
 
-def render_impossible(rgb, rng, ood=False, exclude: str = ""):
+def render_impossible(rgb, rng, ood=False, strength: float = 1.0, exclude: str = "", sources=ARTIFACT_PHOTOS):
     H, W = rgb.shape[:2]
-    names = [n for n in ARTIFACT_PHOTOS if photo_facts(n)[1] and n != exclude]
+    names = [n for n in sources if photo_facts(n)[1] and n != exclude]
     src = str(rng.choice(names))
     obj, ob = photo_facts(src)[1]
     piece = Image.fromarray(artifact_photo(src)[ob[1]:ob[3], ob[0]:ob[2]])
     piece = piece.rotate(90 if ood else 180, expand=True)
-    long = max(H, W) * (rng.uniform(0.45, 0.6) if ood else rng.uniform(0.22, 0.34))
+    long = max(H, W) * (rng.uniform(0.45, 0.6) if ood else rng.uniform(0.22, 0.34)) * _size(strength)
     f = long / max(piece.size)
     piece = piece.resize((max(8, int(piece.width * f)), max(8, int(piece.height * f))), Image.Resampling.LANCZOS)
     pw, ph = min(piece.width, W - 8), min(piece.height, H - 8)
@@ -268,7 +272,7 @@ def render_impossible(rgb, rng, ood=False, exclude: str = ""):
 
 RENDERERS: Registry = Registry("artifact renderer", {"text": render_text, "distorted": render_distorted, "repeat": render_repeat,
     "lighting": render_lighting, "impossible": render_impossible}, error=ZoomInputError)
-"Artifact kind -> renderer `(rgb, rng, ood) -> (rgb, [x1, y1, x2, y2], reference text)`."
+"Artifact kind -> renderer `(rgb, rng, ood, strength=1.0) -> (rgb, [x1, y1, x2, y2], reference text)`."
 
 # %% ../../nbs/08c_zoom.data.ipynb #8186b3da
 SPLITS = {
@@ -278,27 +282,59 @@ SPLITS = {
 }
 "How each split is made: aspect ratios, long side, JPEG quality, renderers (ID or OOD)."
 
-def artifacts_root() -> Path: return project_root() / "data" / "artifacts"
+@dataclass(frozen=True)
+class ArtifactDesign:
+    "How a zoom benchmark draws its images (see above); the defaults are the original `artifacts` benchmark's."
+    photos: Optional[dict] = None        # split -> photograph names, taken in turn; None: a random one of each category in turn
+    share: tuple = (0.55, 1.0)           # a crop's side as a share of the largest window of its aspect
+    long_side: Optional[dict] = None     # split -> long side in px (None: SPLITS')
+    strength: Optional[tuple] = None     # a flaw's strength drawn in this range per real/fake pair (None: full, not drawn)
+    n: tuple = (200, 100, 100)           # default train, test and OOD sizes
 
-def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
-    spec = SPLITS[split]
+HELDOUT_TEST_PHOTOS = ("camera", "coins", "rocket")
+"The photographs only the held-out design's test and OOD splits draw from (one each of human, object and scene)."
+
+DESIGNS: Registry = Registry("zoom benchmark design", {
+    "artifacts": ArtifactDesign(),
+    "artifacts_heldout": ArtifactDesign(
+        photos={"train": tuple(p for p in ARTIFACT_PHOTOS if p not in HELDOUT_TEST_PHOTOS), "test": HELDOUT_TEST_PHOTOS,
+                "ood": HELDOUT_TEST_PHOTOS},
+        share=(0.3, 0.6), long_side={"train": 224, "test": 224, "ood": 256}, strength=(0.35, 1.0), n=(200, 400, 100)),
+}, error=ZoomInputError)
+"Benchmark designs by name: `artifacts` (every split from all eleven photographs) and `artifacts_heldout`."
+
+def artifacts_root(design: str = "artifacts") -> Path:
+    DESIGNS[design]                       # an unknown design: a one-line error naming the known ones
+    return project_root() / "data" / design
+
+def _build_split(root: Path, split: str, n: int, seed: int, design: str = "artifacts") -> list[Sample]:
+    spec, d = SPLITS[split], DESIGNS[design]
     rng = np.random.default_rng(seed + spec["seed_offset"])
     by_cat = {c: [p for p in ARTIFACT_PHOTOS if photo_facts(p)[0] == c] for c in CATEGORIES}
+    long_side = d.long_side[split] if d.long_side else spec["long_side"]
     (root / split).mkdir(parents=True, exist_ok=True)
     out = []
     for i in range(n):
         label = i % 2
         j = i // 2
-        cat = CATEGORIES[j % len(CATEGORIES)]
-        name = by_cat[cat][int(rng.integers(len(by_cat[cat])))]
+        if d.photos is None:
+            cat = CATEGORIES[j % len(CATEGORIES)]
+            name = by_cat[cat][int(rng.integers(len(by_cat[cat])))]
+        else:
+            name = d.photos[split][j % len(d.photos[split])]
+            cat = photo_facts(name)[0]
         aspect = spec["aspects"][(j // len(CATEGORIES)) % len(spec["aspects"])]
-        rgb, win = _window(artifact_photo(name), aspect, spec["long_side"], rng)
+        if label == 0: strength = float(rng.uniform(*d.strength)) if d.strength else 1.0   # one per real/fake pair
+        rgb, win = _window(artifact_photo(name), aspect, long_side, rng, d.share)
         H, W = rgb.shape[:2]
         prov = dict(photo=name, window=win, category=cat, quality=spec["quality"], aspect=round(aspect, 4))
+        if d.strength: prov["strength"] = round(strength, 4)
         if label:
             kind = KINDS[j % len(KINDS)]
             f = RENDERERS[kind]
-            rgb, box, text = f(rgb, rng, spec["ood"], exclude=name) if kind == "impossible" else f(rgb, rng, spec["ood"])
+            kw = dict(strength=strength) if d.strength else {}
+            if kind == "impossible": kw.update(exclude=name, **({"sources": d.photos[split]} if d.photos else {}))
+            rgb, box, text = f(rgb, rng, spec["ood"], **kw)
             prov.update(kind=kind, renderer=f"{kind}{'_ood' if spec['ood'] else ''}")
             items = [EvidenceItem(text=str(rng.choice(_GLOBAL_FAKE)), box=None), EvidenceItem(text=text, box=Box.from_list(box))]
         else:
@@ -306,18 +342,20 @@ def _build_split(root: Path, split: str, n: int, seed: int) -> list[Sample]:
                 rgb, sb = _sign(rgb, rng, "legible")
                 prov.update(distractor="legible_sign", distractor_box=sb)
             items = [EvidenceItem(text=str(rng.choice(_GLOBAL_REAL)), box=None)]
-        sid = f"artifacts-{split}-{i:04d}"
+        sid = f"{design}-{split}-{i:04d}"
         rel = f"{split}/{sid}.jpg"
         Image.fromarray(rgb).save(root / rel, "JPEG", quality=spec["quality"], subsampling=0)
         out.append(Sample(id=sid, image=rel, label=label, family="synthesis" if label else None, boxes=items,
-                          split=split, dataset="artifacts", provenance=prov))
+                          split=split, dataset=design, provenance=prov))
     return out
 
-def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int = 200, n_test: int = 100,
-                     n_ood: int = 100, force: bool = False) -> Path:
-    "Build the artifact benchmark if missing (or built with other settings) and return its root."
-    root = Path(root) if root else artifacts_root()
-    cfg = dict(seed=seed, n={"train": n_train, "test": n_test, "ood": n_ood}, version=1)
+def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int | None = None, n_test: int | None = None,
+                     n_ood: int | None = None, force: bool = False, design: str = "artifacts") -> Path:
+    "Build the zoom benchmark of `design` if missing (or built with other settings) and return its root (sizes: the design's by default)."
+    d = DESIGNS[design]
+    root = Path(root) if root else artifacts_root(design)
+    sizes = [v if v is not None else dflt for v, dflt in zip((n_train, n_test, n_ood), d.n)]
+    cfg = dict(seed=seed, n=dict(zip(("train", "test", "ood"), sizes)), version=1, **({"design": design} if design != "artifacts" else {}))
     h = config_hash(cfg)
     man = root / "manifest.json"
     if not force and man.exists() and json.loads(man.read_text()).get("config_hash") == h: return root
@@ -326,33 +364,41 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
     if root.exists():
         for s in SPLITS: shutil.rmtree(root / s, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    for split, n in cfg["n"].items(): save_samples(_build_split(root, split, n, seed), root / f"{split}.jsonl")
-    man.write_text(json.dumps(dict(cfg, config_hash=h, splits=SPLITS), indent=2, default=str))
+    for split, n in cfg["n"].items(): save_samples(_build_split(root, split, n, seed, design), root / f"{split}.jsonl")
+    man.write_text(json.dumps(dict(cfg, config_hash=h, splits=SPLITS, **({"design": asdict(d)} if design != "artifacts" else {})),
+                              indent=2, default=str))
     return root
 
 # %% ../../nbs/08c_zoom.data.ipynb #e3a4c17c
-def load_artifacts(split: str, root: str | Path | None = None) -> list[Sample]:
-    "The samples of `split` (`train`, `test`, `ood`) with absolute image paths; builds the benchmark if needed."
+def load_artifacts(split: str, root: str | Path | None = None, design: str = "artifacts") -> list[Sample]:
+    "The samples of `split` (`train`, `test`, `ood`) of a zoom benchmark with absolute image paths; builds it if needed."
     if split not in SPLITS: raise ZoomInputError(f"unknown split {split!r}; use one of {list(SPLITS)}")
-    root = Path(root) if root else artifacts_root()
-    if not (root / f"{split}.jsonl").exists(): ensure_artifacts(root)
+    root = Path(root) if root else artifacts_root(design)
+    if not (root / f"{split}.jsonl").exists(): ensure_artifacts(root, design=design)
     return [s.model_copy(update={"image": str(s.image_path(root).resolve())}) for s in load_samples(root / f"{split}.jsonl")]
 
 # %% ../../nbs/08c_zoom.data.ipynb #d9f265d5
-def extra_train(k: int, n: int = 200, seed: int = 0, root: str | Path | None = None) -> list[Sample]:
-    "`k` extra draws of `n` train-split images each (seeds seed+1..seed+k), built once under `root/extra/`."
+def extra_train(k: int, n: int = 200, seed: int = 0, root: str | Path | None = None, design: str = "artifacts") -> list[Sample]:
+    "`k` extra draws of `n` train-split images each of `design` (seeds seed+1..seed+k), built once under `root/extra/`."
     if not 0 <= k < 1000: raise ZoomInputError(f"k must be in [0, 1000) so the draws stay clear of the test split's seeds, got {k}")
     if n < 2 or n % 2: raise ZoomInputError(f"n must be even and >= 2, got {n}")
-    root = Path(root) if root else artifacts_root()
+    root = Path(root) if root else artifacts_root(design)
     out = []
     for j in range(seed + 1, seed + k + 1):
         d = root / "extra" / f"seed{j}_n{n}"
         if not (d / "train.jsonl").exists():
             d.mkdir(parents=True, exist_ok=True)
-            save_samples(_build_split(d, "train", n, j), d / "train.jsonl")
+            save_samples(_build_split(d, "train", n, j, design), d / "train.jsonl")
         out += [s.model_copy(update={"id": f"extra{j}-{s.id}", "image": str(s.image_path(d).resolve())})
                 for s in load_samples(d / "train.jsonl")]
     return out
+
+def strongest_first(trajectories: list[dict], samples: list[Sample]) -> list[dict]:
+    """The SFT curriculum: `trajectories` ordered by their sample's flaw strength, strongest first (a real and its fake
+    share a strength, so pairs stay together; samples without one keep their place at the front). Train with
+    `train_sampling_strategy="sequential"` so the order holds."""
+    st = {s.id: (s.provenance or {}).get("strength", 1.0) for s in samples}
+    return sorted(trajectories, key=lambda t: -st.get(t["sample_id"], 1.0))
 
 # %% ../../nbs/08c_zoom.data.ipynb #c4e21c03
 OUTLINE_RGB = (255, 0, 255)
@@ -407,10 +453,10 @@ def load_groundfake(root: str | Path, annotations: str = "annotations.jsonl", sp
 
 # %% ../../nbs/08c_zoom.data.ipynb #6b637433
 def load_study_data(spec: str = "artifacts", split: str = "test", n: int = 0, seed: int = 0) -> Samples:
-    """Samples for a study: `artifacts`, `groundfake:<folder>`, or any dataset spec `DatasetSpec` reads (`folder:<root>`,
+    """Samples for a study: `artifacts` or another zoom benchmark design (`DESIGNS`), `groundfake:<folder>`, or any dataset spec `DatasetSpec` reads (`folder:<root>`,
     `manifest:<csv>`, `casia2:<root>`, ...: unreadable images are skipped and named in `skipped`, which the subset keeps);
     `n` > 0 keeps a balanced subset."""
-    if spec == "artifacts": samples = Samples(load_artifacts(split))
+    if spec in DESIGNS: samples = Samples(load_artifacts(split, design=spec))
     elif spec.startswith("groundfake:"): samples = Samples(load_groundfake(spec.split(":", 1)[1], split=split))
     else:
         try: samples = DatasetSpec.parse(spec).load()

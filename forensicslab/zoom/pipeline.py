@@ -27,8 +27,8 @@ from accelerate import PartialState
 from ..imageio import load_image
 from .records import ZoomInputError, norm_to_box
 from .construct import RuleProposer, construct, grounding_negatives, load_trajectories
-from .data import extra_train, load_study_data
-from .study import evaluate_policy
+from .data import DESIGNS, extra_train, load_study_data
+from .study import evaluate_policy, instrument_controls
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
@@ -83,7 +83,7 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
         trajs = [snap_trajectory(t, cfg.box_grid) for t in trajs]
         evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
         return dict(train=train, pool=train, trajectories=trajs, verifier_items=items, eval=evals)
-    pool = train + (extra_train(cfg.extra_train, seed=seed) if cfg.extra_train and cfg.data == "artifacts" else [])
+    pool = train + (extra_train(cfg.extra_train, seed=seed, design=cfg.data) if cfg.extra_train and cfg.data in DESIGNS else [])
     built = construct(pool, variants=(cfg.variant,), seed=seed)
     sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed) if cfg.curriculum else built
     by_id = {s.id: s for s in pool}
@@ -185,5 +185,7 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
                 for name, shuffled in runs:   # the control: the final policy shown another image's forensic views
                     result[name] = evaluate_checkpoint(out / stage, data["eval"], cfg, device=cfg.device, shuffle_views=shuffled)
                     log(f"eval {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in result[name].items() if isinstance(v, float)))
+        if result and all(len({s.label for s in ss}) == 2 for ss in (data["pool"], data["eval"])):   # the instrument-only rows
+            result["controls"] = instrument_controls(data["pool"], data["eval"], cfg.seed)
         (out / "eval.json").write_text(json.dumps(result, indent=2))
     return result

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 from PIL import Image, ImageFilter
 
 from sklearn.linear_model import LogisticRegression
@@ -38,7 +39,8 @@ from ..runs import resolve_portable
 
 # %% auto #0
 __all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'perturb_image',
-           'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls']
+           'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls',
+           'training_table', 'targets_met']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -196,3 +198,14 @@ def instrument_controls(train: Sequence[Sample], test: Sequence[Sample], seed: i
         r = instrument_baseline(train, test, views, shuffle=shuffle, seed=seed)
         rows[name] = {"acc": r["accuracy"], "f1": r["f1"], "auc": r["auc"], "n": r["n"]}
     return rows
+
+def training_table(policy: dict[str, dict], controls: dict[str, dict]) -> pd.DataFrame:
+    "The zoom training table: a row per evaluated checkpoint (`policy`, by label), then the `instrument_controls` rows."
+    t = pd.DataFrame({**policy, **controls}).T.reindex(columns=["acc", "f1", "auc", "iou", "bleu2", "rouge_l", "valid", "zooms", "n"])
+    t = t.astype(float).round(3)
+    t["n"] = t["n"].astype(int)
+    return t
+
+def targets_met(row) -> dict[str, bool]:
+    "Which of `ZOOM_TARGETS` a checkpoint's row (a dict or table row) reaches (a missing figure is not met)."
+    return {k: bool(float(row.get(k, float("nan"))) >= v) for k, v in ZOOM_TARGETS.items()}
