@@ -13,8 +13,10 @@ this version), in the paper's setting where it can be: LoRA r16/alpha32 on the t
 parameters printed beside the paper's 43.6 M), GRPO groups of 16, a 4,096-token completion budget, 768-px images
 (--image-size/--max-pixels; the paper states no resolution, so this is the largest we expect to fit, not the
 paper's), and an evidence verifier of the policy's size in bf16 (its own LoRA and head) scoring every fake answer.
-With random weights the policy does not call the crop tool (the report says how often it did: expect 0 unless
---base is a real Qwen3-VL-8B folder); nothing is written but a temp folder of the tiny tokenizer.
+Random weights never write a tool call, so by default every rollout's first turn is forced (a logits processor) to
+be one crop call, token for token as the chat template writes it, on the image's centre; the turns after the tool's
+reply are the model's own (`--no-force-first-call` leaves all turns free; the report gives the tool-call frequency).
+Nothing is written but a temp folder of the tiny tokenizer.
 
 Dry run on CPU (float32; checks the script itself, its numbers say nothing about a GPU):
 
@@ -39,7 +41,7 @@ import time
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch
-from transformers import TrainerCallback
+from transformers import LogitsProcessor, LogitsProcessorList, TrainerCallback
 
 
 class StepTimer(TrainerCallback):
@@ -57,6 +59,39 @@ def summary(times: list[float]) -> dict:
     return {"steps": len(times), "mean_s": round(statistics.mean(steady), 4) if steady else None,
             "median_s": round(statistics.median(steady), 4) if steady else None,
             "first_s": round(times[0], 4) if times else None}
+
+
+class ForcedFirstCall(LogitsProcessor):
+    "Forces rows still on their first turn (no tool response in the prompt) to write `call_ids` first, then frees them."
+    def __init__(self, call_ids: list[int], prompt_len: int, first_turn: torch.Tensor):
+        self.call_ids, self.prompt_len, self.first_turn = call_ids, prompt_len, first_turn
+
+    def __call__(self, input_ids, scores):
+        k = input_ids.shape[1] - self.prompt_len
+        if k < len(self.call_ids) and self.first_turn.any():
+            forced = torch.full_like(scores[0], float("-inf"))
+            forced[self.call_ids[k]] = 0.0
+            scores = torch.where(self.first_turn.to(scores.device)[:, None], forced, scores)
+        return scores
+
+
+def force_first_call(model, proc, bbox: list[int]) -> int:
+    "Wrap `model.generate` so every rollout's first turn is the crop call on `bbox`; returns the call's token count."
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "x"}]},
+            {"role": "assistant", "content": [], "tool_calls": [{"type": "function", "function": {"name": "crop", "arguments": {"bbox": bbox}}}]}]
+    head = proc.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True)
+    turn = proc.apply_chat_template(msgs, tokenize=False)[len(head):]
+    turn = turn[:turn.index(proc.tokenizer.eos_token) + len(proc.tokenizer.eos_token)]   # the call and its end token
+    call_ids = proc.tokenizer(turn, add_special_tokens=False).input_ids
+    reply_id = proc.tokenizer.convert_tokens_to_ids("<tool_response>")
+    generate = model.generate
+
+    def generate_with_forced_call(*args, **kw):
+        ids = kw["input_ids"]
+        first = ~(ids == reply_id).any(dim=1)
+        return generate(*args, logits_processor=LogitsProcessorList([ForcedFirstCall(call_ids, ids.shape[1], first)]), **kw)
+    model.generate = generate_with_forced_call
+    return len(call_ids)
 
 
 def peak_gib() -> float | None:
@@ -109,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--image-size", type=int, default=768)
     ap.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                     help="default: on for cuda (as the paper's config), off on cpu")
+    ap.add_argument("--force-first-call", action=argparse.BooleanOptionalAction, default=True,
+                    help="force each rollout's first turn to be a crop call on the image centre (default: on; random weights never call)")
     ap.add_argument("--no-verifier", action="store_true", help="a constant stand-in instead of a policy-sized bf16 verifier")
     ap.add_argument("--shape", default=None, choices=["tiny", "8b"],
                     help="model shape built from a config with random weights (default: 8b on cuda, tiny on cpu)")
@@ -168,6 +205,9 @@ def main(argv=None) -> int:
             verifier = Verifier(add_lora(EvidenceVerifier.from_vlm(vb)), proc)
             report["verifier_params"] = sum(p.numel() for p in verifier.model.parameters())
         reward = HybridReward(verifier, RewardConfig(), cfg.variant)
+        if a.force_first_call:
+            q = a.image_size // 4
+            report["forced_first_call_tokens"] = force_first_call(sft.model, proc, [q, q, 3 * q, 3 * q])
         grpo = run_grpo(cfg, sft.model, proc, samples, reward, d + "/run", callbacks=[t_grpo])
         logs = [r for r in grpo.state.log_history if "reward" in r]
         n_tok = max((r.get("num_tokens", 0) for r in grpo.state.log_history), default=0)
@@ -178,7 +218,9 @@ def main(argv=None) -> int:
                           "tokens_per_s": round(n_tok / sum(t_grpo.times), 1) if t_grpo.times and n_tok else None}
     report["wall_s"] = round(time.perf_counter() - t_all, 2)
     if not report["grpo"]["tool_call_frequency"]:
-        report["note"] = "no rollout called the crop tool (random weights): the GRPO figures are for answer-only rollouts"
+        report["note"] = "no rollout called the crop tool: the GRPO figures are for answer-only rollouts"
+    elif a.force_first_call:
+        report["note"] = "every rollout's first turn was a forced crop call (the model's own turns follow the tool's reply)"
     report["ok"] = True
     print(json.dumps(report, indent=2))
     print("GPU_CHECK_REPORT " + json.dumps(report))  # one line for scripts

@@ -179,6 +179,7 @@ def test_gpu_check_script_dry_run_on_cpu():
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("GPU_CHECK_REPORT ")][-1]
     rep = json.loads(line.split(" ", 1)[1])
     assert rep["ok"] and rep["sft"]["steps"] == 2 and rep["grpo"]["steps"] == 1
+    assert rep["grpo"]["tool_call_frequency"] > 0      # the forced first turn calls the crop tool (random weights never do: 0)
 
 
 def test_grounding_negatives_that_name_their_own_place_defeat_the_location_rule(tmp_path):
@@ -246,6 +247,9 @@ def test_shipped_configs_load_and_validate():
     assert not c.vision and not c.extra_train and not c.curriculum          # offline aids are off for a real base
     q = ZoomTrainConfig.from_yaml(shipped_config("quick"))
     assert q == ZoomTrainConfig.quick(notes=q.notes)                        # the YAML is the preset
+    from dataclasses import replace
+    h = ZoomTrainConfig.from_yaml(shipped_config("quick_heldout"))           # the preset on the held-out design, in curriculum order
+    assert h == replace(ZoomTrainConfig.quick(notes=h.notes), data="artifacts_heldout", trl_sft={"train_sampling_strategy": "sequential"})
     with pytest.raises(ZoomConfigError, match="unknown config keys"):
         ZoomTrainConfig.from_yaml("base: tiny\nlearning_rate: 1\n")
     with pytest.raises(ZoomConfigError, match="not divisible"):
@@ -281,7 +285,8 @@ def test_train_zoom_command_runs_each_family_and_resumes(tmp_path, family):
     out = tmp_path / "out"
     assert json.loads((out / "base" / "config.json").read_text())["model_type"] == family
     ev = json.loads((out / "eval.json").read_text())
-    assert set(ev) == {"sft", "grpo"} and ev["grpo"]["n"] == 2
+    assert set(ev) == {"sft", "grpo", "controls"} and ev["grpo"]["n"] == 2
+    assert "instrument only" in r.output and "targets for the final checkpoint: acc" in r.output   # the printed table
     assert read_curves(out / "grpo_log.csv")["step"].max() == 1
     assert (out / "verifier" / "verifier.json").exists()
     stamp = (out / "sft" / "zoom_train.json").stat().st_mtime_ns
@@ -562,6 +567,6 @@ def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
     root = _groundfake_fixture(tmp_path / "gf")
     cfg = ZoomTrainConfig.smoke(data=f"groundfake:{root}", tiny=TINY, sft_steps=6, grpo_steps=1, verifier={"epochs": 1})
     res = run_pipeline(cfg, tmp_path / "run", log=lambda *a: None)
-    assert set(res) == {"sft", "grpo"} and res["grpo"]["n"] == 4
+    assert set(res) == {"sft", "grpo", "controls"} and res["grpo"]["n"] == 4
     meta = json.loads((tmp_path / "run" / "verifier" / "verifier.json").read_text())
     assert meta["steps"] >= 1 and (tmp_path / "run" / "grpo_log.csv").exists()

@@ -27,7 +27,7 @@ from accelerate import PartialState
 from ..imageio import load_image
 from .records import ZoomInputError, norm_to_box
 from .construct import RuleProposer, construct, grounding_negatives, load_trajectories
-from .data import DESIGNS, extra_train, load_study_data
+from .data import DESIGNS, extra_train, load_study_data, strongest_first
 from .study import evaluate_policy, instrument_controls
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
@@ -89,6 +89,7 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
     by_id = {s.id: s for s in pool}
     trajs = [{**snap_trajectory(t, cfg.box_grid), "sample": by_id[t["sample_id"]].model_dump_json()}   # the oracle view reads its boxes
              for t in sft.trajectories if t["variant"] == cfg.variant]
+    if cfg.data in DESIGNS and DESIGNS[cfg.data].strength: trajs = strongest_first(trajs, pool)   # the flaw-strength curriculum (sequential sampling: the config's trl_sft)
     evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
     return dict(train=train, pool=pool, trajectories=trajs, verifier_items=built.verifier_items, eval=evals)
 
