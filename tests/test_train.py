@@ -570,3 +570,27 @@ def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
     assert set(res) == {"sft", "grpo", "controls"} and res["grpo"]["n"] == 4
     meta = json.loads((tmp_path / "run" / "verifier" / "verifier.json").read_text())
     assert meta["steps"] >= 1 and (tmp_path / "run" / "grpo_log.csv").exists()
+
+
+def test_instrument_verifier_reads_the_cues_under_the_box_and_round_trips(tmp_path):
+    "With `instrument`, the head reads the rule cues inside each box (a duplicated patch scores high on `dup` only there); saved and loaded, it scores the same."
+    from forensicslab.zoom.rules import CUES
+    from forensicslab.zoom.verifier import box_cues, collate_items, load_verifier, save_verifier
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 255, (96, 96, 3), dtype=np.uint8)
+    rgb[10:30, 40:60] = rgb[10:30, 10:30]                      # a copied patch: the dup cue's evidence
+    on_copy, elsewhere = [8, 8, 62, 32], [8, 60, 62, 90]
+    c_on, c_off = box_cues(rgb, on_copy), box_cues(rgb, elsewhere)
+    assert len(c_on) == len(CUES) and c_on[CUES.index("dup")] > c_off[CUES.index("dup")]
+    vlm, proc = build_tiny_vlm(TinyVLMSpec(vocab_size=600, max_pixels=64 * 64))
+    save_vlm(vlm, proc, tmp_path / "base")
+    cfg = VerifierTrainConfig(lora=False, grounding=True, instrument=True, freeze_vision=True)
+    model, vproc = new_verifier(tmp_path / "base", cfg, device="cpu")
+    items = [VerifierItem(rgb, on_copy, "two patches repeat"), VerifierItem(rgb, elsewhere, "two patches repeat")]
+    assert collate_items(vproc, items, cues=True)["cues"].shape == (2, len(CUES))
+    with torch.no_grad(): model.score.weight[0, -1 - len(CUES) + CUES.index("dup")] = 3.0   # the dup cue's input (location is last)
+    ver = Verifier(model, vproc)
+    s = ver.score_items(items)
+    assert s[0] > s[1] + 0.2
+    save_verifier(ver, tmp_path / "ver", tmp_path / "base", cfg)
+    assert np.allclose(s, load_verifier(tmp_path / "ver", device="cpu").score_items(items), atol=1e-5)

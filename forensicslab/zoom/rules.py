@@ -423,16 +423,19 @@ class RuleEvidenceJudge:
         self.judge_id = f"rule-judge:v1:prior-{prior}"
         self._prior: dict[str, str] = {}
 
-    def strength(self, image, item: EvidenceItem) -> float:
-        "The strongest cue inside the item's box relative to its threshold, capped at 2 (0 without a box)."
-        if item.box is None: return 0.0
+    def cues(self, image, box) -> dict[str, float]:
+        "Each cue (`CUES`) measured inside `box` (a `Box`) relative to its threshold, capped at 2 (all 0 under 8 px)."
         im = load_image(image)
-        x1, y1, x2, y2 = (int(round(v)) for v in item.box.clip(im.width, im.height).as_list())
+        x1, y1, x2, y2 = (int(round(v)) for v in box.clip(im.width, im.height).as_list())
         reg = im.rgb[y1:y2, x1:x2]
-        if min(reg.shape[:2]) < 8: return 0.0
+        if min(reg.shape[:2]) < 8: return {c: 0.0 for c in CUES}
         sc = cue_scores(reg, _detail_ratio(luma(im.rgb)))
         sc["dup"] = duplicate_regions(reg)[0]
-        return float(min(2.0, max(sc[c] / self.thresholds[c] for c in CUES)))
+        return {c: float(min(2.0, sc[c] / self.thresholds[c])) for c in CUES}
+
+    def strength(self, image, item: EvidenceItem) -> float:
+        "The strongest cue inside the item's box relative to its threshold, capped at 2 (0 without a box)."
+        return max(self.cues(image, item.box).values()) if item.box is not None else 0.0
 
     def quality(self, image, item):
         return int(round(1 + 9 * (0.5 * specificity(item.text) + 0.25 * self.strength(image, item))))

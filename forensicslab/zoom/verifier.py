@@ -8,6 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.verifier.html.md"""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 import math
 import random
 from dataclasses import dataclass
@@ -27,11 +28,13 @@ from .tinyvlm import load_vlm
 from .records import ZoomInputError, where_phrase
 from ..imageio import load_image
 from peft import LoraConfig, inject_adapter_in_model
+from .rules import CUES, RuleEvidenceJudge
 
 # %% auto #0
 __all__ = ['TEXT_LORA_TARGETS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages', 'items_from_records',
-           'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'collate_items', 'soft_bce',
-           'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
+           'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'box_cues', 'collate_items',
+           'soft_bce', 'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier', 'save_verifier',
+           'load_verifier']
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #b1d4b52d
 def to_pil(image) -> Image.Image:
@@ -121,20 +124,23 @@ class EvidenceVerifier(nn.Module):
     """A vision-language backbone plus a linear head: one validity logit per (image, crop, box, text) input.
 
     With `grounding`, the head also reads what lies under the box: the vision tower's tokens of the crop
-    (mean- and max-pooled) and whether the location the text names agrees with the box (`location_agreement`)."""
-    def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False):
+    (mean- and max-pooled) and whether the location the text names agrees with the box (`location_agreement`).
+    With `instrument`, it also reads the rule cues measured inside the box (`box_cues`): instruments, not words.
+    The location agreement is the head's last input."""
+    def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False, instrument: bool = False):
         super().__init__()
-        self.grounding = grounding
-        self.backbone, self.score = backbone, nn.Linear(hidden_size * (3 if grounding else 1) + int(grounding), 1)
+        self.grounding, self.instrument = grounding, instrument
+        n_in = hidden_size * (3 if grounding else 1) + len(CUES) * int(instrument) + int(grounding)
+        self.backbone, self.score = backbone, nn.Linear(n_in, 1)
         nn.init.normal_(self.score.weight, std=0.02)
         nn.init.zeros_(self.score.bias)
 
     @classmethod
-    def from_vlm(cls, vlm, grounding: bool = False) -> "EvidenceVerifier":
+    def from_vlm(cls, vlm, grounding: bool = False, instrument: bool = False) -> "EvidenceVerifier":
         "Build from an image-text-to-text model (its `.model` is the backbone) or from a bare backbone."
         backbone = getattr(vlm, "model", vlm)
         hidden = backbone.config.get_text_config().hidden_size
-        v = cls(backbone, hidden, grounding)
+        v = cls(backbone, hidden, grounding, instrument)
         return v.to(device=next(backbone.parameters()).device, dtype=next(backbone.parameters()).dtype)
 
     def crop_features(self, pixel_values, image_grid_thw) -> torch.Tensor:
@@ -146,14 +152,19 @@ class EvidenceVerifier(nn.Module):
         crops = torch.split(tokens, per)[1::2]
         return torch.stack([torch.cat([t.mean(0), t.max(0).values]) for t in crops])
 
-    def forward(self, input_ids, attention_mask, location=None, **multimodal) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, location=None, cues=None, **multimodal) -> torch.Tensor:
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **multimodal).last_hidden_state
         idx = last_token_index(attention_mask)
         pooled = h[torch.arange(h.shape[0], device=h.device), idx]
         if self.grounding:
-            if location is None: raise ZoomInputError("a grounding verifier needs the `location` agreement of each item (collate_items gives it)")
             crop = self.crop_features(multimodal["pixel_values"], multimodal["image_grid_thw"])
-            pooled = torch.cat([pooled, crop.to(pooled.dtype), location[:, None].to(pooled.dtype)], -1)
+            pooled = torch.cat([pooled, crop.to(pooled.dtype)], -1)
+        if self.instrument:
+            if cues is None: raise ZoomInputError("an instrument verifier needs the `cues` of each item's box (collate_items gives them)")
+            pooled = torch.cat([pooled, cues.to(pooled.dtype)], -1)
+        if self.grounding:
+            if location is None: raise ZoomInputError("a grounding verifier needs the `location` agreement of each item (collate_items gives it)")
+            pooled = torch.cat([pooled, location[:, None].to(pooled.dtype)], -1)
         return self.score(pooled.to(self.score.weight.dtype)).squeeze(-1)
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #9c71f651
@@ -171,13 +182,26 @@ def add_lora(verifier: EvidenceVerifier, r: int = 16, alpha: int = 32, dropout: 
     return verifier
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #6760a38f
-def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None, location: bool = True) -> dict:
-    "Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's `location` agreement (all 0 when `location` is off: the verifier without its location rule)."
+@lru_cache(maxsize=8192)
+def _file_box_cues(path: str, box: tuple) -> tuple:
+    return tuple(RuleEvidenceJudge().cues(path, Box.from_list(list(box))).values())
+
+def box_cues(image, box) -> list[float]:
+    "The rule cues (`zoom.rules.CUES`) measured inside `box`, each relative to its threshold and capped at 2 (an image file's are measured once)."
+    if isinstance(image, (str, Path)): return list(_file_box_cues(str(image), tuple(float(v) for v in box)))
+    return list(RuleEvidenceJudge().cues(load_image(image), Box.from_list(list(box))).values())
+
+def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None, location: bool = True,
+                  cues: bool = False) -> dict:
+    """Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's
+    `location` agreement (all 0 when `location` is off: the verifier without its location rule) and, with `cues`, the
+    rule cues inside its box (`box_cues`)."""
     msgs = [verifier_messages(i.image, i.box, i.text) for i in items]
     batch = processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
                                           processor_kwargs={"padding": True}, add_generation_prompt=False)
     batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
     batch["location"] = torch.tensor([location_agreement(i.text, i.box, *to_pil(i.image).size) if location else 0.0 for i in items])
+    if cues: batch["cues"] = torch.tensor([box_cues(i.image, i.box) for i in items], dtype=torch.float32)
     if device is not None: batch = {k: v.to(device) for k, v in batch.items()}
     if dtype is not None and "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(dtype)
     return batch
@@ -204,6 +228,7 @@ class VerifierTrainConfig:
     autocast: bool = True            # on CUDA: bf16 autocast over fp32 master weights (load the base in float32)
     freeze_vision: bool = False      # keep the vision tower fixed (e.g. one pretrained offline, see zoom.vision)
     grounding: bool = False          # the head also reads the crop's vision tokens and the text-box location agreement
+    instrument: bool = False         # the head also reads the rule cues measured inside the box (`box_cues`)
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #477ecae4
 def _lr_lambda(total: int, warmup: int):
@@ -238,7 +263,7 @@ def train_verifier(verifier: EvidenceVerifier, processor, items: Sequence[Verifi
         rng.shuffle(order)
         for s in range(0, len(order), cfg.batch_size):
             chunk = [items[i] for i in order[s:s + cfg.batch_size]]
-            batch = collate_items(processor, chunk, device, dtype)
+            batch = collate_items(processor, chunk, device, dtype, cues=verifier.instrument)
             labels = torch.tensor([float(i.label) for i in chunk], device=device)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss = soft_bce(verifier(**batch), labels)
@@ -291,7 +316,8 @@ class Verifier:
         "Validity probabilities for fully specified items (each with its own image)."
         out, dtype = [], next(self.model.backbone.parameters()).dtype
         for s in range(0, len(items), self.batch_size):
-            batch = collate_items(self.processor, items[s:s + self.batch_size], self.device, dtype, location=self.location)
+            batch = collate_items(self.processor, items[s:s + self.batch_size], self.device, dtype, location=self.location,
+                                  cues=self.model.instrument)
             out += torch.sigmoid(self.model(**batch).float()).tolist()
         return out
 
@@ -307,7 +333,7 @@ def new_verifier(base_path: str | Path, cfg: VerifierTrainConfig | None = None, 
     cfg = cfg or VerifierTrainConfig()
     vlm, proc = load_vlm(base_path, device=device, dtype=dtype, max_pixels=max_pixels)
     torch.manual_seed(cfg.seed)
-    v = EvidenceVerifier.from_vlm(vlm, grounding=cfg.grounding)
+    v = EvidenceVerifier.from_vlm(vlm, grounding=cfg.grounding, instrument=cfg.instrument)
     del vlm
     if cfg.lora: add_lora(v, cfg.lora_r, cfg.lora_alpha)
     return v, proc
@@ -320,7 +346,7 @@ def save_verifier(verifier: Verifier | EvidenceVerifier, path: str | Path, base_
     path = Path(path)
     state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     meta = {"base_path": portable_path(base_path, path), "lora": cfg.lora, "lora_r": cfg.lora_r,
-            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **(extra or {})}
+            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **({"instrument": True} if cfg.instrument else {}), **(extra or {})}
     with WriteAside(path) as tmp:
         save_file(state, str(tmp / "trainable.safetensors"))
         (tmp / "verifier.json").write_text(json.dumps(meta, indent=2))
@@ -332,7 +358,7 @@ def load_verifier(path: str | Path, device: str = "auto", dtype: str = "auto", b
     if not (path / "verifier.json").exists(): raise FileNotFoundError(f"{path} has no verifier.json: not a verifier folder")
     meta = json.loads((path / "verifier.json").read_text())
     cfg = VerifierTrainConfig(lora=meta["lora"], lora_r=meta["lora_r"], lora_alpha=meta["lora_alpha"],
-                              grounding=meta.get("grounding", False))
+                              grounding=meta.get("grounding", False), instrument=meta.get("instrument", False))
     model, proc = new_verifier(base_path or resolve_portable(meta["base_path"], path), cfg, device=device, dtype=dtype)
     state = load_file(str(path / "trainable.safetensors"))
     missing = set(state) - {n for n, _ in model.named_parameters()}
