@@ -573,22 +573,21 @@ def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
 
 
 def test_instrument_verifier_reads_the_cues_under_the_box_and_round_trips(tmp_path):
-    "With `instrument`, the head reads the rule cues inside each box (a duplicated patch scores high on `dup` only there); saved and loaded, it scores the same."
-    from forensicslab.zoom.rules import CUES
-    from forensicslab.zoom.verifier import box_cues, collate_items, load_verifier, save_verifier
+    "With `instrument`, the head reads the instruments inside each box (a duplicated patch scores high on `dup` and `copymove` only there); saved and loaded, it scores the same."
+    from forensicslab.zoom.verifier import INSTRUMENTS, box_cues, collate_items, load_verifier, save_verifier
     rng = np.random.default_rng(0)
     rgb = rng.integers(0, 255, (96, 96, 3), dtype=np.uint8)
     rgb[10:30, 40:60] = rgb[10:30, 10:30]                      # a copied patch: the dup cue's evidence
     on_copy, elsewhere = [8, 8, 62, 32], [8, 60, 62, 90]
     c_on, c_off = box_cues(rgb, on_copy), box_cues(rgb, elsewhere)
-    assert len(c_on) == len(CUES) and c_on[CUES.index("dup")] > c_off[CUES.index("dup")]
+    assert len(c_on) == len(INSTRUMENTS) and all(c_on[INSTRUMENTS.index(k)] > c_off[INSTRUMENTS.index(k)] for k in ("dup", "copymove"))
     vlm, proc = build_tiny_vlm(TinyVLMSpec(vocab_size=600, max_pixels=64 * 64))
     save_vlm(vlm, proc, tmp_path / "base")
     cfg = VerifierTrainConfig(lora=False, grounding=True, instrument=True, freeze_vision=True)
     model, vproc = new_verifier(tmp_path / "base", cfg, device="cpu")
     items = [VerifierItem(rgb, on_copy, "two patches repeat"), VerifierItem(rgb, elsewhere, "two patches repeat")]
-    assert collate_items(vproc, items, cues=True)["cues"].shape == (2, len(CUES))
-    with torch.no_grad(): model.score.weight[0, -1 - len(CUES) + CUES.index("dup")] = 3.0   # the dup cue's input (location is last)
+    assert collate_items(vproc, items, cues=True)["cues"].shape == (2, len(INSTRUMENTS))
+    with torch.no_grad(): model.score.weight[0, -1 - len(INSTRUMENTS) + INSTRUMENTS.index("dup")] = 3.0   # the dup cue's input (location is last)
     ver = Verifier(model, vproc)
     s = ver.score_items(items)
     assert s[0] > s[1] + 0.2

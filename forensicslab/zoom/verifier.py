@@ -28,13 +28,13 @@ from .tinyvlm import load_vlm
 from .records import ZoomInputError, where_phrase
 from ..imageio import load_image
 from peft import LoraConfig, inject_adapter_in_model
-from .rules import CUES, RuleEvidenceJudge
+from .rules import CUES, ForensicViews, RuleEvidenceJudge
 
 # %% auto #0
-__all__ = ['TEXT_LORA_TARGETS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages', 'items_from_records',
-           'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'box_cues', 'collate_items',
-           'soft_bce', 'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier', 'save_verifier',
-           'load_verifier']
+__all__ = ['TEXT_LORA_TARGETS', 'READOUT_VIEWS', 'INSTRUMENTS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages',
+           'items_from_records', 'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'box_cues',
+           'collate_items', 'soft_bce', 'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier',
+           'save_verifier', 'load_verifier']
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #b1d4b52d
 def to_pil(image) -> Image.Image:
@@ -125,12 +125,13 @@ class EvidenceVerifier(nn.Module):
 
     With `grounding`, the head also reads what lies under the box: the vision tower's tokens of the crop
     (mean- and max-pooled) and whether the location the text names agrees with the box (`location_agreement`).
-    With `instrument`, it also reads the rule cues measured inside the box (`box_cues`): instruments, not words.
+    With `instrument`, it also reads what instruments measure inside the box (`box_cues`: rule cues and forensic
+    readouts), not words.
     The location agreement is the head's last input."""
     def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False, instrument: bool = False):
         super().__init__()
         self.grounding, self.instrument = grounding, instrument
-        n_in = hidden_size * (3 if grounding else 1) + len(CUES) * int(instrument) + int(grounding)
+        n_in = hidden_size * (3 if grounding else 1) + len(INSTRUMENTS) * int(instrument) + int(grounding)
         self.backbone, self.score = backbone, nn.Linear(n_in, 1)
         nn.init.normal_(self.score.weight, std=0.02)
         nn.init.zeros_(self.score.bias)
@@ -182,20 +183,35 @@ def add_lora(verifier: EvidenceVerifier, r: int = 16, alpha: int = 32, dropout: 
     return verifier
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #6760a38f
+READOUT_VIEWS = ("residual", "ela", "copymove")
+INSTRUMENTS = CUES + READOUT_VIEWS
+"What an instrument verifier reads about a box: the rule cues (`zoom.rules.CUES`) and the readouts of three forensic views (`zoom.rules.ForensicViews`)."
+
+def _instruments(image, box: Box, views: ForensicViews) -> tuple:
+    cues = RuleEvidenceJudge().cues(image, box)
+    read = views.readouts(box.as_list())
+    return tuple(cues.values()) + tuple(float(np.clip(read[v], -2.0, 2.0)) for v in READOUT_VIEWS)
+
+@lru_cache(maxsize=64)
+def _file_views(path: str) -> ForensicViews: return ForensicViews(path, READOUT_VIEWS)
+
 @lru_cache(maxsize=8192)
 def _file_box_cues(path: str, box: tuple) -> tuple:
-    return tuple(RuleEvidenceJudge().cues(path, Box.from_list(list(box))).values())
+    return _instruments(path, Box.from_list(list(box)), _file_views(path))
 
 def box_cues(image, box) -> list[float]:
-    "The rule cues (`zoom.rules.CUES`) measured inside `box`, each relative to its threshold and capped at 2 (an image file's are measured once)."
+    """The `INSTRUMENTS` measured inside `box`: each rule cue relative to its threshold (capped at 2), then the noise-residual
+    and error-level log ratios of the box against the image and the copy-move share (each clipped to [-2, 2]).
+    An image file's views are computed once."""
     if isinstance(image, (str, Path)): return list(_file_box_cues(str(image), tuple(float(v) for v in box)))
-    return list(RuleEvidenceJudge().cues(load_image(image), Box.from_list(list(box))).values())
+    im = load_image(image)
+    return list(_instruments(im, Box.from_list(list(box)), ForensicViews(im, READOUT_VIEWS)))
 
 def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None, location: bool = True,
                   cues: bool = False) -> dict:
     """Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's
     `location` agreement (all 0 when `location` is off: the verifier without its location rule) and, with `cues`, the
-    rule cues inside its box (`box_cues`)."""
+    instruments' readings inside its box (`box_cues`)."""
     msgs = [verifier_messages(i.image, i.box, i.text) for i in items]
     batch = processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
                                           processor_kwargs={"padding": True}, add_generation_prompt=False)
@@ -228,7 +244,7 @@ class VerifierTrainConfig:
     autocast: bool = True            # on CUDA: bf16 autocast over fp32 master weights (load the base in float32)
     freeze_vision: bool = False      # keep the vision tower fixed (e.g. one pretrained offline, see zoom.vision)
     grounding: bool = False          # the head also reads the crop's vision tokens and the text-box location agreement
-    instrument: bool = False         # the head also reads the rule cues measured inside the box (`box_cues`)
+    instrument: bool = False         # the head also reads the instruments measured inside the box (`box_cues`)
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #477ecae4
 def _lr_lambda(total: int, warmup: int):

@@ -5,7 +5,8 @@ Wrong-box test negatives are rewritten three ways (`construct.place_text`): `cop
 the box) and `none` drops the place. Each verifier is scored with its location rule on and off (`Verifier(location=False)`).
 Verifiers: the one a study trained (`--verifier`, copy negatives) and one trained here with copy + own + none
 negatives (the same settings as the pipeline's tiny verifier: grounding head, frozen pretrained tower, lr 3e-3);
-with `instrument` = 1 the retrained head also reads the rule cues measured inside each box (`VerifierTrainConfig.instrument`).
+with `instrument` = 1 the retrained head also reads the instruments measured inside each box (`VerifierTrainConfig.instrument`:
+the rule cues and the residual, error-level and copy-move readouts), and a logistic regression over those alone is scored.
 The rule cues alone (the strongest inside the box, `RuleEvidenceJudge.strength`, no training, no words) are scored too.
 
     OMP_NUM_THREADS=1 python scripts/zoom_diagnosis/verifier_own_place.py BASE_DIR [VERIFIER_DIR|-] [epochs] [instrument]
@@ -18,8 +19,9 @@ from forensicslab.zoom.data import extra_train, load_artifacts
 from forensicslab.core import Box, EvidenceItem
 from forensicslab.zoom.construct import construct, grounding_negatives, place_text
 from forensicslab.zoom.rules import RuleEvidenceJudge
-from forensicslab.zoom.verifier import (Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier,
-                                        train_verifier)
+from forensicslab.zoom.verifier import (INSTRUMENTS, Verifier, VerifierTrainConfig, box_cues, items_from_records, load_verifier,
+                                        new_verifier, train_verifier)
+from sklearn.linear_model import LogisticRegression
 
 torch.set_num_threads(1)
 base = sys.argv[1]
@@ -55,13 +57,19 @@ cue = lambda recs: [judge.strength(r["image"], EvidenceItem(text=r["text"], box=
 sv, sn = cue(valid), cue(wrong + extra)
 print(json.dumps({"instrument only": "strongest rule cue inside the box (no words: the same for every wording)",
                   "wrong_box_auc": round(roc_auc(np.r_[sv, sn], np.r_[np.ones(len(sv)), np.zeros(len(sn))]), 3)}), flush=True)
-if trained: report(f"study verifier ({trained})", load_verifier(trained, device="cpu", base_path=base))
-t0 = time.time()
 modes = ("copy", "own", "none")
 recs = c_train.verifier_items + grounding_negatives(c_train.verifier_items, pool, seed=0, per_item=len(modes), text_modes=modes)
+if instrument:  # the instruments alone: a logistic regression over what the head reads under the box, no words, no model
+    X = lambda rs: np.array([box_cues(r["image"], r["box"]) for r in rs])
+    lr = LogisticRegression(max_iter=2000).fit(X(recs), [r["soft_label"] > 0.5 for r in recs])
+    sv, sn = lr.decision_function(X(valid)), lr.decision_function(X(wrong + extra))
+    print(json.dumps({"instrument only": f"logistic regression over {list(INSTRUMENTS)} inside the box, fit on the training items",
+                      "wrong_box_auc": round(roc_auc(np.r_[sv, sn], np.r_[np.ones(len(sv)), np.zeros(len(sn))]), 3)}), flush=True)
+if trained: report(f"study verifier ({trained})", load_verifier(trained, device="cpu", base_path=base))
+t0 = time.time()
 cfg = VerifierTrainConfig(lora=False, lr=3e-3, freeze_vision=True, grounding=True, instrument=instrument, epochs=epochs, seed=0)
 model, proc = new_verifier(base, cfg, device="cpu")
 hist = train_verifier(model, proc, items_from_records(recs), cfg)
 print(f"trained on {len(recs)} items (negatives copy/own/none), {len(hist)} steps in {time.time() - t0:.0f} s, "
       f"loss {np.mean(hist[:5]):.3f} -> {np.mean(hist[-20:]):.3f}", flush=True)
-report(f"retrained, copy+own+none negatives{', with the cues under the box' if instrument else ''}", Verifier(model, proc))
+report(f"retrained, copy+own+none negatives{', with the instruments under the box' if instrument else ''}", Verifier(model, proc))
