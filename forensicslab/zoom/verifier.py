@@ -192,7 +192,7 @@ def _instruments(image, box: Box, views: ForensicViews) -> tuple:
     read = views.readouts(box.as_list())
     return tuple(cues.values()) + tuple(float(np.clip(read[v], -2.0, 2.0)) for v in READOUT_VIEWS)
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=4)   # full-size maps: a few images at a time (each box's readings are cached below)
 def _file_views(path: str) -> ForensicViews: return ForensicViews(path, READOUT_VIEWS)
 
 @lru_cache(maxsize=8192)
