@@ -565,11 +565,13 @@ def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
     import json
     from forensicslab.zoom.pipeline import run_pipeline
     root = _groundfake_fixture(tmp_path / "gf")
-    cfg = ZoomTrainConfig.smoke(data=f"groundfake:{root}", tiny=TINY, sft_steps=6, grpo_steps=1, verifier={"epochs": 1})
+    # the reward verifier reads the instruments under each box (`verifier: {instrument: true}` in a config)
+    cfg = ZoomTrainConfig.smoke(data=f"groundfake:{root}", tiny=TINY, sft_steps=6, grpo_steps=1,
+                                verifier={"epochs": 1, "instrument": True})
     res = run_pipeline(cfg, tmp_path / "run", log=lambda *a: None)
     assert set(res) == {"sft", "grpo", "controls"} and res["grpo"]["n"] == 4
     meta = json.loads((tmp_path / "run" / "verifier" / "verifier.json").read_text())
-    assert meta["steps"] >= 1 and (tmp_path / "run" / "grpo_log.csv").exists()
+    assert meta["steps"] >= 1 and meta["instrument"] and (tmp_path / "run" / "grpo_log.csv").exists()
 
 
 def test_instrument_verifier_reads_the_cues_under_the_box_and_round_trips(tmp_path):
