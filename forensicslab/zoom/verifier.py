@@ -29,12 +29,13 @@ from .records import ZoomInputError, where_phrase
 from ..imageio import load_image
 from peft import LoraConfig, inject_adapter_in_model
 from .rules import CUES, ForensicViews, RuleEvidenceJudge
+from sklearn.linear_model import LogisticRegression
 
 # %% auto #0
 __all__ = ['TEXT_LORA_TARGETS', 'READOUT_VIEWS', 'INSTRUMENTS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages',
            'items_from_records', 'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'box_cues',
-           'collate_items', 'soft_bce', 'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier',
-           'save_verifier', 'load_verifier']
+           'fit_box_instruments', 'collate_items', 'soft_bce', 'VerifierTrainConfig', 'train_verifier', 'Verifier',
+           'new_verifier', 'save_verifier', 'load_verifier']
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #b1d4b52d
 def to_pil(image) -> Image.Image:
@@ -206,6 +207,14 @@ def box_cues(image, box) -> list[float]:
     if isinstance(image, (str, Path)): return list(_file_box_cues(str(image), tuple(float(v) for v in box)))
     im = load_image(image)
     return list(_instruments(im, Box.from_list(list(box)), ForensicViews(im, READOUT_VIEWS)))
+
+def fit_box_instruments(records: Iterable[dict]):
+    """The instruments alone, a control for an instrument verifier: a logistic regression over `box_cues`, fit on labelled
+    verifier records (valid when the soft label is over 0.5). Returns `score(records)`, its decision values: no words, no model."""
+    features = lambda rs: np.array([box_cues(r["image"], r["box"]) for r in rs])
+    records = list(records)
+    lr = LogisticRegression(max_iter=2000).fit(features(records), [r["soft_label"] > 0.5 for r in records])
+    return lambda rs: lr.decision_function(features(list(rs)))
 
 def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None, location: bool = True,
                   cues: bool = False) -> dict:

@@ -19,9 +19,8 @@ from forensicslab.zoom.data import extra_train, load_artifacts
 from forensicslab.core import Box, EvidenceItem
 from forensicslab.zoom.construct import construct, grounding_negatives, place_text
 from forensicslab.zoom.rules import RuleEvidenceJudge
-from forensicslab.zoom.verifier import (INSTRUMENTS, Verifier, VerifierTrainConfig, box_cues, items_from_records, load_verifier,
-                                        new_verifier, train_verifier)
-from sklearn.linear_model import LogisticRegression
+from forensicslab.zoom.verifier import (INSTRUMENTS, Verifier, VerifierTrainConfig, fit_box_instruments, items_from_records,
+                                        load_verifier, new_verifier, train_verifier)
 
 torch.set_num_threads(1)
 base = sys.argv[1]
@@ -60,9 +59,8 @@ print(json.dumps({"instrument only": "strongest rule cue inside the box (no word
 modes = ("copy", "own", "none")
 recs = c_train.verifier_items + grounding_negatives(c_train.verifier_items, pool, seed=0, per_item=len(modes), text_modes=modes)
 if instrument:  # the instruments alone: a logistic regression over what the head reads under the box, no words, no model
-    X = lambda rs: np.array([box_cues(r["image"], r["box"]) for r in rs])
-    lr = LogisticRegression(max_iter=2000).fit(X(recs), [r["soft_label"] > 0.5 for r in recs])
-    sv, sn = lr.decision_function(X(valid)), lr.decision_function(X(wrong + extra))
+    score = fit_box_instruments(recs)
+    sv, sn = score(valid), score(wrong + extra)
     print(json.dumps({"instrument only": f"logistic regression over {list(INSTRUMENTS)} inside the box, fit on the training items",
                       "wrong_box_auc": round(roc_auc(np.r_[sv, sn], np.r_[np.ones(len(sv)), np.zeros(len(sn))]), 3)}), flush=True)
 if trained: report(f"study verifier ({trained})", load_verifier(trained, device="cpu", base_path=base))
