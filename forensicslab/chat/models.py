@@ -343,13 +343,18 @@ def _key(self: Model, refs: list, schema, params: dict, ctx: dict) -> tuple[Opti
     return key, sample
 
 @patch
+def _reply_cap(self: Model, params: dict):
+    "The reply's token cap: the call's `max_tokens`, else the backend's `max_new_tokens` (None when neither is set)."
+    return params.get("max_tokens") or getattr(self.backend, "max_new_tokens", None)
+
+@patch
 def _check_context(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict) -> None:
     "Raise `ContextTooLong` before the call when the prompt and the reply cannot fit the context length."
     limit = self.capabilities.context_length
     if not limit: return
     sent = with_schema_instruction(prepared, schema) if schema is not None else prepared
     n = self.backend.count_tokens(sent)
-    want = int(params.get("max_tokens") or getattr(self.backend, "max_new_tokens", 0) or 0)
+    want = int(self._reply_cap(params) or 0)
     if n is not None and n + want > limit:
         raise ContextTooLong(f"{self.model_id}: prompt of case {ctx.get('case')!r} (role {ctx.get('role')!r}) is {n} tokens "
                              f"+ {want} for the reply, over the model's context of {limit}; shorten it or use a "
@@ -406,8 +411,7 @@ def _call(self: Model, prepared: list[Prepared], schema, params: dict, ctx: dict
         raise ReplyTooLarge(f"{self.model_id}: reply for case {ctx.get('case')!r} is {len(comp.text)} characters, over "
                             f"max_reply_chars={self.max_reply_chars}; not stored", model_id=self.model_id, calls=1, **usage)
     if comp.finish_reason == "length" and not comp.text.strip():
-        cap = params.get("max_tokens") or getattr(self.backend, "max_new_tokens", None)
-        raise TruncatedReply(f"{self.model_id}: reply for {where} hit max_tokens={cap} before any visible text "
+        raise TruncatedReply(f"{self.model_id}: reply for {where} hit max_tokens={self._reply_cap(params)} before any visible text "
                              f"(reasoning/thinking tokens count against it): raise max_tokens for reasoning models",
                              model_id=self.model_id, calls=1, **usage)
     return comp, info
@@ -554,8 +558,7 @@ def _answer(self: Model, prepared, schema, params, ctx, tally: _Tally, notes: li
         self._trace(ctx, "answer", prepared, params, schema, comp, info, status="invalid", error=err)
     where = f"reply for case {ctx.get('case')!r} (role {ctx.get('role')!r})"
     if comp.finish_reason == "length":
-        cap = params.get("max_tokens") or getattr(self.backend, "max_new_tokens", None)
-        self._fail(key, comp, f"{self.model_id}: {where} was cut at max_tokens={cap} before it matched {schema.__name__} "
+        self._fail(key, comp, f"{self.model_id}: {where} was cut at max_tokens={self._reply_cap(params)} before it matched {schema.__name__} "
                               f"({err}); not re-asked, the re-ask would get the same cap: raise max_tokens")
     again = _reask_messages(prepared, comp.text or "(empty reply)", err, schema)
     comp, info2, _ = self._checked_exchange(again, schema, params, ctx, "reask")
