@@ -576,6 +576,8 @@ def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
 
 def test_instrument_verifier_reads_the_cues_under_the_box_and_round_trips(tmp_path):
     "With `instrument`, the head reads the instruments inside each box (a duplicated patch scores high on `dup` and `copymove` only there); saved and loaded, it scores the same."
+    import json
+    from forensicslab.zoom.records import ZoomInputError
     from forensicslab.zoom.verifier import INSTRUMENTS, box_cues, collate_items, load_verifier, save_verifier
     rng = np.random.default_rng(0)
     rgb = rng.integers(0, 255, (96, 96, 3), dtype=np.uint8)
@@ -595,3 +597,7 @@ def test_instrument_verifier_reads_the_cues_under_the_box_and_round_trips(tmp_pa
     assert s[0] > s[1] + 0.2
     save_verifier(ver, tmp_path / "ver", tmp_path / "base", cfg)
     assert np.allclose(s, load_verifier(tmp_path / "ver", device="cpu").score_items(items), atol=1e-5)
+    # a verifier whose head was trained on another instrument set (here: an earlier version's `true`) is refused, not misread
+    meta = json.loads((tmp_path / "ver" / "verifier.json").read_text())
+    (tmp_path / "ver" / "verifier.json").write_text(json.dumps(dict(meta, instrument=True)))
+    with pytest.raises(ZoomInputError, match="other instruments"): load_verifier(tmp_path / "ver", device="cpu")

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import torch
 from PIL import Image
+from scipy import ndimage as ndi
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -25,17 +26,17 @@ from ..core import Box, EvidenceItem
 from ..runs import portable_path, resolve_portable
 from ..runs import WriteAside
 from .tinyvlm import load_vlm
-from .records import ZoomInputError, where_phrase
-from ..imageio import load_image
+from .records import ZoomInputError, box_ints, where_phrase
+from ..imageio import load_image, luma
 from peft import LoraConfig, inject_adapter_in_model
 from .rules import CUES, ForensicViews, RuleEvidenceJudge
 from sklearn.linear_model import LogisticRegression
 
 # %% auto #0
-__all__ = ['TEXT_LORA_TARGETS', 'READOUT_VIEWS', 'INSTRUMENTS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages',
-           'items_from_records', 'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'box_cues',
-           'fit_box_instruments', 'collate_items', 'soft_bce', 'VerifierTrainConfig', 'train_verifier', 'Verifier',
-           'new_verifier', 'save_verifier', 'load_verifier']
+__all__ = ['TEXT_LORA_TARGETS', 'READOUT_VIEWS', 'ANOMALY_MAPS', 'INSTRUMENTS', 'to_pil', 'VerifierItem', 'verifier_crop',
+           'verifier_messages', 'items_from_records', 'location_agreement', 'last_token_index', 'EvidenceVerifier',
+           'add_lora', 'BoxInstruments', 'box_cues', 'fit_box_instruments', 'collate_items', 'soft_bce',
+           'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #b1d4b52d
 def to_pil(image) -> Image.Image:
@@ -126,8 +127,8 @@ class EvidenceVerifier(nn.Module):
 
     With `grounding`, the head also reads what lies under the box: the vision tower's tokens of the crop
     (mean- and max-pooled) and whether the location the text names agrees with the box (`location_agreement`).
-    With `instrument`, it also reads what instruments measure inside the box (`box_cues`: rule cues and forensic
-    readouts), not words.
+    With `instrument`, it also reads what instruments measure inside the box (`box_cues`: rule cues, forensic
+    readouts and anomaly z-scores), not words.
     The location agreement is the head's last input."""
     def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False, instrument: bool = False):
         super().__init__()
@@ -185,28 +186,62 @@ def add_lora(verifier: EvidenceVerifier, r: int = 16, alpha: int = 32, dropout: 
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #6760a38f
 READOUT_VIEWS = ("residual", "ela", "copymove")
-INSTRUMENTS = CUES + READOUT_VIEWS
-"What an instrument verifier reads about a box: the rule cues (`zoom.rules.CUES`) and the readouts of three forensic views (`zoom.rules.ForensicViews`)."
+ANOMALY_MAPS = ("residual", "ela", "brightness", "gradient", "detail", "chroma")
+INSTRUMENTS = CUES + READOUT_VIEWS + tuple(f"{m}_anomaly" for m in ANOMALY_MAPS)
+"""What an instrument verifier reads about a box: the rule cues (`zoom.rules.CUES`), the readouts of three forensic views
+(`zoom.rules.ForensicViews`) and how unusual six per-pixel maps are inside the box among same-size windows of its image."""
 
-def _instruments(image, box: Box, views: ForensicViews) -> tuple:
-    cues = RuleEvidenceJudge().cues(image, box)
-    read = views.readouts(box.as_list())
-    return tuple(cues.values()) + tuple(float(np.clip(read[v], -2.0, 2.0)) for v in READOUT_VIEWS)
+class BoxInstruments:
+    """The `INSTRUMENTS` of one image, measured inside any box. Maps are computed once per image; each anomaly map is
+    kept as a summed-area table, so a box's mean and those of all its comparison windows cost a few lookups."""
+    def __init__(self, image):
+        self.image = load_image(image)
+        self.views = ForensicViews(self.image, READOUT_VIEWS)
+        rgb, g = self.image.rgb.astype(np.float32), luma(self.image.rgb)
+        gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
+        maps = {"residual": self.views.maps["residual"], "ela": self.views.maps["ela"], "brightness": g,
+                "gradient": np.hypot(gx, gy), "detail": np.abs(ndi.laplace(g)), "chroma": rgb.max(2) - rgb.min(2)}
+        self.sums = {k: np.pad(np.asarray(maps[k], np.float64).cumsum(0).cumsum(1), ((1, 0), (1, 0))) for k in ANOMALY_MAPS}
+
+    def _means(self, k: str, x, y, w: int, h: int):
+        S = self.sums[k]
+        return (S[y + h, x + w] - S[y, x + w] - S[y + h, x] + S[y, x]) / (w * h)
+
+    def anomaly(self, box) -> tuple:
+        """Each of `ANOMALY_MAPS` averaged inside `box`, as a z-score against the same-size windows on a 7 x 7 grid over the
+        image (a floor of 5 % of their mean on the spread; clipped to [-4, 4]): how unusual the box is in its own image."""
+        H, W = self.image.height, self.image.width
+        x1, y1, x2, y2 = box_ints(box)
+        x1, y1 = min(max(0, x1), W - 1), min(max(0, y1), H - 1)
+        w, h = min(W, max(x2, x1 + 1)) - x1, min(H, max(y2, y1 + 1)) - y1
+        gx, gy = np.meshgrid(np.linspace(0, W - w, 7).astype(int), np.linspace(0, H - h, 7).astype(int))
+        out = []
+        for k in ANOMALY_MAPS:
+            ref = self._means(k, gx.ravel(), gy.ravel(), w, h)
+            z = (self._means(k, x1, y1, w, h) - ref.mean()) / (ref.std() + 1e-3 + 0.05 * abs(ref.mean()))
+            out.append(round(float(np.clip(z, -4.0, 4.0)), 3) + 0.0)   # + 0.0: no negative zero
+        return tuple(out)
+
+    def measure(self, box) -> tuple:
+        "The `INSTRUMENTS` inside `box` (pixel `[x1, y1, x2, y2]`), in their order."
+        b = Box.from_list(list(box))
+        cues = RuleEvidenceJudge().cues(self.image, b)
+        read = self.views.readouts(b.as_list())
+        return (tuple(cues.values()) + tuple(float(np.clip(read[v], -2.0, 2.0)) for v in READOUT_VIEWS)
+                + self.anomaly(b.as_list()))
 
 @lru_cache(maxsize=4)   # full-size maps: a few images at a time (each box's readings are cached below)
-def _file_views(path: str) -> ForensicViews: return ForensicViews(path, READOUT_VIEWS)
+def _file_instruments(path: str) -> BoxInstruments: return BoxInstruments(path)
 
 @lru_cache(maxsize=8192)
-def _file_box_cues(path: str, box: tuple) -> tuple:
-    return _instruments(path, Box.from_list(list(box)), _file_views(path))
+def _file_box_cues(path: str, box: tuple) -> tuple: return _file_instruments(path).measure(box)
 
 def box_cues(image, box) -> list[float]:
-    """The `INSTRUMENTS` measured inside `box`: each rule cue relative to its threshold (capped at 2), then the noise-residual
-    and error-level log ratios of the box against the image and the copy-move share (each clipped to [-2, 2]).
-    An image file's views are computed once."""
+    """The `INSTRUMENTS` measured inside `box`: each rule cue relative to its threshold (capped at 2), the noise-residual
+    and error-level log ratios of the box against the image and the copy-move share (each clipped to [-2, 2]), then the
+    box's anomaly z-scores (`BoxInstruments.anomaly`). An image file's maps are computed once."""
     if isinstance(image, (str, Path)): return list(_file_box_cues(str(image), tuple(float(v) for v in box)))
-    im = load_image(image)
-    return list(_instruments(im, Box.from_list(list(box)), ForensicViews(im, READOUT_VIEWS)))
+    return list(BoxInstruments(image).measure(box))
 
 def fit_box_instruments(records: Iterable[dict]):
     """The instruments alone, a control for an instrument verifier: a logistic regression over `box_cues`, fit on labelled
@@ -371,7 +406,7 @@ def save_verifier(verifier: Verifier | EvidenceVerifier, path: str | Path, base_
     path = Path(path)
     state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     meta = {"base_path": portable_path(base_path, path), "lora": cfg.lora, "lora_r": cfg.lora_r,
-            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **({"instrument": True} if cfg.instrument else {}), **(extra or {})}
+            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **({"instrument": list(INSTRUMENTS)} if cfg.instrument else {}), **(extra or {})}
     with WriteAside(path) as tmp:
         save_file(state, str(tmp / "trainable.safetensors"))
         (tmp / "verifier.json").write_text(json.dumps(meta, indent=2))
@@ -382,8 +417,12 @@ def load_verifier(path: str | Path, device: str = "auto", dtype: str = "auto", b
     path = Path(path)
     if not (path / "verifier.json").exists(): raise FileNotFoundError(f"{path} has no verifier.json: not a verifier folder")
     meta = json.loads((path / "verifier.json").read_text())
+    read = meta.get("instrument", False)   # the instrument names its head was trained on (`true`: an earlier version's seven)
+    if read and read != list(INSTRUMENTS):
+        raise ZoomInputError(f"the verifier at {path} was trained on other instruments ({read if isinstance(read, list) else 'an earlier set'}) "
+                             f"than this version measures ({', '.join(INSTRUMENTS)}): retrain it")
     cfg = VerifierTrainConfig(lora=meta["lora"], lora_r=meta["lora_r"], lora_alpha=meta["lora_alpha"],
-                              grounding=meta.get("grounding", False), instrument=meta.get("instrument", False))
+                              grounding=meta.get("grounding", False), instrument=bool(read))
     model, proc = new_verifier(base_path or resolve_portable(meta["base_path"], path), cfg, device=device, dtype=dtype)
     state = load_file(str(path / "trainable.safetensors"))
     missing = set(state) - {n for n, _ in model.named_parameters()}

@@ -6,7 +6,8 @@ the box) and `none` drops the place. Each verifier is scored with its location r
 Verifiers: the one a study trained (`--verifier`, copy negatives) and one trained here with copy + own + none
 negatives (the same settings as the pipeline's tiny verifier: grounding head, frozen pretrained tower, lr 3e-3);
 with `instrument` = 1 the retrained head also reads the instruments measured inside each box (`VerifierTrainConfig.instrument`:
-the rule cues and the residual, error-level and copy-move readouts), and a logistic regression over those alone is scored.
+the rule cues, the residual, error-level and copy-move readouts and, since session 16, the box's anomaly z-scores),
+and a logistic regression over those alone is scored.
 The rule cues alone (the strongest inside the box, `RuleEvidenceJudge.strength`, no training, no words) are scored too.
 
     OMP_NUM_THREADS=1 python scripts/zoom_diagnosis/verifier_own_place.py BASE_DIR [VERIFIER_DIR|-] [epochs] [instrument]
