@@ -233,3 +233,18 @@ def test_machine_failures_are_one_line_naming_the_file_or_port(capsys, monkeypat
     monkeypatch.setattr(cli, "run_batch", full_disk)
     code, out, err = run_main(capsys, "batch", str(tmp_path / "g.yaml"))
     assert code == 2 and err.count("\n") == 1 and "a bug" not in err and str(tmp_path / "out" / "cells.csv") in err, err
+
+
+def test_train_zoom_prints_checkpoints_beside_controls_and_targets(capsys, monkeypatch, tmp_path):
+    "`forensicslab train zoom` ends with the training table (each checkpoint under its study label, then the controls) and the targets."
+    import forensicslab.zoom.pipeline as pipeline
+    row = lambda acc: {"acc": acc, "f1": 0.5, "iou": 0.1, "valid": 1.0, "n": 100}
+    res = {"sft": row(0.6), "grpo": row(0.8), "grpo_shuffled_views": row(0.5),
+           "controls": {"instrument-only (LR over forensic readouts)": {"acc": 0.63, "f1": 0.6, "auc": 0.62, "n": 100}}}
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda cfg, out, stages, resume, log: res)
+    code, out, err = run_main(capsys, "train", "zoom", "--config", "quick", "--out", str(tmp_path))
+    assert code == 0, err
+    rows = [ln for ln in out.splitlines() if ln.startswith("|")][2:]   # below the header and its rule
+    assert [ln.split("|")[1].strip() for ln in rows] == [
+        "SFT (w/o RL)", "SFT + GRPO", "SFT + GRPO, tool outputs shuffled across images", "instrument-only (LR over forensic readouts)"]
+    assert "targets for the final checkpoint: acc met, f1 NOT met, iou NOT met, valid met" in out

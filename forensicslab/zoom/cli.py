@@ -80,9 +80,8 @@ def train_zoom_cmd(config: str = typer.Option(..., help="a ZoomTrainConfig YAML 
                        log=lambda m: typer.echo(m, err=True))
     typer.echo(json.dumps(res, indent=2))
     if res.get("grpo") or res.get("sft"):   # the evaluated checkpoints beside their controls, and the targets
-        from forensicslab.zoom.study import targets_met, training_table
-        names = {"sft": "SFT (w/o RL)", "grpo": "SFT + GRPO", "grpo_shuffled_views": "SFT + GRPO, tool outputs shuffled across images"}
-        table = training_table({names[k]: v for k, v in res.items() if k in names}, res.get("controls", {}))
+        from forensicslab.zoom.study import CHECKPOINT_LABELS, targets_met, training_table
+        table = training_table({CHECKPOINT_LABELS[k]: v for k, v in res.items() if k in CHECKPOINT_LABELS}, res.get("controls", {}))
         final = res.get("grpo") or res["sft"]
         typer.echo("\n" + table.to_markdown())
         typer.echo("targets for the final checkpoint: " + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in targets_met(final).items()))

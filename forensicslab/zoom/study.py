@@ -38,9 +38,9 @@ from .checkpoint import checkpoint_info
 from ..runs import resolve_portable
 
 # %% auto #0
-__all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'run_policy', 'table1_metrics', 'class_metrics', 'evaluate_policy', 'perturb_image',
-           'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls',
-           'training_table', 'targets_met']
+__all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'run_policy', 'table1_metrics', 'class_metrics',
+           'evaluate_policy', 'perturb_image', 'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline',
+           'instrument_controls', 'training_table', 'targets_met']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -186,6 +186,9 @@ def instrument_baseline(train: Sequence[Sample], test: Sequence[Sample], views: 
 # %% ../../nbs/08k_zoom.study.ipynb #729dd05d
 ZOOM_TARGETS = {"acc": 0.75, "f1": 0.7, "iou": 0.3, "valid": 0.95}
 "What a trained zoom policy should reach on the artifact test split (fakes' IoU), beside its controls."
+
+CHECKPOINT_LABELS = {"sft": "SFT (w/o RL)", "grpo": "SFT + GRPO", "grpo_shuffled_views": "SFT + GRPO, tool outputs shuffled across images"}
+"The training table's row for each evaluated checkpoint (`grpo_shuffled_views`: the final one shown another image's tool outputs, a control)."
 
 def instrument_controls(train: Sequence[Sample], test: Sequence[Sample], seed: int = 0) -> dict[str, dict]:
     """The control rows beside a trained policy, by label: the instrument-only baseline on the forensic readouts, the
