@@ -422,6 +422,7 @@ class RuleEvidenceJudge:
         self.policy, self.prior_mode = RulePolicy(self.thresholds, view_side), prior
         self.judge_id = f"rule-judge:v1:prior-{prior}"
         self._prior: dict[str, str] = {}
+        self._ratio: dict[str, float] = {}   # each image's detail ratio, measured once however many boxes are judged
 
     def cues(self, image, box) -> dict[str, float]:
         "Each cue (`CUES`) measured inside `box` (a `Box`) relative to its threshold, capped at 2 (all 0 under 8 px)."
@@ -429,7 +430,8 @@ class RuleEvidenceJudge:
         x1, y1, x2, y2 = (int(round(v)) for v in box.clip(im.width, im.height).as_list())
         reg = im.rgb[y1:y2, x1:x2]
         if min(reg.shape[:2]) < 8: return {c: 0.0 for c in CUES}
-        sc = cue_scores(reg, _detail_ratio(luma(im.rgb)))
+        if im.hash not in self._ratio: self._ratio[im.hash] = _detail_ratio(luma(im.rgb))
+        sc = cue_scores(reg, self._ratio[im.hash])
         sc["dup"] = duplicate_regions(reg)[0]
         return {c: float(min(2.0, sc[c] / self.thresholds[c])) for c in CUES}
 

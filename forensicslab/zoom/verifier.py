@@ -196,7 +196,7 @@ class BoxInstruments:
     kept as a summed-area table, so a box's mean and those of all its comparison windows cost a few lookups."""
     def __init__(self, image):
         self.image = load_image(image)
-        self.views = ForensicViews(self.image, READOUT_VIEWS)
+        self.views, self.judge = ForensicViews(self.image, READOUT_VIEWS), RuleEvidenceJudge()
         rgb, g = self.image.rgb.astype(np.float32), luma(self.image.rgb)
         gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
         maps = {"residual": self.views.maps["residual"], "ela": self.views.maps["ela"], "brightness": g,
@@ -225,7 +225,7 @@ class BoxInstruments:
     def measure(self, box) -> tuple:
         "The `INSTRUMENTS` inside `box` (pixel `[x1, y1, x2, y2]`), in their order."
         b = Box.from_list(list(box))
-        cues = RuleEvidenceJudge().cues(self.image, b)
+        cues = self.judge.cues(self.image, b)
         read = self.views.readouts(b.as_list())
         return (tuple(cues.values()) + tuple(float(np.clip(read[v], -2.0, 2.0)) for v in READOUT_VIEWS)
                 + self.anomaly(b.as_list()))
