@@ -159,11 +159,22 @@ class LLMAuditor:
         return av
 
 # %% ../../nbs/06b_triage.agents.ipynb #7931c3cf
+def _tools_check(allowed: set[str], who: str) -> Callable[[Verdict], None]:
+    """The chat layer's `validate` hook for a verdict: a `ValueError` naming the allowed ids when a tool is not among
+    `allowed`, so that the model is re-asked and a reply naming a foreign tool is never cached (a rerun asks again)."""
+    def check(v: Verdict) -> None:
+        try: check_tools(v, allowed, who)
+        except TriageError as e:
+            raise ValueError(f"{e}. Use only these ids, spelled exactly: {', '.join(sorted(allowed)) or '(none)'}") from None
+    return check
+
 def _ask_verdict(model, messages, allowed: set[str], who: str, usage, **params) -> Verdict:
-    "A verdict whose tools are among `allowed`: normalised names, else one re-ask naming the allowed ids, else `TriageError`."
+    """A verdict whose tools are among `allowed`: normalised names, else one re-ask naming the allowed ids, else a
+    failure. The tool check runs inside the chat call (`validate`), before the reply is cached; a model without that
+    hook (a scripted stand-in) gets the same re-ask here, and `TriageError` after it."""
     role = "single_agent" if who == "single agent" else who
     schema = verdict_schema(tuple(sorted(allowed)))
-    reply = _chat(model, messages, schema, usage, role, **params)
+    reply = _chat(model, messages, schema, usage, role, validate=_tools_check(allowed, who), **params)
     try: return check_tools(reply.parsed, allowed, who)
     except TriageError as e:
         fix = (f"Your answer named a detector that is not available here ({e}). Use only these ids, spelled exactly: "
