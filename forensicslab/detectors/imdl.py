@@ -22,7 +22,8 @@ from ..imageio import LoadedImage
 
 # %% auto #0
 __all__ = ['CKPT_ENV', 'SIDE_ENV', 'SAFE_GLOBALS', 'TRUFOR_LAYOUT', 'TRUFOR_PAGE', 'IMDLUnavailable', 'trufor_card',
-           'CheckpointError', 'read_state', 'load_strict', 'build_trufor', 'IMDLTruFor', 'register_imdl_trufor']
+           'safe_torch_load', 'CheckpointError', 'read_state', 'load_strict', 'build_trufor', 'IMDLTruFor',
+           'register_imdl_trufor']
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #5ba17703
 CKPT_ENV = "FORENSICSLAB_TRUFOR_CKPT"
@@ -49,8 +50,26 @@ def trufor_card(random_weights: bool) -> ToolCard:
         reference="Guillaro et al., TruFor, CVPR 2023; IMDL-BenCo model zoo (imdlbenco on the package index)"))
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #a622f746
-SAFE_GLOBALS = (argparse.Namespace,)
-"The only classes a checkpoint's pickle may name beyond tensors and plain containers (IMDL-BenCo stores its `args`)."
+def _numpy_globals() -> list:
+    """numpy's rebuilders of scalars and arrays (`scalar`, `_reconstruct`, `ndarray`, `dtype` and the dtype classes but
+    `object`), under numpy 2's names and the `numpy.core` names that checkpoints saved with numpy 1 carry."""
+    try: from numpy._core import multiarray as ma
+    except ImportError: from numpy.core import multiarray as ma
+    fns = [ma.scalar, ma._reconstruct]
+    out = [*fns, np.ndarray, np.dtype]
+    out += sorted({type(np.dtype(c)) for c in np.typecodes["All"]} - {type(np.dtype(object))}, key=lambda t: t.__name__)
+    out += [(f, f"numpy.{core}.multiarray.{f.__name__}") for f in fns for core in ("core", "_core")]
+    return out
+
+SAFE_GLOBALS = (argparse.Namespace, *_numpy_globals())
+"""The only globals a checkpoint's pickle may name beyond tensors and plain containers: `argparse.Namespace` (IMDL-BenCo
+stores its `args`) and numpy's scalar and array rebuilders (training scripts store metrics such as TruFor's `best_value`
+as numpy scalars); never a function or class that runs code."""
+
+def safe_torch_load(path: str | Path):
+    "`torch.load(path, weights_only=True)` on CPU with `SAFE_GLOBALS` allowed, and nothing else."
+    with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        return torch.load(path, map_location="cpu", weights_only=True)
 TRUFOR_LAYOUT = ("the authors' trufor.pth.tar ({'state_dict': ...}), an IMDL-BenCo checkpoint ({'model': ..., "
                  "'args': Namespace} with keys prefixed 'model.'), or a bare state dict (.pth or .safetensors)")
 "What `read_state` accepts, as its errors say it."
@@ -73,9 +92,7 @@ def read_state(path: str | Path, det_id: str = "trufor", layout: str = TRUFOR_LA
         if p.suffix == ".safetensors":
             from safetensors.torch import load_file
             obj = load_file(str(p))
-        else:
-            with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
-                obj = torch.load(p, map_location="cpu", weights_only=True)
+        else: obj = safe_torch_load(p)
     except Exception as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
         raise CheckpointError(f"{det_id}: {p.name} is not a safely readable checkpoint ({why}); expected {layout} "

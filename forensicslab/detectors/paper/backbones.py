@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from ..imdl import CheckpointError
+from ..imdl import CheckpointError, safe_torch_load
 from ..weights import WeightsError, golden_state, weights_dir
 
 # %% auto #0
@@ -49,7 +49,8 @@ def _is_torchscript(path: Path) -> bool:
     except (zipfile.BadZipFile, OSError): return False
 
 def read_checkpoint(path: str | Path, det_id: str, layout: str, page: str) -> dict:
-    "The object stored in a checkpoint (`weights_only=True`, safetensors, or a TorchScript archive's state dict)."
+    """The object stored in a checkpoint: `weights_only=True` with the numpy metadata and `Namespace` that training
+    scripts store (`imdl.safe_torch_load`), safetensors, or a TorchScript archive's state dict."""
     p = Path(path)
     if not p.is_file(): raise CheckpointError(f"{det_id}: no checkpoint at {p}; expected {layout} (download: {page})")
     try:
@@ -58,14 +59,14 @@ def read_checkpoint(path: str | Path, det_id: str, layout: str, page: str) -> di
             return load_file(str(p))
         if _is_torchscript(p):
             return {k: v for k, v in torch.jit.load(str(p), map_location="cpu").state_dict().items()}
-        return torch.load(p, map_location="cpu", weights_only=True)
+        return safe_torch_load(p)
     except CheckpointError: raise
     except Exception as e:
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{det_id}: {p.name} is not a readable tensor checkpoint ({msg}); expected {layout} "
                               f"(download: {page})") from None
 
-def unwrap(obj, det_id: str, layout: str, page: str, keys: Iterable[str] = ("state_dict", "model", "net")) -> dict:
+def unwrap(obj, det_id: str, layout: str, page: str, keys: Iterable[str] = ("state_dict", "model", "net", "network")) -> dict:
     "The tensor dict inside a checkpoint: `obj[k]` for the first wrapper key present, else `obj`; a `module.` prefix (DataParallel) is dropped."
     if isinstance(obj, dict):
         for k in keys:
