@@ -127,6 +127,9 @@ def serve_detector(name: str = typer.Argument(..., help="Registered detector id 
                    body_timeout: float = typer.Option(BODY_TIMEOUT_S, help="Seconds a request body may take in total, however it trickles (408 after)."),
                    readers: int = typer.Option(READERS, help="Request bodies read at once (each up to --max-request-mb in memory).")):
     "Serve a registered detector over HTTP with the forensicslab remote protocol v1 (see forensicslab.detectors.remote)."
+    if not 0 <= port <= 65535:
+        typer.echo(f"error: --port {port}: a TCP port is 0 to 65535 (0 picks a free one)", err=True)
+        raise typer.Exit(2)
     serve(name, host=host, port=port, plugins=plugin or [], max_request_bytes=int(max_request_mb * 2**20),
           concurrency=concurrency, max_pixels=int(max_mpix * 1e6), backlog=backlog, idle_timeout=idle_timeout, queue=queue,
           max_connections=max_connections, body_timeout=body_timeout, readers=readers)

@@ -285,12 +285,15 @@ def detector_versions(evidence: "Evidence") -> dict[str, str]:
     return out
 
 def failure_history(run: Run) -> dict[str, list[str]]:
-    "Every failure recorded so far per case key, oldest first (rows are appended, never rewritten)."
+    """Every failure recorded so far per case key, oldest first (rows are appended, never rewritten). A line that is not
+    a row (not JSON, not UTF-8, or JSON that is not an object with a string `key`, e.g. `[1, 2]`) is skipped, as `Run.rows`
+    skips it (the run sets it aside when it next writes)."""
     out: dict[str, list[str]] = {}
     if not run.rows_path.exists(): return out
-    for line in run.rows_path.read_text().splitlines():
-        try: r = json.loads(line)
-        except json.JSONDecodeError: continue
+    for line in run.rows_path.read_bytes().splitlines():
+        try: r = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError): continue
+        if not isinstance(r, dict) or not isinstance(r.get("key"), str): continue
         why = r.get("failure") or r.get("auditor_failure") or (r.get("error") if r.get("status") == "failed" else None)
         if why: out.setdefault(r["key"], []).append(why)
     return out
