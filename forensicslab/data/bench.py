@@ -567,8 +567,8 @@ class _Maker:
         return c, c.render()
 
     # --- ID / train: one function per detector regime -------------------------------------
-    def id_item(self, rng, group: str, label: int) -> _Made:
-        P = ID_PHOTOS
+    def id_item(self, rng, group: str, label: int, photos: tuple = ID_PHOTOS, face_photo: str = "astronaut") -> _Made:
+        P = photos   # other photographs (with a face photo of their own) give the same recipes on held-out sources
         fam = GROUPS[group] if label else None
         if group in ("spectral", "npr"):
             ca, a = self._crop(rng, P)
@@ -579,7 +579,7 @@ class _Maker:
             img = synthesize(self.models["vae_tconv"], a, b, mix, noise, seed=s)
             return _Made(img, None, "PNG", None, "vae_tconv", fam, {"mix": mix, "noise": noise, "latent_seed": s}, [asdict(ca), asdict(cb)])
         if group == "face_blend":
-            c, host = self._crop(rng, ("astronaut",), face=True)
+            c, host = self._crop(rng, (face_photo,), face=True)
             if not label: return _Made(host, None, "PNG", None, "authentic", None, {}, [asdict(c)])
             kind = ("self_blend", "swap", "warp")[int(rng.integers(3))]
             e = face_edit(host, c.face_box(), rng, kind, lfw_faces()[:60])

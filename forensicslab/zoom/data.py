@@ -12,7 +12,7 @@ import math
 import shutil
 import string
 from pathlib import Path
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -28,10 +28,11 @@ from .records import ZoomInputError, ZoomAnswer, norm_to_box, where_phrase
 from .agents import steps_from_plan
 
 # %% auto #0
-__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'HELDOUT_TEST_PHOTOS', 'DESIGNS', 'OUTLINE_RGB',
-           'photo_facts', 'artifact_photo', 'render_text', 'render_distorted', 'render_repeat', 'render_lighting',
-           'render_impossible', 'ArtifactDesign', 'artifacts_root', 'ensure_artifacts', 'load_artifacts', 'extra_train',
-           'strongest_first', 'outline_flaws', 'load_groundfake', 'load_study_data', 'smoke_task']
+__all__ = ['ARTIFACT_PHOTOS', 'KINDS', 'where', 'RENDERERS', 'SPLITS', 'HELDOUT_TEST_PHOTOS', 'DESIGNS', 'MANIPULATION_FAMILIES',
+           'OUTLINE_RGB', 'photo_facts', 'artifact_photo', 'render_text', 'render_distorted', 'render_repeat',
+           'render_lighting', 'render_impossible', 'ArtifactDesign', 'artifacts_root', 'ensure_artifacts',
+           'ManipulationDesign', 'mask_box', 'load_artifacts', 'extra_train', 'strongest_first', 'outline_flaws',
+           'load_groundfake', 'load_study_data', 'smoke_task']
 
 # %% ../../nbs/08c_zoom.data.ipynb #d54cec8d
 from ..data.photos import CATEGORIES, PHOTOS as SHIPPED_PHOTOS, photo as shipped_photo
@@ -301,7 +302,8 @@ DESIGNS: Registry = Registry("zoom benchmark design", {
                 "ood": HELDOUT_TEST_PHOTOS},
         share=(0.3, 0.6), long_side={"train": 224, "test": 224, "ood": 256}, strength=(0.35, 1.0), n=(200, 400, 100)),
 }, error=ZoomInputError)
-"Benchmark designs by name: `artifacts` (every split from all eleven photographs) and `artifacts_heldout`."
+"""Benchmark designs by name: `artifacts` (every split from all eleven photographs), `artifacts_heldout`, and
+`manipulations` (registered below: localised manipulations with masks, the offline default of the zoom tables that train)."""
 
 def artifacts_root(design: str = "artifacts") -> Path:
     DESIGNS[design]                       # an unknown design: a one-line error naming the known ones
@@ -309,6 +311,7 @@ def artifacts_root(design: str = "artifacts") -> Path:
 
 def _build_split(root: Path, split: str, n: int, seed: int, design: str = "artifacts") -> list[Sample]:
     spec, d = SPLITS[split], DESIGNS[design]
+    if isinstance(d, ManipulationDesign): return _build_manipulations(root, split, n, seed, design)
     rng = np.random.default_rng(seed + spec["seed_offset"])
     by_cat = {c: [p for p in ARTIFACT_PHOTOS if photo_facts(p)[0] == c] for c in CATEGORIES}
     long_side = d.long_side[split] if d.long_side else spec["long_side"]
@@ -368,6 +371,68 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
     man.write_text(json.dumps(dict(cfg, config_hash=h, splits=SPLITS, **({"design": asdict(d)} if design != "artifacts" else {})),
                               indent=2, default=str))
     return root
+
+# %% ../../nbs/08c_zoom.data.ipynb #zmanip02
+from ..data.bench import ID_PHOTOS, OOD_PHOTOS, _item_rng, _Maker, load_generators
+
+MANIPULATION_FAMILIES = {"gen_inpaint": ("inpaint_net",), "classic_inpaint": ("noise",), "face": ("face_blend",),
+                         "splice": ("adq", "cfa", "copymove")}
+"Family -> the benchmark regimes (`data.bench.GROUPS`) that make it, taken in turn."
+_M_TEXT = {
+    "gen_inpaint": "The area {w} was filled in by a generative model: its texture is smoother and more regular than the camera noise around it.",
+    "classic_inpaint": "Something {w} was erased and painted over from its surroundings; the patch lacks the sensor noise of the rest.",
+    "face": "The face {w} was swapped or blended in: its skin and edges do not share the noise and colour of the head around it.",
+    "splice": "A piece {w} was pasted in from another photograph: its compression or colour-filter trace breaks from the rest.",
+    "copy_move": "A region {w} repeats another part of the same photograph, copied and moved over what was there.",
+}
+_M_GLOBAL = ("The photograph is authentic overall, but one region was edited after capture.",
+             "Noise, compression and colour traces agree across the frame; no region was edited.")
+
+@dataclass(frozen=True)
+class ManipulationDesign:
+    "How the `manipulations` zoom benchmark draws its images (see above)."
+    photos: dict = field(default_factory=lambda: {"train": ID_PHOTOS, "test": tuple(p for p in OOD_PHOTOS if p != "grace_hopper"),
+                                                  "ood": tuple(p for p in OOD_PHOTOS if p != "grace_hopper")})
+    face_photo: dict = field(default_factory=lambda: {"train": "astronaut", "test": "grace_hopper", "ood": "grace_hopper"})
+    size: int = 256                      # image side in px (the benchmark's)
+    n: tuple = (240, 320, 160)           # default train, test and OOD sizes (test: 40 fakes per family)
+    strength: Optional[tuple] = None     # no strength curriculum
+
+def mask_box(mask: np.ndarray) -> list[int]:
+    "The pixel box `[x1, y1, x2, y2]` around the true pixels of a boolean mask."
+    ys, xs = np.nonzero(mask)
+    if not len(xs): raise ZoomInputError("an empty mask has no box")
+    return [int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1]
+
+def _build_manipulations(root: Path, split: str, n: int, seed: int, design: str) -> list[Sample]:
+    d = DESIGNS[design]
+    maker, fams, out = _Maker(load_generators()[0], d.size), list(MANIPULATION_FAMILIES), []
+    for sub in ("images", "masks"): (root / split / sub).mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        label, j = i % 2, i // 2
+        fam = fams[j % len(fams)]
+        group = MANIPULATION_FAMILIES[fam][(j // len(fams)) % len(MANIPULATION_FAMILIES[fam])]
+        rng = _item_rng(seed, "id", f"zoom-{split}-{group}", label, i)
+        m = maker.id_item(rng, group, label, photos=d.photos[split], face_photo=d.face_photo[split])
+        if split == "ood": m = maker._postprocess(m, rng)
+        sid = f"{design}-{split}-{i:04d}"
+        rel = f"{split}/images/{sid}.{'jpg' if m.fmt == 'JPEG' else 'png'}"
+        Image.fromarray(m.rgb).save(root / rel, **({"quality": m.quality} if m.fmt == "JPEG" else {}))
+        W, H = d.size, d.size
+        prov = dict(group=group, recipe=m.recipe, photo=m.sources[0]["photo"], params=json.loads(json.dumps(m.params, default=str)))
+        items, mask_rel = [EvidenceItem(text=_M_GLOBAL[1 - label], box=None)], None
+        if label:
+            H, W = m.mask.shape
+            box = mask_box(m.mask)
+            mask_rel = f"{split}/masks/{sid}.png"
+            Image.fromarray(m.mask.astype(np.uint8) * 255).save(root / mask_rel)
+            key = "copy_move" if m.recipe == "copy_move" else fam
+            items.append(EvidenceItem(text=_M_TEXT[key].format(w=where(box, W, H)), box=Box.from_list(box)))
+        out.append(Sample(id=sid, image=rel, label=label, family=m.family if label else None, mask=mask_rel, boxes=items,
+                          split=split, dataset=design, provenance=prov))
+    return out
+
+DESIGNS.register("manipulations", ManipulationDesign())
 
 # %% ../../nbs/08c_zoom.data.ipynb #e3a4c17c
 def load_artifacts(split: str, root: str | Path | None = None, design: str = "artifacts") -> list[Sample]:

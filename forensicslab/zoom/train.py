@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 import time
+import zlib
 from contextlib import nullcontext
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field, fields
@@ -48,7 +49,7 @@ __all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_vi
            'crop_tool_schema', 'fill_images', 'sft_dataset', 'snap_box', 'snap_trajectory', 'ToolVLMCollator',
            'CSVLogger', 'read_curves', 'plot_curves', 'world_size', 'run_sft', 'turn_texts', 'HybridReward',
            'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo', 'save_checkpoint', 'load_checkpoint',
-           'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
+           'episode_seed', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
 _LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}}
@@ -634,6 +635,11 @@ def load_checkpoint(path: str | Path, device: str = "auto", dtype: str = "auto",
     return model, proc
 
 # %% ../../nbs/08l_zoom.train.ipynb #5a4b6901
+def episode_seed(ep: Episode) -> int:
+    """The seed of a sampled turn: a hash of the episode's sample id, its turn and whether it is a re-ask, so the same
+    checkpoint gives the same answers whatever ran before it (every table, any order)."""
+    return zlib.crc32(f"{ep.sample_id}|{ep.turn}|{ep.feedback is not None}".encode())
+
 class HFZoomPolicy:
     "A `ZoomPolicy` backed by a local transformers model and its processor (greedy by default)."
     def __init__(self, model, processor, max_new_tokens: int = 256, max_zooms: int = 5, name: str = "hf",
@@ -666,8 +672,10 @@ class HFZoomPolicy:
         if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
         sample = self.do_sample or ep.feedback is not None    # a re-ask samples instead of repeating the greedy turn
         kw = dict(do_sample=True, temperature=self.temperature) if sample else dict(do_sample=False)
-        ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens,
-                                  pad_token_id=self.processor.tokenizer.pad_token_id, **kw)
+        with torch.random.fork_rng(devices=[]):   # a sampled turn draws from the episode's own seed, not the global RNG
+            torch.manual_seed(episode_seed(ep))
+            ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens,
+                                      pad_token_id=self.processor.tokenizer.pad_token_id, **kw)
         new = ids[0, batch["input_ids"].shape[1]:]
         ep.usage["input_tokens"] += int(batch["input_ids"].shape[1])
         ep.usage["output_tokens"] += int(len(new))
