@@ -115,6 +115,8 @@ def _call(self: RetryPolicy, fn: Callable[..., Any], *, total_timeout: Optional[
 RetryPolicy.call = _call
 
 # %% ../nbs/01a_net.ipynb #fcb035fc
+_REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
+
 @cache
 def _uvicorn():
     """uvicorn and `_IdleH11`, imported on first use: the one lazy import of this module (pure Python, but about
@@ -123,29 +125,95 @@ def _uvicorn():
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class _IdleH11(H11Protocol):
-        "uvicorn's h11 protocol that also closes a connection whose request headers stop arriving for the idle timeout."
+        """uvicorn's h11 protocol that also closes a connection whose request headers stop arriving for the idle
+        timeout; gives the whole request head `head_timeout` seconds, however it trickles (then a 408); and keeps at
+        most `per_client` connections per client address: a new one evicts that address's connection that has waited
+        longest with no request in progress, else it is answered 503 (None: no such limit)."""
+        head_timeout: Optional[float] = None
+        per_client: Optional[int] = None
+
         def connection_made(self, transport):
             super().connection_made(transport)
+            self._head_task, self._since = None, self.loop.time()
+            if not self._admit(): return
             self._arm()
+            self._start_head()
 
         def data_received(self, data: bytes) -> None:
+            if self._waiting() and self._head_task is None: self._start_head()   # the first byte of the next request
             super().data_received(data)
-            if self.cycle is None or self.cycle.response_complete: self._arm()  # still waiting for a request's headers
+            if self._waiting(): self._arm()      # still waiting for a request's headers
+            else: self._stop_head()              # a whole head arrived: the body has its own deadline (the app's)
+
+        def on_response_complete(self) -> None:
+            self._since = self.loop.time()
+            super().on_response_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._stop_head()
+            super().connection_lost(exc)
+
+        def _waiting(self) -> bool: return self.cycle is None or self.cycle.response_complete
 
         def _arm(self):
             self._unset_keepalive_if_required()
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+        def _start_head(self):
+            if self.head_timeout is not None and self._head_task is None and not self.transport.is_closing():
+                self._head_task = self.loop.call_later(self.head_timeout, self._head_expired)
+
+        def _stop_head(self):
+            if getattr(self, "_head_task", None) is not None: self._head_task.cancel()
+            self._head_task = None
+
+        def _head_expired(self):
+            self._head_task = None
+            if self._waiting(): self._refuse(408, f"request head not complete within {self.head_timeout:g} s")
+
+        def _refuse(self, code: int, message: str) -> None:
+            "Answer `code` with a JSON error and close; a kept-alive connection with no request started is closed silently."
+            self._stop_head()
+            self._unset_keepalive_if_required()
+            if self.transport.is_closing(): return
+            if not (self.cycle is not None and self.cycle.response_complete and not self.conn.trailing_data[0]):
+                body = json.dumps({"error": message}).encode()
+                retry = "Retry-After: 1\r\n" if code == 503 else ""
+                head = (f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                        f"Connection: close\r\n{retry}\r\n")
+                self.transport.write(head.encode() + body)
+            self.transport.close()
+
+        def _admit(self) -> bool:
+            "Whether this new connection stays: under its address's cap, or once that address's longest-waiting idle one is evicted."
+            if not self.per_client or not self.client: return True
+            mine = [c for c in self.connections if c is not self and getattr(c, "client", None)
+                    and c.client[0] == self.client[0] and not c.transport.is_closing()]
+            if len(mine) < self.per_client: return True
+            idle = [c for c in mine if isinstance(c, _IdleH11) and c._waiting()]
+            if idle:
+                min(idle, key=lambda c: c._since)._refuse(503, f"too many connections from {self.client[0]} (at most {self.per_client}); "
+                                                              "this one waited longest with no request")
+                return True
+            self._refuse(503, f"too many connections from {self.client[0]} (at most {self.per_client}), each with a request in progress; retry later")
+            return False
     return uvicorn, _IdleH11
+
 
 # %% ../nbs/01a_net.ipynb #572954b7
 class Served:
-    "An ASGI `app` served by uvicorn on a socket bound now (`port=0`: a free one): `url`, `serve_forever()`, `start()`, `close()`."
+    """An ASGI `app` served by uvicorn on a socket bound now (`port=0`: a free one): `url`, `serve_forever()`, `start()`,
+    `close()`. `head_timeout`: seconds a whole request head may take (408 after; None: only the idle timeout);
+    `max_per_client`: open connections per client address (None: no such cap)."""
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, backlog: int = 128, idle_timeout: float = 30.0,
-                 access_log: bool = False, log_level: str = "warning", shutdown_grace_s: float = 1.0):
+                 access_log: bool = False, log_level: str = "warning", shutdown_grace_s: float = 1.0,
+                 head_timeout: Optional[float] = None, max_per_client: Optional[int] = None):
         self.socket = socket.create_server((host, port), backlog=max(1, backlog))
         self.server_address = self.socket.getsockname()[:2]
         self.url = f"http://{host}:{self.server_address[1]}"
         uvicorn, protocol = _uvicorn()
+        if head_timeout is not None or max_per_client is not None:
+            protocol = type("_IdleH11", (protocol,), dict(head_timeout=head_timeout, per_client=max_per_client))
         self.server = uvicorn.Server(uvicorn.Config(
             app, http=protocol, lifespan="off", timeout_keep_alive=idle_timeout, backlog=max(1, backlog),
             access_log=access_log, log_level=log_level, timeout_graceful_shutdown=shutdown_grace_s))

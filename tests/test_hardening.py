@@ -40,3 +40,101 @@ def test_judge_reply_naming_a_foreign_tool_is_not_cached(tmp_path):
         v = LLMJudge(model()).judge(img, dets, cards, audits)
         assert url.hits > first, "the rerun was answered from the cache: the bad reply had been stored"
         assert v.arbitrated_tools == ["noise"]
+
+
+# ---------------------------------------------------------------- defect 2: slow request heads starve the detector server
+import socket
+import threading
+import time
+
+import httpx
+
+
+def _probe_server(**kw):
+    "The detector server (`make_server`) for a cheap registered test detector, served from a thread of this process."
+    from forensicslab.detectors.pool import card_from_dict, make_detection, register
+    from forensicslab.detectors.remote import make_server
+
+    @register("hardening_probe", replace=True)
+    class _Probe:
+        card = card_from_dict(dict(id="hardening_probe", name="Probe (test double)", version="1", scope=["splice"],
+                                   native_metric="mean", normalisation="identity", score_reading="mean brightness"))
+        def detect(self, image): return make_detection(self.card, float(image.rgb.mean()) / 255.0)
+    return make_server("hardening_probe", **kw).start()
+
+
+class _SlowHeads:
+    """`n` connections from this process, each sending one more header line every `every` seconds and never ending the
+    head (the slow-loris of issue 49); records, per connection, the seconds it lived and the first bytes it was sent."""
+    def __init__(self, address, n: int, every: float, source: str = "127.0.0.1"):
+        self.address, self.n, self.every, self.source = address, n, every, source
+        self.stop, self.lived, self.answers = threading.Event(), {}, {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        socks, t0 = {}, time.monotonic()
+        for i in range(self.n):
+            try:
+                s = socket.create_connection(self.address, timeout=5, source_address=(self.source, 0))
+                s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"); s.setblocking(False); socks[i] = s
+            except OSError: self.lived[i] = time.monotonic() - t0
+        line = 0
+        while socks and not self.stop.is_set():
+            line += 1
+            for i, s in list(socks.items()):
+                try:
+                    try:
+                        got = s.recv(4096)
+                        if got or got == b"":
+                            self.answers.setdefault(i, got[:40]); raise ConnectionError
+                    except BlockingIOError: pass
+                    s.send(f"X-Slow-{line}: a\r\n".encode())
+                except OSError:
+                    self.lived[i] = time.monotonic() - t0; s.close(); del socks[i]
+            self.stop.wait(self.every)
+        for s in socks.values(): s.close()
+
+    def __enter__(self): self.thread.start(); return self
+    def __exit__(self, *exc): self.stop.set(); self.thread.join(10)
+
+
+def test_slow_heads_do_not_starve_health():
+    """66 connections from one address trickling header lines (the issue's attack, one line every 0.5 s instead of
+    5 s) while /v1/health is asked ten times: every answer is 200 with the default limits. Before the fix the 66
+    connections filled uvicorn's connection limit (64) and health answered 503."""
+    srv = _probe_server()
+    try:
+        with _SlowHeads(srv.server_address, 66, 0.5) as attack:
+            time.sleep(1.5)
+            codes = []
+            for _ in range(10):
+                codes.append(httpx.get(srv.url + "/v1/health", timeout=5).status_code); time.sleep(0.2)
+            assert codes == [200] * 10, (codes, len(attack.lived))
+    finally: srv.close()
+
+
+def test_request_head_has_a_total_deadline():
+    """A head trickled a line every 0.3 s never trips the 5 s idle timeout; the 1.5 s head deadline closes it with a 408
+    (before the fix it lived until the test gave up)."""
+    srv = _probe_server(idle_timeout=5, head_timeout=1.5)
+    try:
+        with _SlowHeads(srv.server_address, 1, 0.3) as attack:
+            attack.thread.join(6)
+        assert 0 in attack.lived and 1.2 < attack.lived[0] < 3.5, attack.lived
+        assert attack.answers[0].startswith(b"HTTP/1.1 408"), attack.answers
+    finally: srv.close()
+
+
+def test_one_address_cannot_take_every_connection():
+    """With 8 connections per address, 20 idle heads from 127.0.0.2 keep at most 8 open; a client from 127.0.0.1 is
+    answered at once, and so is a 21st connection from 127.0.0.2 (it evicts that address's oldest idle head)."""
+    srv = _probe_server(max_per_client=8, idle_timeout=30, head_timeout=30)
+    try:
+        with _SlowHeads(srv.server_address, 20, 0.3, source="127.0.0.2") as attack:
+            time.sleep(1.5)
+            assert len(attack.lived) >= 12, attack.lived                     # the first 12 were evicted by the later ones
+            assert httpx.get(srv.url + "/v1/health", timeout=5).status_code == 200
+            with socket.create_connection(srv.server_address, timeout=5, source_address=("127.0.0.2", 0)) as s:
+                s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert s.recv(100).startswith(b"HTTP/1.1 200")
+    finally: srv.close()

@@ -21,8 +21,8 @@ from .pool import (DEFAULT_TIMEOUT, OPT_IN, discovery_errors, get_card, list_det
                                         write_panels)
 from .weights import add_weights, missing_message, weights_table
 from .paper.pool import PAPER_POOL, paper_sources, resolve_pool, runnable
-from .remote import (BODY_TIMEOUT_S, IDLE_TIMEOUT_S, LISTEN_BACKLOG, MAX_CONNECTIONS, QUEUE_DEPTH, READERS,
-                                          parse_remotes, register_remote, serve)
+from .remote import (BODY_TIMEOUT_S, HEAD_TIMEOUT_S, IDLE_TIMEOUT_S, LISTEN_BACKLOG, MAX_CONNECTIONS,
+                                          MAX_PER_CLIENT, QUEUE_DEPTH, READERS, parse_remotes, register_remote, serve)
 from ..imageio import MAX_PIXELS, ImageError, load_image
 
 
@@ -125,14 +125,17 @@ def serve_detector(name: str = typer.Argument(..., help="Registered detector id 
                    idle_timeout: float = typer.Option(IDLE_TIMEOUT_S, help="Seconds a silent connection is kept open."),
                    max_connections: int = typer.Option(MAX_CONNECTIONS, help="Open connections and in-flight requests at most (503 beyond)."),
                    body_timeout: float = typer.Option(BODY_TIMEOUT_S, help="Seconds a request body may take in total, however it trickles (408 after)."),
-                   readers: int = typer.Option(READERS, help="Request bodies read at once (each up to --max-request-mb in memory).")):
+                   readers: int = typer.Option(READERS, help="Request bodies read at once (each up to --max-request-mb in memory)."),
+                   head_timeout: float = typer.Option(HEAD_TIMEOUT_S, help="Seconds a request head may take in total, however it trickles (408 after)."),
+                   max_per_client: int = typer.Option(MAX_PER_CLIENT, help="Open connections per client address (a new one evicts its longest-idle one, else 503).")):
     "Serve a registered detector over HTTP with the forensicslab remote protocol v1 (see forensicslab.detectors.remote)."
     if not 0 <= port <= 65535:
         typer.echo(f"error: --port {port}: a TCP port is 0 to 65535 (0 picks a free one)", err=True)
         raise typer.Exit(2)
     serve(name, host=host, port=port, plugins=plugin or [], max_request_bytes=int(max_request_mb * 2**20),
           concurrency=concurrency, max_pixels=int(max_mpix * 1e6), backlog=backlog, idle_timeout=idle_timeout, queue=queue,
-          max_connections=max_connections, body_timeout=body_timeout, readers=readers)
+          max_connections=max_connections, body_timeout=body_timeout, readers=readers, head_timeout=head_timeout,
+          max_per_client=max_per_client)
 
 # %% ../../nbs/04w_detectors.cli.ipynb #e23c0804
 weights_app = typer.Typer(help="The paper detectors' downloaded weights: list what is installed, add a file.", no_args_is_help=True)

@@ -43,10 +43,10 @@ from ..net import (BodyTooLarge, DeadlineExceeded, RetriesExhausted, Retryable, 
 
 # %% auto #0
 __all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'LISTEN_BACKLOG', 'IDLE_TIMEOUT_S', 'QUEUE_DEPTH',
-           'MAX_CONNECTIONS', 'BODY_TIMEOUT_S', 'READERS', 'RETRIES', 'REMOTE_ENV', 'RemoteError', 'DetectRequest',
-           'DetectResponse', 'Health', 'encode_map', 'decode_map', 'image_bytes', 'load_plugin', 'declared_length',
-           'read_body', 'decode_image', 'parse_request', 'make_server', 'serve', 'RemoteDetector', 'register_remote',
-           'parse_remotes']
+           'MAX_CONNECTIONS', 'BODY_TIMEOUT_S', 'HEAD_TIMEOUT_S', 'MAX_PER_CLIENT', 'READERS', 'RETRIES', 'REMOTE_ENV',
+           'RemoteError', 'DetectRequest', 'DetectResponse', 'Health', 'encode_map', 'decode_map', 'image_bytes',
+           'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request', 'make_server', 'serve',
+           'RemoteDetector', 'register_remote', 'parse_remotes']
 
 # %% ../../nbs/04b_detectors.remote.ipynb #4e7e629c
 PROTOCOL = "1"
@@ -65,6 +65,10 @@ MAX_CONNECTIONS = 64
 "Default cap on open connections and in-flight requests (uvicorn's `limit_concurrency`): beyond it a request is answered 503 at once."
 BODY_TIMEOUT_S = 20.0
 "Default total seconds a request body may take to arrive, however it trickles (a slow upload cannot hold a slot longer)."
+HEAD_TIMEOUT_S = 10.0
+"Default total seconds a request head (request line and headers) may take to arrive, however it trickles (408 after)."
+MAX_PER_CLIENT = 32
+"Default open connections per client address (half of `MAX_CONNECTIONS`): a new one evicts that address's longest-waiting idle connection, else gets 503."
 READERS = 16
 "Default request bodies read at once (each at most `max_request_bytes` in memory); more wait up to `idle_timeout` for a turn."
 RETRIES = 3
@@ -294,7 +298,8 @@ def _get_health(request: Request) -> JSONResponse:
 def make_server(name: str, host: str = "127.0.0.1", port: int = 0, max_request_bytes: int = MAX_REQUEST_BYTES,
                 concurrency: int = 1, verbose: bool = False, max_pixels: int = MAX_PIXELS,
                 backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH,
-                max_connections: int = MAX_CONNECTIONS, body_timeout: float = BODY_TIMEOUT_S, readers: int = READERS) -> Served:
+                max_connections: int = MAX_CONNECTIONS, body_timeout: float = BODY_TIMEOUT_S, readers: int = READERS,
+                head_timeout: float = HEAD_TIMEOUT_S, max_per_client: int = MAX_PER_CLIENT) -> Served:
     """A server (bound, not yet serving) for the registered detector `name`: `.url`, `.start()`, `.serve_forever()`,
     `.close()`. Its card carries the detector's working size (`max_side`, when the detector declares one)."""
     det = get_detector(name)
@@ -313,14 +318,15 @@ def make_server(name: str, host: str = "127.0.0.1", port: int = 0, max_request_b
     app.state.readers = asyncio.Semaphore(app.state.n_readers)
     app.state.load = dict(reading=0, admitted=0, detecting=0)
     srv = Served(app, host, port, backlog=backlog, idle_timeout=idle_timeout, access_log=verbose,
-                 log_level="info" if verbose else "warning")
+                 log_level="info" if verbose else "warning", head_timeout=head_timeout, max_per_client=max(1, max_per_client))
     srv.server.config.limit_concurrency = max(1, max_connections)   # uvicorn answers 503 beyond it, before the app
     return srv
 
 def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[str] = (),
           max_request_bytes: int = MAX_REQUEST_BYTES, concurrency: int = 1, max_pixels: int = MAX_PIXELS,
           backlog: int = LISTEN_BACKLOG, idle_timeout: float = IDLE_TIMEOUT_S, queue: int = QUEUE_DEPTH,
-          max_connections: int = MAX_CONNECTIONS, body_timeout: float = BODY_TIMEOUT_S, readers: int = READERS) -> None:
+          max_connections: int = MAX_CONNECTIONS, body_timeout: float = BODY_TIMEOUT_S, readers: int = READERS,
+          head_timeout: float = HEAD_TIMEOUT_S, max_per_client: int = MAX_PER_CLIENT) -> None:
     "Serve detector `name` in the foreground until interrupted; prints `serving <id> on <url>` once ready."
     for p in plugins: load_plugin(p)
     if name not in list_detectors():
@@ -330,7 +336,7 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
         Image.MAX_IMAGE_PIXELS = max_pixels   # once, at start-up: Pillow's own guard must not refuse what --max-mpix allows
     srv = make_server(name, host, port, max_request_bytes, concurrency, verbose=True, max_pixels=max_pixels,
                       backlog=backlog, idle_timeout=idle_timeout, queue=queue, max_connections=max_connections,
-                      body_timeout=body_timeout, readers=readers)
+                      body_timeout=body_timeout, readers=readers, head_timeout=head_timeout, max_per_client=max_per_client)
     print(f"serving {name} on {srv.url} (protocol v{PROTOCOL})", flush=True)
     srv.serve_forever()   # uvicorn stops cleanly on SIGINT or SIGTERM
 
