@@ -158,3 +158,46 @@ def test_training_script_checkpoint_through_weights_add_and_detect(det_id, tmp_p
         got = d["score"] if k == "score" else d["raw"][k]
         assert abs(got - v) < TOL, (k, got, v)
     P._INSTANCES.pop(det_id, None)
+
+
+def test_swapped_weights_give_new_scores_through_the_caches(tmp_path, monkeypatch):
+    """Issue 48, item 2: the detection cache keys on the installed weights (sha256). Swap clipsid's head, by
+    `weights add` and by hand, and run the same image again through `detect --cache-dir` and analyze's cached path: new
+    scores, equal to an uncached run (before, both returned the old score from the cache)."""
+    from forensicslab.triage.cli import analyze_image
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "w"))
+    monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", str(tmp_path / "cache"))
+    paper_sources()
+    monkeypatch.setitem(SOURCES, "clipsid", dataclasses.replace(
+        SOURCES["clipsid"], check=lambda p: bb.unwrap(bb.read_checkpoint(p, "clipsid", "l", "p"), "clipsid", "l", "p")))
+    fx, files, _, _ = _clip_files("clipsid_small", {"weights.pth": "model"})(tmp_path)
+    run, app = CliRunner(), _app()
+    for f in files: assert run.invoke(app, ["weights", "add", "clipsid", str(f), "--unverified"]).exit_code == 0
+    png = tmp_path / "in.png"
+    png.write_bytes(base64.b64decode(fx["input_png"]))
+
+    def detect(*extra):
+        r = run.invoke(app, ["detect", str(png), "-d", "clipsid", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["clipsid"]["score"]
+
+    def analyzed():
+        return analyze_image(png, detectors=["clipsid"], cache=True)[1]["clipsid"].score
+
+    cdir = str(tmp_path / "detcache")
+    s1 = detect("--cache-dir", cdir)
+    assert abs(s1 - fx["expected"]["score"]) < TOL and analyzed() == s1
+    head = tmp_path / "swap" / "weights.pth"
+    head.parent.mkdir()
+    obj = safe_torch_load(files[1])
+    obj["model"]["fc.bias"] = obj["model"]["fc.bias"] - 2.0
+    torch.save(obj, head)
+    assert run.invoke(app, ["weights", "add", "clipsid", str(head), "--unverified"]).exit_code == 0   # in this process
+    s2 = detect("--cache-dir", cdir)
+    assert abs(s2 - s1) > 1e-3 and s2 == detect("--cache", "off") and analyzed() == s2
+    obj["model"]["fc.bias"] = obj["model"]["fc.bias"] + 4.0
+    torch.save(obj, tmp_path / "w" / "clipsid" / "weights.pth")       # replaced by hand, then a new process
+    P.forget_instance("clipsid")
+    s3 = detect("--cache-dir", cdir)
+    assert abs(s3 - s2) > 1e-3 and abs(s3 - s1) > 1e-3 and s3 == detect("--cache", "off") and analyzed() == s3
+    P.forget_instance("clipsid")

@@ -150,6 +150,13 @@ def _working_size(h: int, w: int, side: Optional[int]) -> tuple[int, int]:
     s = side / max(h, w)
     return max(1, round(h * s)), max(1, round(w * s))
 
+def _file_sha256(path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
+    return "sha256:" + h.hexdigest()
+
 class IMDLTruFor:
     "TruFor from IMDL-BenCo as a pool detector (random weights unless a checkpoint is given)."
     def __init__(self, checkpoint: Optional[str] = None, side: Optional[int] = None):
@@ -158,6 +165,7 @@ class IMDLTruFor:
         self.side = int(side) if side else None
         self.card = trufor_card(self.checkpoint is None)
         self.net = build_trufor(self.checkpoint)
+        self.weights_id = _file_sha256(self.checkpoint) if self.checkpoint else "random-init-0"   # the detection cache keys on it
 
     def detect(self, image: LoadedImage):
         "Integrity score and anomaly map of one image."

@@ -39,10 +39,10 @@ from ..imageio import ImageSource, LoadedImage, fit_within, load_image
 __all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'OPT_IN', 'OPT_IN_PACKAGES', 'DEFAULT_MAX_SIDE',
            'DEFAULT_TIMEOUT', 'CardError', 'DetectorNotFound', 'available_cards', 'card_from_dict', 'load_card',
            'card_max_side', 'identity', 'logistic', 'two_sided', 'linear', 'parse_normalisation', 'normalise',
-           'check_heatmap', 'make_detection', 'register', 'unregister', 'discover', 'discovery_errors',
-           'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key', 'DetectionCache', 'cache_version',
-           'default_cache_dir', 'limit_threads', 'run_pool', 'jet', 'blend', 'heatmap_panel', 'composite_panels',
-           'write_panels']
+           'check_heatmap', 'make_detection', 'register', 'unregister', 'forget_instance', 'discover',
+           'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
+           'DetectionCache', 'weights_identity', 'cache_version', 'default_cache_dir', 'limit_threads', 'run_pool',
+           'jet', 'blend', 'heatmap_panel', 'composite_panels', 'write_panels']
 
 # %% ../../nbs/04_detectors.pool.ipynb #0a6ba169
 CARDS_DIR = Path(forensicslab.__file__).parent / "detectors" / "builtin"
@@ -230,6 +230,11 @@ def unregister(id: str) -> None:
         _INSTANCES.pop(id, None)
         OPT_IN.discard(id)
 
+def forget_instance(id: str) -> None:
+    """Drop the shared instance of detector `id` (its registration stays): the next `get_detector` builds it afresh, so
+    a detector whose weights were just replaced (`forensicslab weights add`) loads the new file."""
+    with _LOCK: _INSTANCES.pop(id, None)
+
 def discover(force: bool = False) -> None:
     "Import every module of `forensicslab/detectors/builtin/` and load the `forensicslab.detectors` entry points."
     global _discovered
@@ -356,15 +361,26 @@ class DetectionCache:
 
 _FINGERPRINTS: dict[int, tuple[Any, str]] = {}  # id(detector) -> (detector, version); holding it keeps the id unique
 
+def weights_identity(det) -> str:
+    """What a detector computes with, for cache keys: its `weights_id` attribute when it loaded downloaded weights (the
+    paper adapters set `sha256:...` over the files they read, or `random-init-<seed>`), else `builtin` (its code and
+    the weight files shipped beside the built-ins, `detectors/weights/<id>.*`, are what `cache_version` hashes)."""
+    return str(getattr(det, "weights_id", None) or "builtin")
+
 def cache_version(det) -> str:
-    "Card version plus a fingerprint of the detector's code and weights, so edited detectors never hit stale entries."
+    """Card version plus a fingerprint of the detector's code (its module's source) and of its weights
+    (`weights_identity`), so an edited detector or a swapped weight file never hits stale entries. A built-in's
+    fingerprint is that of its code and shipped weight files, unchanged from before weights identities existed."""
     k = id(det)
     if k not in _FINGERPRINTS:
         import inspect
         h = hashlib.sha256(str(getattr(det, "cache_salt", "")).encode())
         try: h.update(Path(inspect.getsourcefile(type(det))).read_bytes())
         except (TypeError, OSError): pass
-        for w in sorted((CARDS_DIR.parent / "weights").glob(f"{det.card.id}.*")): h.update(w.read_bytes())
+        wid = weights_identity(det)
+        if wid != "builtin": h.update(f"weights:{wid}".encode())
+        else:
+            for w in sorted((CARDS_DIR.parent / "weights").glob(f"{det.card.id}.*")): h.update(w.read_bytes())
         _FINGERPRINTS[k] = (det, f"{det.card.version}-{h.hexdigest()[:10]}")
     return _FINGERPRINTS[k][1]
 

@@ -23,11 +23,12 @@ import torch
 from ..core import ForensicsLabError, Registry
 from ..runs import cache_dir
 from .imdl import CheckpointError
+from .pool import forget_instance
 
 # %% auto #0
 __all__ = ['WEIGHTS_ENV', 'RECORD', 'SOURCES', 'WeightsError', 'FileSpec', 'WeightsSource', 'register_source', 'get_source',
-           'weights_dir', 'file_digests', 'add_weights', 'installed', 'weights_record', 'missing_message',
-           'weights_table', 'golden_tensor', 'golden_state']
+           'weights_dir', 'file_digests', 'add_weights', 'installed', 'file_identity', 'files_identity',
+           'weights_record', 'missing_message', 'weights_table', 'golden_tensor', 'golden_state']
 
 # %% ../../nbs/04n_detectors.weights.ipynb #dc96113a
 WEIGHTS_ENV = "FORENSICSLAB_WEIGHTS_DIR"
@@ -129,13 +130,16 @@ def add_weights(det_id: str, file: str | Path, unverified: bool = False) -> dict
         if src.check is not None: src.check(tmp)
     except CheckpointError as e:
         tmp.unlink(missing_ok=True)
-        raise WeightsError(f"{e} (expected layout: {src.layout})") from None
+        raise WeightsError(f"{str(e).replace(tmp.name, path.name)} (expected layout: {src.layout})") from None
     tmp.replace(target)
+    st = target.stat()
     rec = dict(id=det_id, file=fs.name, source=path.name, sha256=file_digests(target, ("sha256",))["sha256"],
-               verified=verified, why=why, added=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+               verified=verified, why=why, added=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               size=st.st_size, mtime_ns=st.st_mtime_ns)
     recs = {r["file"]: r for r in _records(det_id)}
     recs[fs.name] = rec
     (folder / RECORD).write_text(json.dumps(list(recs.values()), indent=1) + "\n")
+    forget_instance(det_id)   # a detector already built in this process loaded the old file
     return rec
 
 def _records(det_id: str) -> list[dict]:
@@ -149,6 +153,28 @@ def installed(det_id: str) -> Optional[dict[str, Path]]:
     src, folder = get_source(det_id), weights_dir(det_id)
     paths = {fs.name: folder / fs.name for fs in src.files}
     return paths if all(p.is_file() for p in paths.values()) else None
+
+_DIGESTS: dict[tuple, str] = {}
+
+def file_identity(path: str | Path) -> str:
+    """The sha256 of a weight file, computed once per file version (path, size, modification time) in this process;
+    the record `add_weights` wrote beside it is trusted when it names this very version (no re-hashing of 1 GB files)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        try: recs = json.loads((p.parent / RECORD).read_text()) if (p.parent / RECORD).is_file() else []
+        except (OSError, ValueError): recs = []
+        rec = next((r for r in recs if isinstance(r, dict) and r.get("file") == p.name and r.get("size") == st.st_size
+                    and r.get("mtime_ns") == st.st_mtime_ns and r.get("sha256")), None)
+        _DIGESTS[key] = rec["sha256"] if rec else file_digests(p, ("sha256",))["sha256"]
+    return _DIGESTS[key]
+
+def files_identity(paths) -> str:
+    "The weights identity of a detector that loaded `paths`: `sha256:` over the sorted (file name, sha256) pairs (the detection cache keys on it)."
+    h = hashlib.sha256()
+    for p in sorted(map(Path, paths), key=lambda p: p.name): h.update(f"{p.name}:{file_identity(p)}\n".encode())
+    return "sha256:" + h.hexdigest()
 
 def weights_record(det_id: str) -> dict:
     "`verified` (all installed files match a published checksum) and the per-file records (hand-placed files: unverified)."

@@ -19,6 +19,7 @@ from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, center_crop, check_fit,
                                                     random_state, read_checkpoint, resize_short, shared_backbone, shapes,
                                                     strict_load, to_normalised, unwrap, weights_file)
+from ..weights import files_identity
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
@@ -82,6 +83,8 @@ class ClipSID:
             head_sd = head_state(read_checkpoint(head or weights_file("clipsid", WEIGHTS["head"]["file"], PAGE),
                                                  "clipsid", WEIGHTS["head"]["layout"], PAGE))
         self.random_init = random_init
+        self.weights_id = (f"random-init-{random_init}" if random_init is not None else files_identity(
+            [backbone or weights_file("clipsid", WEIGHTS["backbone"]["file"], PAGE), head or weights_file("clipsid", WEIGHTS["head"]["file"], PAGE)]))
         self.vit = shared_backbone(vit_sd, ViTSpec.from_state(vit_sd, act="gelu"), "clipsid", WEIGHTS["backbone"]["layout"], PAGE)
         self.fc = strict_load(torch.nn.Linear(self.vit.spec.width, 1), head_sd, "clipsid", WEIGHTS["head"]["layout"], PAGE).eval()
 

@@ -22,6 +22,7 @@ from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, check_fit, random_state,
                                                     read_checkpoint, shared_backbone, shapes, strict_load, to_normalised,
                                                     unwrap, weights_file)
+from ..weights import files_identity
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
@@ -105,6 +106,8 @@ class D3:
             head_sd = unwrap(read_checkpoint(head or weights_file("d3", WEIGHTS["head"]["file"], PAGE),
                                              "d3", WEIGHTS["head"]["layout"], PAGE), "d3", WEIGHTS["head"]["layout"], PAGE)
         self.random_init, self.shuffle_seed = random_init, int(shuffle_seed)
+        self.weights_id = (f"random-init-{random_init}" if random_init is not None else files_identity(
+            [backbone or weights_file("d3", WEIGHTS["backbone"]["file"], PAGE), head or weights_file("d3", WEIGHTS["head"]["file"], PAGE)]))
         self.vit = shared_backbone(vit_sd, ViTSpec.from_state(vit_sd, act="quick_gelu"), "d3", WEIGHTS["backbone"]["layout"], PAGE)
         self.head = strict_load(D3Head(self.vit.spec.width), head_sd, "d3", WEIGHTS["head"]["layout"], PAGE).eval()
 

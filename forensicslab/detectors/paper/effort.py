@@ -20,6 +20,7 @@ from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ViTSpec, check_fit, hf_vision_to_clip,
                                                     random_state, read_checkpoint, shared_backbone, strict_load,
                                                     to_normalised, unwrap, weights_file)
+from ..weights import files_identity
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
@@ -118,6 +119,8 @@ class Effort:
                         "effort", layout, PAGE)
         vit_sd, head_sd, spec = fold(sd)
         self.random_init = random_init
+        self.weights_id = (f"random-init-{random_init}" if random_init is not None else
+                           files_identity([checkpoint or weights_file("effort", WEIGHTS["model"]["file"], PAGE)]))
         self.vit = shared_backbone(vit_sd, spec, "effort", WEIGHTS["model"]["layout"], PAGE)
         self.head = strict_load(nn.Linear(spec.width, 2), head_sd, "effort", WEIGHTS["model"]["layout"], PAGE).eval()
 

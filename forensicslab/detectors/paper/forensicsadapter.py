@@ -23,6 +23,7 @@ from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, check_fit, random_state,
                                                     read_checkpoint, shared_backbone, strict_load, to_normalised, unwrap,
                                                     weights_file)
+from ..weights import files_identity
 from ..pool import load_card, make_detection, register
 from ...imageio import LoadedImage, load_image
 
@@ -312,6 +313,8 @@ class ForensicsAdapter:
                                         "forensicsadapter", _LAYOUT, PAGE), "forensicsadapter", _LAYOUT, PAGE)
         vis, rest, spec = split(sd)
         self.random_init, self.fusion_seed, self.spec = random_init, int(fusion_seed), spec
+        self.weights_id = (f"random-init-{random_init}" if random_init is not None else
+                           files_identity([checkpoint or weights_file("forensicsadapter", WEIGHTS["model"]["file"], PAGE)]))
         self.vit = shared_backbone(vis, spec.clip, "forensicsadapter", _LAYOUT, PAGE)
         self.net = strict_load(FANet(spec), {k: v.float() if v.is_floating_point() else v for k, v in rest.items()},
                                "forensicsadapter", _LAYOUT, PAGE).eval()

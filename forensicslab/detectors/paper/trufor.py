@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ...core import Detection
 from ..imdl import TRUFOR_LAYOUT, load_strict, read_state
 from ..pool import list_detectors, load_card, make_detection, register
-from ..weights import (FileSpec, WeightsError, WeightsSource, installed, missing_message,
+from ..weights import (FileSpec, WeightsError, WeightsSource, files_identity, installed, missing_message,
                                             register_source, weights_record)
 from ...imageio import LoadedImage
 
@@ -290,6 +290,7 @@ class TruFor:
             checkpoint, verified = files["trufor.pth.tar"], weights_record("trufor")["verified"]
         else: verified = False
         self.net, self.layout = load_trufor(checkpoint, arch)
+        self.weights_id = files_identity([checkpoint])
         self.protocol = protocol or ("imdlbenco" if self.layout == "imdlbenco" else "official")
         self.max_side, self.verified = max_side, verified
         if not verified:
