@@ -157,28 +157,36 @@ def _load_mask(s: Sample, shape) -> np.ndarray:
     if not s.mask: return np.zeros(shape[:2], np.float32)
     return (np.asarray(load_image(s.mask).rgb[..., 0]) > 127).astype(np.float32)
 
-def _fit_classifier(model: nn.Module, data: list, weights: np.ndarray, rng, steps: int, batch: int, lr: float,
-                    draw: Callable, name: str, log, log_every: int) -> nn.Module:
-    """The image classifiers' training loop: `batch` weighted draws of `data` items per step, each turned into a
-    patch and its label by `draw(rng, item) -> (patch, y)`, then a random flip; BCE, AdamW, one-cycle schedule.
-    Random numbers are drawn in the order the trainers always drew them (choice, the draw's own, flip)."""
+def _optimise(model: nn.Module, batch_loss: Callable[[], torch.Tensor], steps: int, lr: float, name: str, log,
+              log_every: int) -> nn.Module:
+    """The one optimiser loop of every trainer here: AdamW (weight decay 1e-4) under a one-cycle schedule peaking at `lr`,
+    `steps` steps, each on the loss `batch_loss()` computes from a fresh batch; a log line every `log_every` steps."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
     model.train()
     for step in range(steps):
-        xs, ys = [], []
-        for i in rng.choice(len(data), batch, p=weights):
-            p, y = draw(rng, data[i])
-            if rng.random() < 0.5: p = p[:, ::-1]
-            xs.append(to_tensor(p))
-            ys.append(y)
-        loss = F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
+        loss = batch_loss()
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         if log and (step + 1) % log_every == 0: log(f"{name} step {step+1}/{steps} loss {loss.item():.4f}")
     return model.eval()
+
+def _fit_classifier(model: nn.Module, data: list, weights: np.ndarray, rng, steps: int, batch: int, lr: float,
+                    draw: Callable, name: str, log, log_every: int) -> nn.Module:
+    """The image classifiers' training: `batch` weighted draws of `data` items per step, each turned into a patch and
+    its label by `draw(rng, item) -> (patch, y)`, then a random flip; BCE, `_optimise`'s loop. Random numbers are drawn
+    in the order the trainers always drew them (choice, the draw's own, flip)."""
+    def batch_loss():
+        xs, ys = [], []
+        for i in rng.choice(len(data), batch, p=weights):
+            p, y = draw(rng, data[i])
+            if rng.random() < 0.5: p = p[:, ::-1]
+            xs.append(to_tensor(p))
+            ys.append(y)
+        return F.binary_cross_entropy_with_logits(model(torch.stack(xs)), torch.tensor(ys))
+    return _optimise(model, batch_loss, steps, lr, name, log, log_every)
 
 def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop: int = 64, lr: float = 2e-3,
               seed: int = 0, log_every: int = 100, log=print) -> NPRNet:
@@ -200,12 +208,9 @@ def train_npr(samples: Sequence[Sample], steps: int = 600, batch: int = 32, crop
 # %% ../../nbs/04i_detectors.learned.ipynb #9a8221a4
 def _fit_segmenter(model: nn.Module, data: list, weights: np.ndarray, rng, steps: int, batch: int, crop: int, lr: float,
                    centre_p: float, name: str, log, log_every: int) -> nn.Module:
-    """The segmenters' training loop: `batch` weighted draws of `(image, mask, centre)` per step, a crop centred on the
-    manipulated region with probability `centre_p`, random flips; BCE (positive weight 4) + Dice, AdamW, one-cycle schedule."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
-    model.train()
-    for step in range(steps):
+    """The segmenters' training: `batch` weighted draws of `(image, mask, centre)` per step, a crop centred on the
+    manipulated region with probability `centre_p`, random flips; BCE (positive weight 4) + Dice, `_optimise`'s loop."""
+    def batch_loss():
         xs, ms = [], []
         for i in rng.choice(len(data), batch, p=weights):
             a, m, c = data[i]
@@ -218,13 +223,8 @@ def _fit_segmenter(model: nn.Module, data: list, weights: np.ndarray, rng, steps
         logits = model(x)
         prob = torch.sigmoid(logits)
         dice = 1 - (2 * (prob * m).sum() + 1) / (prob.sum() + m.sum() + 1)
-        loss = F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if log and (step + 1) % log_every == 0: log(f"{name} step {step+1}/{steps} loss {loss.item():.4f}")
-    return model.eval()
+        return F.binary_cross_entropy_with_logits(logits, m, pos_weight=torch.tensor(4.0)) + dice
+    return _optimise(model, batch_loss, steps, lr, name, log, log_every)
 
 def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 16, crop: int = 96, lr: float = 2e-3,
                       seed: int = 0, log_every: int = 100, log=print) -> FillSegNet:
