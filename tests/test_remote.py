@@ -420,7 +420,7 @@ def test_imdl_trufor_through_the_protocol(tmp_path):
         pytest.skip(f"no IMDL-BenCo environment at {IMDL_PYTHON} (see nbs/04m_detectors.imdl.ipynb; FORENSICSLAB_IMDL_PYTHON)")
     env = dict(os.environ, FORENSICSLAB_IMDL_SIDE="256")
     env.pop(R.REMOTE_ENV, None)
-    p = subprocess.Popen([str(IMDL_PYTHON), "-m", "forensicslab.detectors.cli", "trufor", "--plugin",
+    p = subprocess.Popen([str(IMDL_PYTHON), "-m", "forensicslab.detectors.cli", "trufor-imdlbenco", "--plugin",
                           "forensicslab.detectors.imdl", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env, cwd=str(tmp_path))
     try:

@@ -21,7 +21,7 @@ from .pool import card_from_dict, make_detection, register
 from ..imageio import LoadedImage
 
 # %% auto #0
-__all__ = ['CKPT_ENV', 'SIDE_ENV', 'SAFE_GLOBALS', 'TRUFOR_LAYOUT', 'TRUFOR_PAGE', 'IMDLUnavailable', 'trufor_card',
+__all__ = ['CKPT_ENV', 'SIDE_ENV', 'SAFE_GLOBALS', 'TRUFOR_LAYOUT', 'TRUFOR_PAGE', 'IMDL_NAME', 'IMDLUnavailable', 'trufor_card',
            'safe_torch_load', 'CheckpointError', 'read_state', 'load_strict', 'build_trufor', 'IMDLTruFor',
            'register_imdl_trufor']
 
@@ -184,11 +184,18 @@ class IMDLTruFor:
                    torch=torch.__version__, imdlbenco=getattr(IMDLBenCo, "__version__", "?"))
         return make_detection(self.card, score, raw=raw, heatmap=np.clip(amap, 0, 1))
 
-def register_imdl_trufor(name: str = "trufor", **kw) -> None:
-    "Register `IMDLTruFor` under `name` (done on import when IMDL-BenCo is importable)."
-    def factory(): return IMDLTruFor(**kw)
+IMDL_NAME = "trufor-imdlbenco"
+"The name IMDL-BenCo's TruFor registers under: its own, never the paper adapter's `trufor` (one name, one detector)."
+
+def register_imdl_trufor(name: str = IMDL_NAME, **kw) -> None:
+    """Register `IMDLTruFor` under `name` (done on import when IMDL-BenCo is importable), opt-in: it joins a run only
+    by name. A name another detector holds is an error (`trufor` is the lab's adapter of the authors' TruFor)."""
+    def factory():
+        det = IMDLTruFor(**kw)
+        det.card = det.card.model_copy(update=dict(id=name))
+        return det
     factory.__qualname__ = "IMDLTruFor"
-    register(name, replace=True)(factory)
+    register(name, opt_in=True)(factory)
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #f860d977
 def _available() -> bool:

@@ -39,8 +39,8 @@ from ..imageio import ImageSource, LoadedImage, fit_within, load_image
 __all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'OPT_IN', 'OPT_IN_PACKAGES', 'DEFAULT_MAX_SIDE',
            'DEFAULT_TIMEOUT', 'CardError', 'DetectorNotFound', 'available_cards', 'card_from_dict', 'load_card',
            'card_max_side', 'identity', 'logistic', 'two_sided', 'linear', 'parse_normalisation', 'normalise',
-           'check_heatmap', 'make_detection', 'register', 'unregister', 'forget_instance', 'discover',
-           'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
+           'check_heatmap', 'make_detection', 'register', 'unregister', 'lab_detector_names', 'forget_instance',
+           'discover', 'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
            'DetectionCache', 'weights_identity', 'cache_version', 'default_cache_dir', 'limit_threads', 'run_pool',
            'jet', 'blend', 'heatmap_panel', 'composite_panels', 'write_panels']
 
@@ -230,6 +230,14 @@ def unregister(id: str) -> None:
         _INSTANCES.pop(id, None)
         OPT_IN.discard(id)
 
+def lab_detector_names() -> dict[str, str]:
+    """The names the lab's own detectors hold, `{id: which}`: every card shipped in `detectors/builtin/` (a built-in)
+    and in `detectors/paper/` (the paper's pool, whose adapters register only when imported). No entry-point plug-in
+    may take one of them."""
+    out = {i: f"built-in detector (detectors/builtin/{i}.yaml)" for i in available_cards(CARDS_DIR)}
+    out.update({i: f"paper adapter (detectors/paper/{i}.yaml)" for i in available_cards(CARDS_DIR.parent / "paper")})
+    return out
+
 def forget_instance(id: str) -> None:
     """Drop the shared instance of detector `id` (its registration stays): the next `get_detector` builds it afresh, so
     a detector whose weights were just replaced (`forensicslab weights add`) loads the new file."""
@@ -248,6 +256,13 @@ def discover(force: bool = False) -> None:
                 _ERRORS[name] = f"{type(e).__name__}: {e}"
                 warnings.warn(f"built-in detector module {name} failed to import: {type(e).__name__}: {e}")
         for ep in entry_points(group=ENTRY_POINT_GROUP):
+            owner = lab_detector_names().get(ep.name)
+            if owner is not None:   # one name, one detector: a plug-in never replaces the lab's own
+                msg = (f"detector plug-in {ep.name!r} ({ep.value}) skipped: {ep.name!r} is the lab's {owner}, which stays; "
+                       "the plug-in must register under another name")
+                _ERRORS[f"entry point {ep.name}"] = msg
+                warnings.warn(msg)
+                continue
             if ep.name in _FACTORIES: continue
             try: register(ep.name)(ep.load())
             except Exception as e:
