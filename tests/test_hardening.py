@@ -2,6 +2,7 @@
 heatmap's size check before decoding, the retrieval cache keyed on the index, and the remote card's threshold."""
 import json
 
+import numpy as np
 import pytest
 from skimage import data as skdata
 
@@ -138,3 +139,80 @@ def test_one_address_cannot_take_every_connection():
                 s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 assert s.recv(100).startswith(b"HTTP/1.1 200")
     finally: srv.close()
+
+
+# ---------------------------------------------------------------- defects 3 and 9: what a remote detector answers
+import base64
+import struct
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def lying_png(width: int, height: int) -> bytes:
+    "A PNG of a few dozen bytes whose header declares `width` x `height` 16-bit grey pixels (a decompression bomb's header)."
+    def chunk(kind, data): return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+class _Remote(BaseHTTPRequestHandler):
+    "A detector server whose card and answer the test sets (`server.card`, `server.answer`)."
+    def log_message(self, *a): pass
+    def _send(self, obj):
+        b = json.dumps(obj).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        if self.path == "/v1/health": self._send(dict(status="ok", protocol="1", detector="odd", version="1"))
+        else: self._send(self.server.card)
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(self.server.answer)
+
+
+CARD = dict(id="odd", name="Odd", version="1", scope=["splice"], native_metric="p", normalisation="identity",
+            score_reading="x", map_reading="y")
+
+
+class _Served:
+    def __init__(self, card=CARD, answer=None):
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), _Remote); self.srv.card, self.srv.answer = card, answer
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+    def __enter__(self):
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start(); return self
+    def __exit__(self, *exc): self.srv.shutdown(); self.srv.server_close()
+
+
+@pytest.mark.parametrize("side", [12000, 30000])
+def test_remote_heatmap_size_checked_before_decoding(monkeypatch, side):
+    """A 100-byte map whose PNG header declares 12000x12000 or 30000x30000 pixels (288 MB / 1.8 GB as 16-bit grey) is
+    refused from its header, by name, and never decoded. Before the fix the client decoded it first (Pillow's `load`
+    ran for 12000; for 30000 Pillow's own bomb check escaped as a raw DecompressionBombError)."""
+    from PIL import ImageFile
+    from forensicslab.detectors.remote import RemoteDetector, RemoteError
+    loads = []
+    real = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loads.append(self.size) or real(self))
+    bomb = lying_png(side, side)
+    assert len(bomb) < 200
+    answer = dict(protocol="1", detector="odd", version="1", score=0.7, fired=True, map=base64.b64encode(bomb).decode())
+    with _Served(answer=answer) as s:
+        rd = RemoteDetector(s.url)
+        with pytest.raises(RemoteError, match=f"map is {side}x{side}, the image is 30x20"):
+            rd.detect(np.zeros((20, 30, 3), np.uint8))
+    assert loads == [], f"the map was decoded before its size was checked: {loads}"
+
+
+@pytest.mark.parametrize("where", ["card", "answer"])
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf"), float("inf"), 1.5, -0.1])
+def test_remote_threshold_must_be_finite_in_unit_interval(where, bad):
+    """A remote card or answer whose threshold is NaN, infinite or outside [0, 1] is refused with one line naming it.
+    Before the fix a NaN or -inf threshold was accepted, and then every score counted as fired (or none)."""
+    from forensicslab.detectors.remote import RemoteDetector, RemoteError
+    card = {**CARD, "threshold": bad} if where == "card" else CARD
+    answer = dict(protocol="1", detector="odd", version="1", score=0.7, fired=True)
+    if where == "answer": answer.update(threshold=bad, fired=bool(0.7 > bad))   # consistent with the bad threshold
+    # json.dumps writes NaN / Infinity / -Infinity, as a careless server would
+    with _Served(card=card, answer=answer) as s:
+        with pytest.raises(RemoteError, match=r"threshold .*not a number in \[0, 1\]") as e:
+            RemoteDetector(s.url).detect(np.zeros((20, 30, 3), np.uint8))
+    assert "\n" not in str(e.value)

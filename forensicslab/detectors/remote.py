@@ -14,7 +14,9 @@ import importlib
 import importlib.util
 import io
 import json
+import math
 import os
+import struct
 import sys
 import time
 import warnings
@@ -44,9 +46,9 @@ from ..net import (BodyTooLarge, DeadlineExceeded, RetriesExhausted, Retryable, 
 # %% auto #0
 __all__ = ['PROTOCOL', 'MAX_REQUEST_BYTES', 'MAX_RESPONSE_BYTES', 'LISTEN_BACKLOG', 'IDLE_TIMEOUT_S', 'QUEUE_DEPTH',
            'MAX_CONNECTIONS', 'BODY_TIMEOUT_S', 'HEAD_TIMEOUT_S', 'MAX_PER_CLIENT', 'READERS', 'RETRIES', 'REMOTE_ENV',
-           'RemoteError', 'DetectRequest', 'DetectResponse', 'Health', 'encode_map', 'decode_map', 'image_bytes',
-           'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request', 'make_server', 'serve',
-           'RemoteDetector', 'register_remote', 'parse_remotes']
+           'RemoteError', 'DetectRequest', 'DetectResponse', 'Health', 'encode_map', 'map_size', 'decode_map',
+           'image_bytes', 'load_plugin', 'declared_length', 'read_body', 'decode_image', 'parse_request', 'make_server',
+           'serve', 'RemoteDetector', 'register_remote', 'parse_remotes']
 
 # %% ../../nbs/04b_detectors.remote.ipynb #4e7e629c
 PROTOCOL = "1"
@@ -118,12 +120,29 @@ def encode_map(heatmap: np.ndarray) -> str:
     Image.fromarray(h).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
-def decode_map(data: str) -> np.ndarray:
-    "Inverse of `encode_map`: float32 HxW in [0, 1]."
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+def map_size(png: bytes) -> tuple[int, int]:
+    "(width, height) a PNG's header declares, read from its IHDR chunk without decoding anything (`ValueError` if not a PNG)."
+    if len(png) < 24 or png[:8] != _PNG or png[12:16] != b"IHDR": raise ValueError("map is not a base64 PNG (no PNG header)")
+    return struct.unpack(">II", png[16:24])
+
+def decode_map(data: str, shape: tuple[int, int] | None = None, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """Inverse of `encode_map`: float32 HxW in [0, 1]. The size the PNG header declares is checked before any pixel
+    is decoded: it must be `shape` (H, W) when given, and at most `max_pixels` pixels (a tiny file can declare a
+    huge map)."""
+    try: png = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e: raise ValueError(f"map is not a base64 PNG ({e})") from None
+    w, h = map_size(png)
+    if shape is not None and (h, w) != tuple(shape): raise ValueError(f"map is {w}x{h}, the image is {shape[1]}x{shape[0]}")
+    if w * h > max_pixels: raise ValueError(f"map is {w}x{h} = {w * h:,} pixels, over the cap of {max_pixels:,}")
     try:
-        im = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
-        a = np.asarray(im)
-    except (binascii.Error, OSError, ValueError) as e: raise ValueError(f"map is not a base64 PNG ({e})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)   # the size is checked above
+            im = Image.open(io.BytesIO(png))
+            if im.size != (w, h): raise ValueError(f"map header says {w}x{h}, the decoder {im.size[0]}x{im.size[1]}")
+            a = np.asarray(im)
+    except (OSError, Image.DecompressionBombError) as e: raise ValueError(f"map is not a base64 PNG ({e})") from None
     if a.ndim != 2: raise ValueError(f"map must be a single-channel PNG, got shape {a.shape}")
     return (a.astype(np.float32) / (65535.0 if a.dtype == np.uint16 or a.max(initial=0) > 255 else 255.0)).clip(0, 1)
 
@@ -365,6 +384,7 @@ class RemoteDetector:
                 card: ToolCard = card_from_dict(raw, f"{self.url}/v1/card")
                 max_side = card_max_side(raw, f"{self.url}/v1/card")
             except ValueError as e: raise RemoteError(str(e)) from None
+            _check_threshold(card.threshold, f"{self.url}/v1/card")
             if max_side is not _UNSET: self.max_side = max_side   # the pool honours a declared working size (None: full resolution)
         except BaseException:
             self.close()
@@ -423,6 +443,11 @@ def _health(self) -> Health:
     "The server's health record."
     return self._call("GET", "/v1/health", Health)
 
+def _check_threshold(t: float, where: str) -> None:
+    "A remote threshold must be a finite number in [0, 1] (it applies after normalisation): else one line naming it."
+    if not (math.isfinite(t) and 0.0 <= t <= 1.0):
+        raise RemoteError(f"{where}: threshold {t!r} is not a number in [0, 1] (thresholds apply to the normalised score)")
+
 def _detect(self, image: ImageSource) -> Detection:
     "Send the image to the server and return its detection (map at the image's resolution)."
     img = load_image(image)
@@ -433,14 +458,13 @@ def _detect(self, image: ImageSource) -> Detection:
     r: DetectResponse = self._call("POST", "/v1/detect", DetectResponse, body)
     if r.detector != self.served_id:
         raise RemoteError(f"{self.url}: answered as detector {r.detector!r}, its card says {self.served_id!r}")
+    _check_threshold(r.threshold, f"{self.url}/v1/detect")
     if r.fired != (r.score > r.threshold):
         raise RemoteError(f"{self.url}: fired={r.fired} contradicts score {r.score} and threshold {r.threshold}")
     hm = None
     if r.map is not None:
-        try: hm = decode_map(r.map)
+        try: hm = decode_map(r.map, (img.height, img.width))   # the declared size is checked before decoding
         except ValueError as e: raise RemoteError(f"{self.url}: {e}") from None
-        if hm.shape != (img.height, img.width):
-            raise RemoteError(f"{self.url}: map is {hm.shape[1]}x{hm.shape[0]}, the image is {img.width}x{img.height}")
     return Detection(detector=self.card.id, version=r.version, status="ok", raw=r.raw, score=r.score, fired=r.fired,
                      threshold=r.threshold, heatmap=hm, runtime_s=r.runtime_s)
 
