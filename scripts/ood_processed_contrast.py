@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     fire, sample_ids = [], []
     for coll, ss in colls.items():
         for s in ss:
-            for det, d in ev(s.image)[1].items():
+            for det, d in ev(s.image).detections.items():
                 fire.append(dict(split=coll, processing=split(s), detector=det, fired=bool(d.fired)))
                 sample_ids.append(s.id)
     rows = []

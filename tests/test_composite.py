@@ -163,7 +163,8 @@ def _t4_case(sid, label, fams, dets):
 
 def _t4_rows():
     "Rows of every offline configuration and its composite-aware twin on a composite, a single-edit and an authentic case."
-    from forensicslab.triage.study import build_config, case_row, composite_configs, offline_configs
+    from forensicslab.triage.configs import build_config, composite_configs, offline_configs
+    from forensicslab.triage.study import case_row
     img = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     both = {"cfa": Detection.from_score("cfa", 0.9, heatmap=_map((0, 20, 0, 20))),   # no face in the image: the rule auditor
             "noise": Detection.from_score("noise", 0.8, heatmap=_map((40, 60, 40, 60)))}   # would drop face_blend
@@ -198,7 +199,7 @@ def test_table4_twins_score_set_arbitration_with_the_single_edit_and_authentic_c
 
 
 def test_table4_twins_leave_the_other_configurations_run_keys_alone():
-    from forensicslab.triage.study import TriageConfig, composite_configs, offline_configs, preset
+    from forensicslab.triage.configs import TriageConfig, composite_configs, offline_configs, preset
     from forensicslab.triage.records import TriageConfigError
     rules = preset("rules")
     assert "composite" not in rules.model_dump() and "composite" not in rules.model_dump_json()   # manifests (and run tags) as before
@@ -212,7 +213,7 @@ def test_table4_twins_leave_the_other_configurations_run_keys_alone():
 def test_a_twin_of_a_given_runner_extends_that_runner_s_verdict():
     "A configuration run by a runner built elsewhere (a trust store's rows): its twin runs the same runner, verdict extended."
     from forensicslab.triage.records import CaseResult
-    from forensicslab.triage.study import TriageConfig, build_config, composite_configs
+    from forensicslab.triage.configs import Runner, TriageConfig, build_config, composite_configs
     dets = {"cfa": Detection.from_score("cfa", 0.9, heatmap=_map((0, 20, 0, 20))),
             "noise": Detection.from_score("noise", 0.8, heatmap=_map((40, 60, 40, 60)))}
     calls = []
@@ -224,4 +225,5 @@ def test_a_twin_of_a_given_runner_extends_that_runner_s_verdict():
     twin = composite_configs([cfg])[0]
     res = build_config(twin, runners={"store-lr": (given, "fp")})(None, dets, CARDS)
     assert calls == [1] and res.config == "store-lr+composite" and res.verdict.arbitrated_tools == ["cfa", "noise"]
-    assert build_config(cfg, runners={"store-lr": (given, "fp")}) is given
+    plain = build_config(cfg, runners={"store-lr": (given, "fp")})   # the given runner, as the one runner type
+    assert isinstance(plain, Runner) and plain(None, dets, CARDS).verdict.arbitrated_tools == ["cfa"] and calls == [1, 1]

@@ -12,7 +12,7 @@ from skimage import data as skdata
 from forensicslab.core import Detection
 from forensicslab.detectors import pool as D
 from forensicslab.imageio import load_image
-from forensicslab.triage.all import (Evidence, GridResults, RuleParams, credibility, make_card, measure_facts, portable_spec,
+from forensicslab.triage.all import (Evidence, GridResults, RuleParams, Stage0, credibility, make_card, measure_facts, portable_spec,
                                      preset, provenance_summary, run_grid, run_totals, study_pool)
 from forensicslab.runs import shown_path
 
@@ -27,7 +27,7 @@ class _Constructed(Evidence):
         hm = np.zeros((img.height, img.width), np.float32)
         for x in (10, 80, 150): hm[20:50, x:x + 30] = 0.9
         dets = {"noise": Detection.from_score("noise", 0.62, heatmap=hm)}
-        return img, dets, {"noise": NOISE}, measure_facts(img, dets, {"noise": NOISE})
+        return Stage0.of(img, dets, {"noise": NOISE}, measure_facts(img, dets, {"noise": NOISE}))
 
 
 def _files(tmp_path, software="Adobe Photoshop 25.0 (Windows)"):

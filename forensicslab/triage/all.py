@@ -8,13 +8,14 @@ Docs: https://forensicslab.github.io/forensicslab/triage.all.html.md"""
 __all__ = []
 
 # %% ../../nbs/06h_triage.all.ipynb #9a12b1ea
-from . import agents, data, judge, records, rules, study, trust
+from . import agents, configs, data, judge, records, rules, study, trust
 from .records import *
 from .rules import *
 from .agents import *
 from .judge import *
 from .data import *
+from .configs import *
 from .study import *
 from .trust import *
 
-__all__ = [n for m in (records, rules, agents, judge, data, study, trust) for n in m.__all__]   # so `import *` gives the face too
+__all__ = [n for m in (records, rules, agents, judge, data, configs, study, trust) for n in m.__all__]   # so `import *` gives the face too

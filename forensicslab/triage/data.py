@@ -15,6 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 import importlib
@@ -22,10 +23,10 @@ import importlib
 from ..core import Detection, Sample, ToolCard
 from ..data.datasets import load_dataset, stratified_draw
 from ..detectors import pool as D
-from ..imageio import LoadedImage, load_image
+from ..imageio import load_image
 from ..provenance.duplicates import file_sha256
 from ..provenance.evidence import gather
-from .records import CaseFacts, ProvenanceFacts
+from .records import CaseFacts, ProvenanceFacts, Stage0
 from .rules import FACTS_VERSION, measure_facts, provenance_facts
 
 # %% auto #0
@@ -62,11 +63,8 @@ def study_pool(pool: str | None = "default", detectors: list[str] | None = None)
     return ids
 
 # %% ../../nbs/06d_triage.data.ipynb #d358ca83
-PROVENANCE_VERSION = 1
-"Version of the cached provenance facts (bump when `provenance_facts` or the providers change what they read)."
-
 class Evidence:
-    "Stage 0 for a study: cached detections, cards and measured facts per image (and provenance on demand), shared by every configuration."
+    "Stage 0 for a study: one `Stage0` record per image (cached detections, cards, measured facts), shared by every configuration."
     def __init__(self, cache_dir: str | Path | None = None, detectors: list[str] | None = None, timeout: float = 120.0,
                  memory: int = 64):
         self.D, self.detectors, self.timeout = D, detectors, timeout
@@ -75,21 +73,6 @@ class Evidence:
         self._memory = memory
         self._lock = threading.Lock()
         self._cards: dict[str, ToolCard] = {}
-
-    def provenance(self, image_path: str | Path) -> ProvenanceFacts:
-        """The provenance facts of one image file (`forensicslab.provenance.evidence.gather` without exiftool, so that
-        they do not depend on what is installed beside Python; the pool's `adq` detection reused), cached by the
-        file's SHA-256 beside its detections; a reading with an unavailable or failed provider is not cached."""
-        img, dets, _, _ = self(image_path)
-        key = f"provenance-v{PROVENANCE_VERSION}/{file_sha256(img.path)}"
-        try: pf = ProvenanceFacts.model_validate_json(self.cache.store.get(key) or "")
-        except ValueError: pf = None
-        if pf is None:
-            adq = dets.get("adq")
-            ev = gather(img, adq=adq if adq is not None and adq.status == "ok" else None, exiftool=False)
-            pf = provenance_facts(ev)
-            if all(e.status not in ("unavailable", "error") for e in ev.values()): self.cache.store.set(key, pf.model_dump_json())
-        return pf
 
     def cards(self, names) -> dict[str, ToolCard]:
         for n in names:
@@ -105,8 +88,8 @@ class Evidence:
             if d.heatmap is not None: h.update(np.ascontiguousarray(d.heatmap, np.float32).tobytes())
         return f"{key}/triage_facts-{h.hexdigest()[:12]}"
 
-    def __call__(self, image_path: str | Path) -> tuple[LoadedImage, dict[str, Detection], dict[str, ToolCard], CaseFacts]:
-        "Image, detections, cards and facts of one image (computed once, then read from the caches)."
+    def __call__(self, image_path: str | Path) -> Stage0:
+        "The `Stage0` record of one image (computed once, then read from the caches)."
         p = str(image_path)
         with self._lock:
             if p in self._mem:
@@ -122,11 +105,31 @@ class Evidence:
         if facts is None:
             facts = measure_facts(img, dets, cards)
             self.cache.store.set(fk, facts.model_dump_json())
-        out = (img, dets, cards, facts)
+        out = Stage0(img, dets, cards, facts, key)
         with self._lock:
             self._mem[p] = out
             while len(self._mem) > self._memory: self._mem.popitem(last=False)
         return out
+
+# %% ../../nbs/06d_triage.data.ipynb #e0d587eb
+PROVENANCE_VERSION = 1
+"Version of the cached provenance facts (bump when `provenance_facts` or the providers change what they read)."
+
+@patch
+def provenance(self: Evidence, image_path: str | Path) -> ProvenanceFacts:
+    """The provenance facts of one image file (`forensicslab.provenance.evidence.gather` without exiftool, so that
+    they do not depend on what is installed beside Python; the pool's `adq` detection reused), cached by the
+    file's SHA-256 beside its detections; a reading with an unavailable or failed provider is not cached."""
+    s0 = self(image_path)
+    key = f"provenance-v{PROVENANCE_VERSION}/{file_sha256(s0.image.path)}"
+    try: pf = ProvenanceFacts.model_validate_json(self.cache.store.get(key) or "")
+    except ValueError: pf = None
+    if pf is None:
+        adq = s0.detections.get("adq")
+        ev = gather(s0.image, adq=adq if adq is not None and adq.status == "ok" else None, exiftool=False)
+        pf = provenance_facts(ev)
+        if all(e.status not in ("unavailable", "error") for e in ev.values()): self.cache.store.set(key, pf.model_dump_json())
+    return pf
 
 # %% ../../nbs/06d_triage.data.ipynb #da6bdf05
 def stage0(samples: list[Sample], evidence: Evidence, workers: int = 2, progress: bool = True) -> float:

@@ -29,7 +29,8 @@ from ..core import ChatFailure, Detection, Sample, ToolCard
 from ..data.datasets import family_masks, sample_families
 from ..imageio import LoadedImage, load_image
 from ..metrics import mask_scores, set_jaccard
-from .records import AuditVerdict, CaseFacts, CaseResult, TriageConfigError, TriageError, Usage, Verdict, failed_audit
+from .records import (AuditVerdict, CaseFacts, CaseResult, Stage0, TriageConfigError, TriageError, Usage, Verdict,
+                                         failed_audit)
 from .rules import measure_facts
 
 # %% auto #0
@@ -68,8 +69,10 @@ class TriagePipeline:
     def needs_facts(self) -> bool:
         return any(getattr(a, "kind", "") == "rules" for a in (self.auditor, self.judge, self.single) if a is not None)
 
-    def __call__(self, image, detections: dict[str, Detection], cards: dict[str, ToolCard],
+    def __call__(self, image, detections: dict[str, Detection] | None = None, cards: dict[str, ToolCard] | None = None,
                  facts: CaseFacts | None = None) -> CaseResult:
+        "One case: a `Stage0` record, or its image, detections and cards (facts measured here when a rule role needs them)."
+        if isinstance(image, Stage0): image, detections, cards, facts = image.image, image.detections, image.cards, image.facts
         t0 = time.perf_counter()
         usage = Usage()
         audits: dict[str, AuditVerdict] = {}

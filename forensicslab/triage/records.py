@@ -7,19 +7,23 @@ Docs: https://forensicslab.github.io/forensicslab/triage.records.html.md"""
 # %% ../../nbs/06_triage.records.ipynb #ada901de
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from ..core import ChatFailure, Detection, ForensicsLabError, ToolCard
+from ..detectors.pool import image_key
+from ..imageio import LoadedImage, load_image
 
 # %% auto #0
 __all__ = ['AuditVerdict', 'Verdict', 'failed_audit', 'Usage', 'TriageError', 'TriageConfigError', 'check_tools',
            'verdict_schema', 'FaceFacts', 'MapFacts', 'ContentFacts', 'ProvenanceFacts', 'CaseFacts', 'CaseResult',
-           'make_card']
+           'make_card', 'Stage0']
 
 # %% ../../nbs/06_triage.records.ipynb #e5bc5678
 class AuditVerdict(BaseModel):
@@ -217,3 +221,29 @@ def make_card(id: str, scope: list[str], has_map: bool = False, name: str | None
     return ToolCard(id=id, name=name or id, scope=scope, native_metric="score", normalisation="identity",
                     score_reading="higher = more likely manipulated", map_reading="red = suspicious" if has_map else None,
                     description=f"detects {', '.join(scope)}")
+
+# %% ../../nbs/06_triage.records.ipynb #3112ee38
+@dataclass(frozen=True)
+class Stage0:
+    """Stage 0's result for one image, as every configuration receives it: the image and its identity (`key`, the
+    evidence key of `detectors.pool.image_key`), the pool's detections, their cards and the measured facts (or `None`)."""
+    image: Optional[LoadedImage]
+    detections: dict[str, Detection]
+    cards: dict[str, ToolCard]
+    facts: Optional[CaseFacts] = None
+    key: Optional[str] = None
+
+    @classmethod
+    def of(cls, image, detections: dict[str, Detection], cards: dict[str, ToolCard], facts: CaseFacts | None = None) -> "Stage0":
+        "The record of an image given as a path, pixels or a `LoadedImage` (loaded here), with its key."
+        img = None if image is None else load_image(image)
+        return cls(img, detections, cards, facts, None if img is None else image_key(img))
+
+    def with_facts(self, **update) -> "Stage0":
+        "A copy whose facts carry `update` (e.g. `content=...`, `provenance=...`); the record itself is left as it is."
+        if self.facts is None: raise TriageConfigError("this Stage 0 record has no measured facts to add to")
+        return dataclasses.replace(self, facts=self.facts.model_copy(update=update))
+
+    def __iter__(self):
+        "Unpacks as the tuple Stage 0 returned before it was a record: `image, detections, cards, facts = stage0`."
+        return iter((self.image, self.detections, self.cards, self.facts))

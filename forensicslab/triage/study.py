@@ -1,4 +1,4 @@
-"""The paper's six configurations and the offline presets as named, parameterised configurations; resumable runs over the benchmark collections; recall, specificity, accuracy and in-scope arbitration accuracy with bootstrap intervals, McNemar tests and per-family breakdowns.
+"""Resumable runs of the triage configurations (`triage.configs`) over the benchmark collections; recall, specificity, accuracy and in-scope arbitration accuracy with bootstrap intervals, McNemar tests and per-family breakdowns; Table 4, Figure 2 and the event-level triage table.
 
 Docs: https://forensicslab.github.io/forensicslab/triage.study.html.md"""
 
@@ -16,240 +16,26 @@ from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, model_serializer
 
-from ..chat.models import ModelControls, get_model
 from ..chat.prompts import prompt_hash
 from ..core import Sample, ToolCard
 from ..data.datasets import describe_dataset, parse_dataset_spec, sample_families
-from ..imageio import load_image
-from ..provenance.evidence import gather
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, set_arbitration, share_ci
 from ..runs import Case, Run, config_hash, shown_path
-from .agents import LLMAuditor, LLMJudge, LLMSingleAgent
+from .configs import COMPOSITE_SUFFIX, TriageConfig, build_config, short_name
 from .data import PROVENANCE_VERSION, Evidence, stage0
-from .judge import (AUTHENTIC, CompositeJudge, LearnedJudge, TriagePipeline, algorithmic_fusion,
-                                       arbitrated_families, composite_extend, ds_fusion)
+from .judge import AUTHENTIC, LearnedJudge, TriagePipeline, arbitrated_families
 from .records import CaseResult, TriageConfigError, TriageError
-from .rules import (FACTS_VERSION, ContentOracleAuditor, RuleAuditor, RuleJudge, RuleParams, RuleSingleAgent,
-                                      content_facts, measure_facts, provenance_facts)
+from .rules import FACTS_VERSION, RuleAuditor, RuleJudge, RuleParams, content_facts
 
 # %% auto #0
-__all__ = ['OFFLINE_ROLES', 'DEFAULT_BACKBONE', 'COMPOSITE_SUFFIX', 'METRICS', 'COMPOSITE_PARTS', 'PAPER_MODELS', 'EVENT_CLASSES',
-           'FATES', 'RULE_GRID', 'LEVER_GRID', 'TriageConfig', 'paper_configs', 'offline_configs', 'provenance_configs',
-           'composite_configs', 'presets', 'preset', 'build_config', 'case_row', 'detector_versions', 'failure_history',
-           'open_run', 'triage_metrics', 'family_breakdown', 'decisive_breakdown', 'mcnemar_pairs', 'composite_table',
-           'composite_finding', 'paper_row', 'paper_table4', 'table4', 'provenance_summary', 'provenance_finding',
-           'fire_events', 'triage_table', 'change_decomposition', 'event_finding', 'pool_summary', 'pool_finding',
-           'table4_rows', 'pool_changes', 'pool_changes_finding', 'figure2', 'GridResults', 'run_grid', 'run_totals',
-           'calibrate_rules', 'judge_axis_configs', 'fit_learned_judge', 'table4_rule_params', 'check_trust_store',
-           'study_configs', 'open_bench', 'rows_written', 'dataset_note', 'portable_spec']
-
-# %% ../../nbs/06e_triage.study.ipynb #a9b76d42
-OFFLINE_ROLES = ("rules", "oracle", "learned")
-"Role backends that need no model: rule-based, the content oracle (auditor) and the learned judge."
-
-class TriageConfig(BaseModel):
-    "One configuration of the triage study: what runs at each stage, on which backend."
-    model_config = ConfigDict(frozen=True)
-    name: str
-    label: str
-    kind: Literal["algorithmic", "ds", "pipeline", "single"]
-    auditor: Optional[str] = None
-    judge: Optional[str] = None
-    guided: bool = True
-    paper_row: Optional[str] = None
-    rule_params: Optional[dict] = None   # this configuration's own rule parameters (else the run's)
-    provenance: bool = False             # the roles also read the file's provenance evidence (`forensicslab.provenance`)
-    composite: Optional[dict] = None     # a composite-aware twin (`composite_configs`): its base's name and the composite rule's parameters
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        "Dumped without `composite` when unset, so every other configuration's manifest, and so its run folder, stays as it was."
-        d = handler(self)
-        if d.get("composite") is None: d.pop("composite", None)
-        return d
-
-    @property
-    def offline(self) -> bool:
-        "True when no role needs a model (rule-based, content-oracle or learned roles)."
-        return all(b in (None, *OFFLINE_ROLES) for b in (self.auditor, self.judge))
-
-    @property
-    def backends(self) -> dict[str, str]:
-        return {k: v for k, v in (("auditor", self.auditor), ("judge", self.judge)) if v}
-
-# %% ../../nbs/06e_triage.study.ipynb #a5fe4d92
-DEFAULT_BACKBONE = "openai-compatible:http://127.0.0.1:8000/v1#gemma-4-26b"
-"The paper's main backbone, Gemma-4-26B-A4B, as served by a local OpenAI-compatible server."
-
-def paper_configs(backbone: str = DEFAULT_BACKBONE, other: str = "openai:gpt-4o", judge_only: str = "openai:gpt-5",
-                  backbone_name: str | None = None, other_name: str | None = None, judge_name: str | None = None) -> list[TriageConfig]:
-    "The paper's six configurations (Table 3) with the backend of every role as a parameter."
-    nb, no, nj = (backbone_name or _short(backbone)), (other_name or _short(other)), (judge_name or _short(judge_only))
-    return [
-        TriageConfig(name="fusion", label="Algorithmic fusion", kind="algorithmic", paper_row="Algorithmic fusion"),
-        TriageConfig(name="single", label=f"Single-agent ({nb})", kind="single", judge=backbone,
-                     paper_row="Single-agent (Gemma-4-26B)"),
-        TriageConfig(name="unguided", label=f"Unguided judge ({nb})", kind="pipeline", auditor=backbone, judge=backbone,
-                     guided=False, paper_row="Unguided judge (Gemma-4-26B)"),
-        TriageConfig(name="complete", label=f"Complete framework ({nb})", kind="pipeline", auditor=backbone, judge=backbone,
-                     paper_row="Complete framework (Gemma-4-26B)"),
-        TriageConfig(name="complete-other", label=f"Complete framework ({no})", kind="pipeline", auditor=other, judge=other,
-                     paper_row="Complete framework (GPT-4o)"),
-        TriageConfig(name="complete-judge", label=f"Complete framework ({nj} judge)", kind="pipeline", auditor=backbone,
-                     judge=judge_only, paper_row="Complete framework (GPT-5 judge)"),
-    ]
-
-def _short(spec: str) -> str:
-    "A display name for a model spec: the part after '#', else after the last ':' or '/'."
-    if "#" in spec: return spec.split("#", 1)[1]
-    return spec.rstrip("/").split(":")[-1].split("/")[-1] or spec
-
-# %% ../../nbs/06e_triage.study.ipynb #31e6d36e
-def offline_configs() -> list[TriageConfig]:
-    "The offline presets: algorithmic fusion, Dempster-Shafer fusion, rule-based pipeline unguided and guided."
-    return [
-        TriageConfig(name="fusion", label="Algorithmic fusion", kind="algorithmic", paper_row="Algorithmic fusion"),
-        TriageConfig(name="ds", label="Dempster-Shafer fusion", kind="ds"),
-        TriageConfig(name="rules-unguided", label="Rule-based triage, unguided judge", kind="pipeline",
-                     auditor="rules", judge="rules", guided=False),
-        TriageConfig(name="rules", label="Rule-based triage + guided judge", kind="pipeline", auditor="rules", judge="rules"),
-    ]
-
-def provenance_configs(configs: list[TriageConfig]) -> list[TriageConfig]:
-    """The provenance twin of each pipeline or single-agent configuration of `configs` (`<name>-provenance`): the same
-    roles, which also read the file's provenance evidence (the LLM roles in their prompts, the guided rule judge as
-    corroboration; see `forensicslab.triage.rules.provenance_facts`)."""
-    return [c.model_copy(update=dict(name=f"{c.name}-provenance", label=f"{c.label} + provenance evidence", provenance=True,
-                                     paper_row=None))
-            for c in configs if c.kind in ("pipeline", "single") and not c.provenance]
-
-COMPOSITE_SUFFIX = "+composite"
-"The name suffix of a composite-aware twin (`rules+composite`)."
-
-def composite_configs(configs: list[TriageConfig], max_overlap: float = 0.1, max_hot: float = 0.5) -> list[TriageConfig]:
-    """The composite-aware twin of each configuration of `configs` (`<name>+composite`): the same roles on the same
-    detections, its one-family verdict extended by `judge.composite_extend` (a pipeline's judge wrapped in `CompositeJudge`;
-    a fusion's, a single agent's or a given runner's verdict extended after it), so both judge rules can be compared."""
-    CompositeJudge(None, max_overlap, max_hot)   # refuses parameters out of range, in one line
-    return [c.model_copy(update=dict(name=f"{c.name}{COMPOSITE_SUFFIX}", label=f"{c.label}, composite-aware", paper_row=None,
-                                     composite=dict(base=c.name, max_overlap=max_overlap, max_hot=max_hot)))
-            for c in configs if c.composite is None]
-
-def presets(backbone: str = DEFAULT_BACKBONE, other: str = "openai:gpt-4o", judge_only: str = "openai:gpt-5") -> dict[str, TriageConfig]:
-    "Every named preset: the offline ones and the paper's six (shared name `fusion`)."
-    out = {c.name: c for c in offline_configs()}
-    out.update({c.name: c for c in paper_configs(backbone, other, judge_only)})
-    out["rules-single"] = TriageConfig(name="rules-single", label="Rule-based single agent", kind="single", judge="rules")
-    out.update({c.name: c for c in provenance_configs([out["rules"], out["complete"]])})
-    return out
-
-def preset(name: str, auditor: str | None = None, judge: str | None = None) -> TriageConfig:
-    "A preset by name, optionally with the auditor and/or judge backend replaced (e.g. a model spec on a rule-based role)."
-    p = presets()
-    if name not in p: raise TriageConfigError(f"unknown configuration {name!r}; presets: {', '.join(p)}")
-    c = p[name]
-    if c.kind in ("algorithmic", "ds"):
-        if auditor or judge: raise TriageConfigError(f"configuration {name!r} is a fusion: it has no auditor or judge to put a backend on")
-        return c
-    upd: dict[str, Any] = {}
-    if auditor:
-        if c.kind == "single": raise TriageConfigError(f"configuration {name!r} has no auditors (single agent); use --judge-backend")
-        upd["auditor"] = auditor
-    if judge: upd["judge"] = judge
-    if upd:
-        c = c.model_copy(update=upd)
-        c = c.model_copy(update={"label": f"{c.label} [{', '.join(f'{k}={_short(v)}' for k, v in c.backends.items())}]"})
-    return c
-
-# %% ../../nbs/06e_triage.study.ipynb #245fbf1d
-def _fusion_result(cfg: TriageConfig, fn) -> Callable:
-    def run(image, detections, cards, facts=None) -> CaseResult:
-        t0 = time.perf_counter()
-        out = fn(detections, cards)
-        verdict, info = out if isinstance(out, tuple) else (out, {})
-        return CaseResult(config=cfg.name, verdict=verdict, facts=facts, seconds=time.perf_counter() - t0,
-                          details={"fusion": _jsonable(info)})
-    return run
-
-def _jsonable(x):
-    if isinstance(x, dict): return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)): return round(float(x), 6)
-    return x
-
-def _base_name(cfg: TriageConfig) -> str: return cfg.composite["base"] if cfg.composite else cfg.name
-
-def _composite_judge(cfg: TriageConfig, base=None) -> CompositeJudge:
-    return CompositeJudge(base, cfg.composite.get("max_overlap", 0.1), cfg.composite.get("max_hot", 0.5))
-
-def _composite_result(cfg: TriageConfig, runner: Callable[..., CaseResult]) -> Callable[..., CaseResult]:
-    "`runner` as is, or for a composite-aware twin a runner whose verdict `composite_extend` extends (with the case's audits, if any)."
-    if not cfg.composite: return runner
-    cj = _composite_judge(cfg)
-    def run(image, detections, cards, facts=None) -> CaseResult:
-        res = runner(image, detections, cards, facts)
-        v = res.verdict if res.verdict is None else \
-            composite_extend(res.verdict, detections, cards, res.audits or None, cj.max_overlap, cj.max_hot, cj.hot)
-        return res.model_copy(update={"config": cfg.name, "verdict": v})
-    return run
-
-def build_config(cfg: TriageConfig, rule_params: RuleParams | None = None, reliability: dict | float = 0.8,
-                 model_cache: str = "off", cache_path: str | Path | None = None, models: dict | None = None,
-                 workers: int = 8, controls: Any = None, learned: LearnedJudge | None = None,
-                 auditor_rules: Callable[..., str] | None = None, runners: dict[str, tuple[Callable, str]] | None = None,
-                 **model_kw) -> Callable[..., CaseResult]:
-    """A runner for `cfg`: `runner(image, detections, cards, facts=None) -> CaseResult`. `learned` is the fitted
-    judge of a configuration whose judge is `"learned"`; `auditor="oracle"` is the content-oracle auditor;
-    `auditor_rules` fills an LLM auditor's extra-rules slot (`LLMAuditor(extra_rules=...)`, e.g. `trust.auditor_rules(store)`). With `controls` (a
-    `forensicslab.chat.models.ModelControls` or anything `ModelControls.of` reads) every model is built from
-    those run controls (backend per role, max_tokens, timeout, attempts, structured mode, budget, trace, cache).
-    `runners` maps a configuration name to a runner built elsewhere and a key naming what it holds, `(runner, key)`
-    (e.g. `(trust.trust_runner(store, "trust-lr"), store.fingerprint())`): that configuration runs it as given, and
-    `open_run` keys its rows by the key, so another store never reuses them. A composite-aware twin (`composite_configs`)
-    runs its base's runner, its verdict extended by `composite_extend` (a pipeline's judge wrapped in `CompositeJudge`)."""
-    if runners and _base_name(cfg) in runners: return _composite_result(cfg, runners[_base_name(cfg)][0])
-    if cfg.kind == "algorithmic": return _composite_result(cfg, _fusion_result(cfg, algorithmic_fusion))
-    if cfg.kind == "ds": return _composite_result(cfg, _fusion_result(cfg, lambda d, c: ds_fusion(d, c, reliability)))
-    models = {} if models is None else models
-    def model(spec, role):
-        key = spec if controls is None else (role, spec)
-        if key not in models:   # (not ModelControls.model: it holds the controls' lock while get_model reads the shared budget)
-            c = ModelControls.of(controls) if controls is not None else \
-                ModelControls.of({"cache": model_cache, "cache_path": None if cache_path is None else str(cache_path), **model_kw})
-            models[key] = get_model(c.spec_for(role, spec) if controls is not None else spec, controls=c, role=role)
-        return models[key]
-    rp = RuleParams(**cfg.rule_params) if cfg.rule_params else (rule_params or RuleParams())
-    if cfg.judge is None: raise TriageConfigError(f"configuration {cfg.name!r} ({cfg.kind}) needs a judge backend")
-    if cfg.kind == "single":
-        single = RuleSingleAgent(rp) if cfg.judge == "rules" else LLMSingleAgent(model(cfg.judge, "single"))
-        return _composite_result(cfg, _reading_provenance(TriagePipeline(cfg.name, single=single, workers=workers), cfg))
-    auditor = (None if cfg.auditor is None else RuleAuditor(rp) if cfg.auditor == "rules" else ContentOracleAuditor(rp)
-               if cfg.auditor == "oracle" else LLMAuditor(model(cfg.auditor, "auditor"), extra_rules=auditor_rules))
-    if cfg.judge == "learned" and learned is None:
-        raise TriageConfigError(f"configuration {cfg.name!r} has a learned judge: fit one (fit_learned_judge) and pass it as learned=")
-    judge = (RuleJudge(cfg.guided, rp) if cfg.judge == "rules" else learned if cfg.judge == "learned"
-             else LLMJudge(model(cfg.judge, "judge"), guided=cfg.guided))
-    if cfg.composite: judge = _composite_judge(cfg, judge)
-    return _reading_provenance(TriagePipeline(cfg.name, auditor=auditor, judge=judge, workers=workers), cfg)
-
-def _reading_provenance(runner: TriagePipeline, cfg: TriageConfig) -> Callable[..., CaseResult]:
-    """`runner` as is, or for a configuration that reads provenance, a runner that gives a case whose facts carry none the
-    provenance of its image file (so `forensicslab analyze --config rules-provenance` reads it too); pixels without a file
-    are a `TriageConfigError`."""
-    if not cfg.provenance: return runner
-    def run(image, detections, cards, facts=None) -> CaseResult:
-        img = load_image(image)
-        if facts is None: facts = measure_facts(img, detections, cards)
-        if facts.provenance is None:
-            if img.path is None:
-                raise TriageConfigError(f"configuration {cfg.name!r} reads the file's provenance: give an image file, not pixels")
-            adq = detections.get("adq")
-            ev = gather(img, adq=adq if adq is not None and adq.status == "ok" else None, exiftool=False)
-            facts = facts.model_copy(update={"provenance": provenance_facts(ev)})
-        return runner(img, detections, cards, facts)
-    return run
+__all__ = ['METRICS', 'COMPOSITE_PARTS', 'PAPER_MODELS', 'EVENT_CLASSES', 'FATES', 'RULE_GRID', 'LEVER_GRID', 'case_row',
+           'detector_versions', 'failure_history', 'open_run', 'triage_metrics', 'family_breakdown',
+           'decisive_breakdown', 'mcnemar_pairs', 'composite_table', 'composite_finding', 'paper_row', 'paper_table4',
+           'table4', 'provenance_summary', 'provenance_finding', 'fire_events', 'triage_table', 'change_decomposition',
+           'event_finding', 'pool_summary', 'pool_finding', 'table4_rows', 'pool_changes', 'pool_changes_finding',
+           'figure2', 'GridResults', 'run_grid', 'run_totals', 'calibrate_rules', 'fit_learned_judge',
+           'table4_rule_params', 'check_trust_store', 'open_bench', 'rows_written', 'dataset_note', 'portable_spec']
 
 # %% ../../nbs/06e_triage.study.ipynb #8d9a6719
 def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard], detections: dict | None = None) -> dict:
@@ -272,6 +58,7 @@ def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard], detect
                 usage=res.usage.model_dump(), case_seconds=round(res.seconds, 4),
                 record=json.loads(res.model_dump_json(exclude={"facts"})))
 
+# %% ../../nbs/06e_triage.study.ipynb #1ca80d81
 def detector_versions(evidence: "Evidence") -> dict[str, str]:
     "Each pool detector's cache version (card version + fingerprint of its code and weights, from the detector module)."
     D = evidence.D
@@ -298,6 +85,7 @@ def failure_history(run: Run) -> dict[str, list[str]]:
         if why: out.setdefault(r["key"], []).append(why)
     return out
 
+# %% ../../nbs/06e_triage.study.ipynb #32df3b9c
 def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collection: str, max_attempts: int = 3,
              **build_kw) -> tuple[Run, Callable[[Sample], dict]]:
     """The resumable `Run` of one configuration on one collection, and its case function `Sample -> row`.
@@ -315,20 +103,20 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
                     reliability=build_kw.get("reliability") if cfg.kind == "ds" else None,
                     detectors=detector_versions(evidence), facts=FACTS_VERSION,
                     **({"provenance": PROVENANCE_VERSION} if cfg.provenance else {}),
-                    **({"runner": build_kw["runners"][_base_name(cfg)][1]} if _base_name(cfg) in (build_kw.get("runners") or {}) else {}))
+                    **({"runner": build_kw["runners"][cfg.base][1]} if cfg.base in (build_kw.get("runners") or {}) else {}))
     tag = config_hash({"config": manifest, "seed": 0, "backends": cfg.backends})[:8]
     run = Run(Path(out_dir) / "runs" / collection / f"{cfg.name}-{tag}", config=manifest, backends=cfg.backends)
     history = failure_history(run)
     def one(s: Sample) -> dict:
-        img, dets, cards, facts = evidence(s.image)
-        if cfg.auditor == "oracle": facts = facts.model_copy(update={"content": content_facts(s.provenance)})
-        if cfg.provenance: facts = facts.model_copy(update={"provenance": evidence.provenance(s.image)})
-        if cfg.offline: row = case_row(s, runner(img, dets, cards, facts), cards, dets)
+        s0 = evidence(s.image)   # Stage 0's record, shared by every configuration (a copy when this one adds facts)
+        if cfg.auditor == "oracle": s0 = s0.with_facts(content=content_facts(s.provenance))
+        if cfg.provenance: s0 = s0.with_facts(provenance=evidence.provenance(s.image))
+        if cfg.offline: row = case_row(s, runner(s0), s0.cards, s0.detections)
         else:
             from forensicslab.chat.models import chat_context
-            with chat_context(case=s.id): row = case_row(s, runner(img, dets, cards, facts), cards, dets)   # traces name the case
+            with chat_context(case=s.id): row = case_row(s, runner(s0), s0.cards, s0.detections)   # traces name the case
         if cfg.provenance:
-            pv = facts.provenance
+            pv = s0.facts.provenance
             row["provenance"] = dict(present=pv.present, edit_hints=pv.edit_hints, capture_hints=pv.capture_hints, unreadable=pv.unreadable)
         missing = row["record"].get("details", {}).get("auditor_failures") or {}
         if missing:
@@ -342,7 +130,6 @@ def open_run(cfg: TriageConfig, evidence: Evidence, out_dir: str | Path, collect
             if why and row["attempts"] < max_attempts: row["status"] = "failed"   # retried on resume
         return row
     return run, one
-
 
 # %% ../../nbs/06e_triage.study.ipynb #6e95a644
 METRICS = ("recall", "specificity", "accuracy", "arbitration")
@@ -475,6 +262,7 @@ def composite_table(results: dict[tuple[str, str], list[dict]], n_boot: int = 10
                             **t))
     return pd.DataFrame(out, columns=cols)
 
+# %% ../../nbs/06e_triage.study.ipynb #c60bb450
 def _pc(v: float) -> str: return "n/a" if pd.isna(v) else f"{100 * v:.1f}%"
 
 def composite_finding(table: pd.DataFrame) -> str:
@@ -514,7 +302,7 @@ def paper_row(cfg: TriageConfig) -> Optional[str]:
     "The paper's Table 4 row for `cfg`, or `None` when `cfg` is not that row or its backends are not the paper's models."
     want = _paper()["backbones"].get(cfg.paper_row) if cfg.paper_row else None
     if want is None or set(want) != set(cfg.backends): return None
-    ok = all(re.fullmatch(PAPER_MODELS[m], _short(cfg.backends[role]).rsplit("/", 1)[-1].lower()) for role, m in want.items())
+    ok = all(re.fullmatch(PAPER_MODELS[m], short_name(cfg.backends[role]).rsplit("/", 1)[-1].lower()) for role, m in want.items())
     return cfg.paper_row if ok else None
 
 def paper_table4() -> pd.DataFrame:
@@ -717,6 +505,7 @@ def pool_summary(results: dict[tuple[str, str], list[dict]], n_boot: int = 1000,
     return pd.DataFrame(out, columns=["collection", "config", "measure", "count", "of", "share", "share_lo", "share_hi",
                                       "a_only", "b_only", "p_value"])
 
+# %% ../../nbs/06e_triage.study.ipynb #2b627bd9
 def _pct(r) -> str: return fmt_ci((r.share, r.share_lo, r.share_hi)) + " %" if r.of else "n/a"
 
 def pool_finding(summary: pd.DataFrame, pool: str) -> str:
@@ -745,6 +534,7 @@ def pool_finding(summary: pd.DataFrame, pool: str) -> str:
         if parts: lines.append(f"{coll.upper()}, pool {pool}: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 
+# %% ../../nbs/06e_triage.study.ipynb #e71cbe8c
 def table4_rows(table4_dir: str | Path) -> tuple[dict[tuple[str, str], list[dict]], dict]:
     """The rows a finished Table 4 scored, by (configuration, collection), read from the run folders its
     `table4_meta.json` records, and that meta; a `TriageError` (one line) when the folder holds no finished Table 4."""
@@ -765,6 +555,7 @@ def table4_rows(table4_dir: str | Path) -> tuple[dict[tuple[str, str], list[dict
         out[(r["config"], r["collection"])] = [x for x in by_key.values() if _usable(x)]
     return out, m
 
+# %% ../../nbs/06e_triage.study.ipynb #a7476473
 def pool_changes(results: dict[tuple[str, str], list[dict]], other: dict[tuple[str, str], list[dict]]) -> pd.DataFrame:
     """What changed between two pools, per configuration and collection both ran, on the images both scored:
     accuracy under each (`accuracy`: this pool's, `accuracy_other`), authentic images called manipulated under each,
@@ -938,7 +729,7 @@ def calibrate_rules(samples: list[Sample], evidence: Evidence, grid: dict | None
     for vals in tqdm(list(product(*(grid[k] for k in keys))), desc="rule grid", disable=not progress):
         rp = RuleParams(**dict(zip(keys, vals)))
         pipe = TriagePipeline("rules", auditor=RuleAuditor(rp), judge=RuleJudge(True, rp), workers=1)
-        rows = [case_row(s, pipe(img, d, c, f), c) for s, (img, d, c, f) in zip(samples, ev)]
+        rows = [case_row(s, pipe(s0), s0.cards) for s, s0 in zip(samples, ev)]
         m = triage_metrics(rows, n_boot=0)
         out.append(dict(zip(keys, vals), accuracy=m["accuracy"][0], arbitration=m["arbitration"][0],
                         recall=m["recall"][0], specificity=m["specificity"][0]))
@@ -954,28 +745,14 @@ def calibrate_rules(samples: list[Sample], evidence: Evidence, grid: dict | None
 LEVER_GRID = dict(lone_penalty=(0.3, 0.5, 0.8, 1.0), accept_min=(0.2, 0.3, 0.45, 0.6))
 "The guided rule judge's levers searched on train (the auditor's thresholds stay at their defaults)."
 
-def judge_axis_configs(levers: RuleParams | None = None, learned: bool = True, oracle: bool = True) -> list[TriageConfig]:
-    "The offline judge-axis rows: content-oracle auditors, the guided rule judge with `levers` (fitted on train), the learned judge."
-    out = []
-    if oracle:
-        out.append(TriageConfig(name="oracle", label="Content-oracle auditors (provenance) + guided rule judge", kind="pipeline",
-                                auditor="oracle", judge="rules"))
-    if levers is not None:
-        out.append(TriageConfig(name="rules-levers", label="Rule-based triage + guided judge, levers fitted on train",
-                                kind="pipeline", auditor="rules", judge="rules", rule_params=levers.model_dump()))
-    if learned:
-        out.append(TriageConfig(name="learned", label="Learned judge (logistic regression fitted on train), no auditors",
-                                kind="pipeline", judge="learned"))
-    return out
-
 def fit_learned_judge(samples: list[Sample], evidence: Evidence, C: float = 1.0) -> LearnedJudge:
     "Fit the learned judge on labelled samples (use the train collection); manipulated samples of unknown family are left out."
     cases, names = [], None
     for s in samples:
         if s.label == 1 and not s.family: continue
-        _, dets, _, facts = evidence(s.image)
-        names = names or sorted(dets)
-        cases.append((dets, facts, AUTHENTIC if s.label == 0 else s.family))
+        s0 = evidence(s.image)
+        names = names or sorted(s0.detections)
+        cases.append((s0.detections, s0.facts, AUTHENTIC if s.label == 0 else s.family))
     if not cases: raise TriageConfigError("no labelled samples to fit the learned judge on")
     return LearnedJudge.fit(cases, names, C)
 
@@ -1018,16 +795,6 @@ def check_trust_store(store: Any, collections: list[str], detectors: list[str], 
                                 "fit it with the same pool")
 
 # %% ../../nbs/06e_triage.study.ipynb #1e5c93bc
-def study_configs(backbone: str = "", other: str = "", judge_only: str = "", offline: bool = True) -> list[TriageConfig]:
-    "Offline presets plus every paper configuration whose backends are configured (empty string = not configured)."
-    out = offline_configs() if offline else [paper_configs()[0]]
-    need = {"single": [backbone], "unguided": [backbone], "complete": [backbone], "complete-other": [other],
-            "complete-judge": [backbone, judge_only]}
-    if any((backbone, other, judge_only)):
-        for c in paper_configs(backbone or DEFAULT_BACKBONE, other or "openai:gpt-4o", judge_only or "openai:gpt-5"):
-            if c.name in need and all(need[c.name]): out.append(c)
-    return out
-
 def open_bench(quick: bool, bench_root: str | Path = "", log=print) -> Path:
     "The benchmark root: a tiny one in a temp folder for quick runs, the default (or `bench_root`) otherwise."
     import tempfile

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+from fastcore.basics import patch
 from PIL import Image
 from pydantic import BaseModel, Field
 from scipy import stats
@@ -27,11 +28,12 @@ from ..core import Detection, ForensicsLabError, Registry, Sample, ToolCard
 from ..imageio import load_image
 from ..metrics import mask_scores, mcnemar
 from ..provenance.jpeg import estimate_quality
+from .configs import Runner, TriageConfig
 from .data import Evidence
 from .judge import AUTHENTIC, TriagePipeline, algorithmic_fusion, ds_fusion
-from .records import CaseFacts, CaseResult, Verdict
+from .records import CaseFacts, CaseResult, Stage0, Verdict
 from .rules import RuleAuditor, RuleJudge, RuleParams, measure_facts
-from .study import TriageConfig, case_row, triage_metrics
+from .study import case_row, triage_metrics
 
 # %% auto #0
 __all__ = ['CONTEXT_FACTS', 'JPEG_BANDS', 'SIZE_BANDS', 'KINDS', 'STORE_VERSION', 'FEATURE_SETS', 'FIXED', 'FITTED', 'CONTROL_OF',
@@ -95,22 +97,18 @@ class ExperienceRow(BaseModel):
     scopes: dict[str, list[str]] = Field(default_factory=dict)
     dataset: Optional[str] = None
 
-def experience_row(sample: Sample, image, detections: dict[str, Detection], cards: dict[str, ToolCard],
-                   facts: CaseFacts | None, dataset: str | None = None) -> ExperienceRow:
-    "The experience row of one labelled sample from its Stage 0 evidence (image, detections, cards, facts)."
-    cont = container_facts(image.width, image.height, image.quantization)
-    return ExperienceRow(id=sample.id, label=sample.label, family=sample.family, context=context_of(facts, cont),
-                         container=cont, fired=observe(detections),
-                         scores={k: (None if d.status != "ok" else d.score) for k, d in sorted(detections.items())},
-                         scopes={k: list(cards[k].scope) for k in sorted(detections)}, dataset=dataset or sample.dataset)
+def experience_row(sample: Sample, stage0: Stage0, dataset: str | None = None) -> ExperienceRow:
+    "The experience row of one labelled sample from its Stage 0 record (the image's container, detections, cards, facts)."
+    img, dets = stage0.image, stage0.detections
+    cont = container_facts(img.width, img.height, img.quantization)
+    return ExperienceRow(id=sample.id, label=sample.label, family=sample.family, context=context_of(stage0.facts, cont),
+                         container=cont, fired=observe(dets),
+                         scores={k: (None if d.status != "ok" else d.score) for k, d in sorted(dets.items())},
+                         scopes={k: list(stage0.cards[k].scope) for k in sorted(dets)}, dataset=dataset or sample.dataset)
 
 def experience_rows(samples: list[Sample], evidence: Evidence, dataset: str | None = None) -> list[ExperienceRow]:
     "Experience rows of labelled samples; Stage 0 is read from `evidence`'s caches (computed once, then reused)."
-    out = []
-    for s in samples:
-        img, dets, cards, facts = evidence(s.image)
-        out.append(experience_row(s, img, dets, cards, facts, dataset))
-    return out
+    return [experience_row(s, evidence(s.image), dataset) for s in samples]
 
 # %% ../../nbs/06ea_triage.trust.ipynb #0591995e
 class Rate(BaseModel):
@@ -197,48 +195,54 @@ class TrustStore(BaseModel):
         "A short hash of the store's content (keys the runs that use it, so another store never reuses their rows)."
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
-    def rate(self, detector: str, kind: str, context: dict[str, str] | None = None) -> Rate:
-        "The posterior fire rate of `detector` on `kind` images in `context` (the bucket's, else its prior: the overall mean)."
-        if detector not in self.overall: raise TrustError(f"the store has no experience with detector {detector!r}; it knows {self.detectors}")
-        if kind not in KINDS: raise TrustError(f"unknown kind {kind!r}; kinds: {KINDS}")
-        if context is None or not self.context_facts: return self.overall[detector][kind]
-        got = self.buckets.get(detector, {}).get(bucket_key(context, self.context_facts), {}).get(kind)
-        if got is not None: return got
-        m = self.overall[detector][kind].mean
-        return Rate(n=0, k=0, a=round(self.strength * m, 6) or 1e-6, b=round(self.strength * (1 - m), 6) or 1e-6)
+# %% ../../nbs/06ea_triage.trust.ipynb #652d015a
+@patch
+def rate(self: TrustStore, detector: str, kind: str, context: dict[str, str] | None = None) -> Rate:
+    "The posterior fire rate of `detector` on `kind` images in `context` (the bucket's, else its prior: the overall mean)."
+    if detector not in self.overall: raise TrustError(f"the store has no experience with detector {detector!r}; it knows {self.detectors}")
+    if kind not in KINDS: raise TrustError(f"unknown kind {kind!r}; kinds: {KINDS}")
+    if context is None or not self.context_facts: return self.overall[detector][kind]
+    got = self.buckets.get(detector, {}).get(bucket_key(context, self.context_facts), {}).get(kind)
+    if got is not None: return got
+    m = self.overall[detector][kind].mean
+    return Rate(n=0, k=0, a=round(self.strength * m, 6) or 1e-6, b=round(self.strength * (1 - m), 6) or 1e-6)
 
-    def detection_kind(self, detector: str) -> str:
-        "The kind whose rate is the detector's detection rate: in scope, or, when the store saw no in-scope case but unnamed-family ones, those."
-        o = self.overall[detector]
-        return "unknown_family" if o["in_scope"].n == 0 and o.get("unknown_family") and o["unknown_family"].n > 0 else "in_scope"
+@patch
+def detection_kind(self: TrustStore, detector: str) -> str:
+    "The kind whose rate is the detector's detection rate: in scope, or, when the store saw no in-scope case but unnamed-family ones, those."
+    o = self.overall[detector]
+    return "unknown_family" if o["in_scope"].n == 0 and o.get("unknown_family") and o["unknown_family"].n > 0 else "in_scope"
 
-    def reliability(self, detector: str, context: dict[str, str] | None = None) -> float:
-        """The detector's reliability in `context` for Dempster-Shafer discounting: Youden's J = detection rate (in scope,
-        see `detection_kind`) - authentic fire rate, clipped to [0, 1]."""
-        det = self.rate(detector, self.detection_kind(detector), context).mean
-        return float(np.clip(det - self.rate(detector, "authentic", context).mean, 0, 1))
+@patch
+def reliability(self: TrustStore, detector: str, context: dict[str, str] | None = None) -> float:
+    """The detector's reliability in `context` for Dempster-Shafer discounting: Youden's J = detection rate (in scope,
+    see `detection_kind`) - authentic fire rate, clipped to [0, 1]."""
+    det = self.rate(detector, self.detection_kind(detector), context).mean
+    return float(np.clip(det - self.rate(detector, "authentic", context).mean, 0, 1))
 
-    def save(self, path: str | Path) -> Path:
-        "Write the store as indented JSON (a file to read, diff, version and share)."
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(self.model_dump_json(indent=1) + "\n")
-        tmp.replace(p)
-        return p
+# %% ../../nbs/06ea_triage.trust.ipynb #7203fe3a
+@patch
+def save(self: TrustStore, path: str | Path) -> Path:
+    "Write the store as indented JSON (a file to read, diff, version and share)."
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(self.model_dump_json(indent=1) + "\n")
+    tmp.replace(p)
+    return p
 
-    @classmethod
-    def load(cls, path: str | Path) -> "TrustStore":
-        "Read a store written by `save`; a `TrustError` names a missing file, a file that is not a store or another version."
-        p = Path(path)
-        if not p.is_file(): raise TrustError(f"{p}: no such trust store (write one with `forensicslab trust fit DATASET --out {p}`)")
-        try: data = json.loads(p.read_text())
-        except (ValueError, UnicodeDecodeError) as e: raise TrustError(f"{p}: not a trust store (not JSON: {e})") from None
-        if not isinstance(data, dict) or "overall" not in data: raise TrustError(f"{p}: not a trust store (no 'overall' rates)")
-        if data.get("version") != STORE_VERSION:
-            raise TrustError(f"{p}: trust store version {data.get('version')!r}, this forensicslab reads version {STORE_VERSION}; re-fit it")
-        try: return cls.model_validate(data)
-        except ValueError as e: raise TrustError(f"{p}: not a valid trust store ({str(e).splitlines()[0]})") from None
+@patch(cls_method=True)
+def load(cls: TrustStore, path: str | Path) -> "TrustStore":
+    "Read a store written by `save`; a `TrustError` names a missing file, a file that is not a store or another version."
+    p = Path(path)
+    if not p.is_file(): raise TrustError(f"{p}: no such trust store (write one with `forensicslab trust fit DATASET --out {p}`)")
+    try: data = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as e: raise TrustError(f"{p}: not a trust store (not JSON: {e})") from None
+    if not isinstance(data, dict) or "overall" not in data: raise TrustError(f"{p}: not a trust store (no 'overall' rates)")
+    if data.get("version") != STORE_VERSION:
+        raise TrustError(f"{p}: trust store version {data.get('version')!r}, this forensicslab reads version {STORE_VERSION}; re-fit it")
+    try: return cls.model_validate(data)
+    except ValueError as e: raise TrustError(f"{p}: not a valid trust store ({str(e).splitlines()[0]})") from None
 
 # %% ../../nbs/06ea_triage.trust.ipynb #a4246569
 def store_summary(store: TrustStore, level: float = 0.95) -> pd.DataFrame:
@@ -439,17 +443,21 @@ class Combiner:
 
 # %% ../../nbs/06ea_triage.trust.ipynb #81db6117
 class EvalCase:
-    "One labelled case for the evaluation: the sample, its experience row and its Stage 0 evidence."
-    __slots__ = ("sample", "row", "image", "detections", "cards", "facts")
-    def __init__(self, sample, row, image, detections, cards, facts):
-        self.sample, self.row, self.image, self.detections, self.cards, self.facts = sample, row, image, detections, cards, facts
+    "One labelled case for the evaluation: the sample, its experience row and its `Stage0` record (`detections`, `cards` read from it)."
+    __slots__ = ("sample", "row", "stage0")
+    def __init__(self, sample, row, stage0: Stage0 | None):
+        self.sample, self.row, self.stage0 = sample, row, stage0
+    @property
+    def detections(self): return self.stage0.detections
+    @property
+    def cards(self): return self.stage0.cards
 
 def eval_cases(samples: list[Sample], evidence: Evidence, dataset: str | None = None) -> list[EvalCase]:
     "The evaluation cases of labelled samples (Stage 0 from `evidence`'s caches)."
     out = []
     for s in samples:
-        img, dets, cards, facts = evidence(s.image)
-        out.append(EvalCase(s, experience_row(s, img, dets, cards, facts, dataset), img, dets, cards, facts))
+        s0 = evidence(s.image)
+        out.append(EvalCase(s, experience_row(s, s0, dataset), s0))
     return out
 
 # %% ../../nbs/06ea_triage.trust.ipynb #78b8d639
@@ -491,11 +499,12 @@ def fixed_rows(cases: list[EvalCase], rule_params: RuleParams | None = None) -> 
         out["fusion"].append(_row(c, "fusion", algorithmic_fusion(c.detections, c.cards), None))
         v, info = ds_fusion(c.detections, c.cards, 0.8)
         out["ds"].append(_row(c, "ds", v, 1 - info["betp"].get(AUTHENTIC, 0.0)))
-        res = pipe(c.image, c.detections, c.cards, c.facts)
+        res = pipe(c.stage0)
         out["rules"].append(_row(c, "rules", res.verdict, None) if res.verdict is not None else
                             {**case_row(c.sample, res, c.cards, c.detections), "p_manipulated": None})
     return out
 
+# %% ../../nbs/06ea_triage.trust.ipynb #b1744821
 def fit_all(train: list[ExperienceRow], methods: Sequence[str] = FITTED, context_facts: Sequence[str] = CONTEXT_FACTS) -> dict:
     "Every fitted configuration's model on `train`: stores (full and face-only context) and combiners."
     out = {}
@@ -517,6 +526,7 @@ def fitted_row(case: EvalCase, method: str, models: dict) -> dict:
     v, info = models[method].verdict(case.row, case.cards)
     return _row(case, method, v, info["p_manipulated"])
 
+# %% ../../nbs/06ea_triage.trust.ipynb #1549f35e
 def folds(cases: list[EvalCase], k: int = 5, seed: int = 0) -> np.ndarray:
     "A fold index per case, stratified by class (authentic or family), seeded."
     if k < 2: raise TrustError(f"cross-fitting needs k >= 2 folds, got {k}")
@@ -635,21 +645,21 @@ def _rounded(x):
     if isinstance(x, (float, np.floating)): return round(float(x), 6)
     return x
 
-def trust_runner(store: TrustStore, name: str = "trust-lr", prior_manipulated: float | None = None):
-    """A runner like `study.build_config`'s, `runner(image, detections, cards, facts=None) -> CaseResult`, for a
-    configuration of `TRUST_CONFIGS`: it measures the image's context (facts when not given) and judges with the store."""
+def trust_runner(store: TrustStore, name: str = "trust-lr", prior_manipulated: float | None = None) -> Runner:
+    """The `triage.configs.Runner` of a configuration of `TRUST_CONFIGS` (`runner(stage0) -> CaseResult`, like every
+    configuration's): it measures the image's context (facts when the record has none) and judges with the store."""
     TRUST_CONFIGS.get(name)   # an unknown name: one line listing the configurations
-    def run(image, detections, cards, facts=None) -> CaseResult:
+    def step(s: Stage0) -> CaseResult:
         t0 = time.perf_counter()
-        img = load_image(image)
-        facts = facts or measure_facts(img, detections, cards)
+        img = s.image
+        facts = s.facts or measure_facts(img, s.detections, s.cards)
         ctx = context_of(facts, container_facts(img.width, img.height, img.quantization))
         if name == "trust-lr":
-            v, info = lr_judge(store, detections, cards, ctx, prior_manipulated)
+            v, info = lr_judge(store, s.detections, s.cards, ctx, prior_manipulated)
             keep = {k: info[k] for k in ("p_manipulated", "prior_manipulated", "llr", "moved_most", "family", "posterior")}
         else:
-            v, info = trust_ds(store, detections, cards, ctx)
+            v, info = trust_ds(store, s.detections, s.cards, ctx)
             keep = {k: info[k] for k in ("reliability", "bel_manipulated", "bel_authentic", "betp")}
         return CaseResult(config=name, verdict=v, facts=facts, seconds=time.perf_counter() - t0,
                           details={"trust": _rounded(keep), "context": ctx})
-    return run
+    return Runner(name, step)
