@@ -14,6 +14,7 @@ import os
 import re
 import sqlite3
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,9 +24,10 @@ import typer
 from . import __version__
 from .core import ForensicsLabError
 from .runs import project_root, skipped_parts
-from .studies import (StudyError, StudyFailed, list_studies, parse_param_args, run_batch,
-                                  run_study, study_parameters, study_variant)
-from .chat.cli import models_app
+from .studies import (StudyError, StudyFailed, grid_cells, list_studies, load_grid, parse_param_args,
+                                  run_batch, run_study, study_parameters, study_variant)
+from .studies import _finished_cell
+from .chat.cli import backend_specs, models_app, preflight
 from .data.cli import bench_app, data_app
 from .debate.cli import debate_app
 from .provenance.cli import index_app
@@ -34,7 +36,7 @@ from .triage.cli import analyze_cmd, trust_app
 from .zoom.cli import train_app, zoom_cmd
 
 # %% auto #0
-__all__ = ['app', 'summary_table', 'study_cmd', 'reproduce_cmd', 'batch_cmd', 'main']
+__all__ = ['app', 'preflight_params', 'summary_table', 'study_cmd', 'reproduce_cmd', 'batch_cmd', 'settle_threads', 'main']
 
 # %% ../nbs/09_cli.ipynb #5290a3e3
 _PARAM_HELP = ("Parameters: -p KEY VALUE (repeatable; True/False/None/numbers as papermill reads them, "
@@ -46,6 +48,24 @@ def _execution_failed(e: BaseException) -> str:
     if isinstance(e, StudyFailed): return " ".join(e.reason.split())[:600]
     ename, evalue = getattr(e, "ename", type(e).__name__), getattr(e, "evalue", str(e))
     return " ".join(f"{ename}: {evalue}".split())[:600]
+
+def _cache_mode(params: dict) -> str | None:
+    "The reply-cache mode a study's parameters ask for (`model_cache`, or `model_controls`'s `cache`), if any."
+    mc = params.get("model_controls")
+    return params.get("model_cache") or (mc.get("cache") if isinstance(mc, dict) else None)
+
+def preflight_params(param_sets: list[dict]) -> list:
+    """Check every model backend named in the parameters of the runs about to start (`chat.cli.preflight`: keys set,
+    servers up), once each, before the first one starts: one `BackendUnavailable` line otherwise. Returns the specs."""
+    by_cache: dict = {}
+    for p in param_sets:
+        by_cache.setdefault(_cache_mode(p), []).extend(backend_specs(p))
+    return [s for cache, specs in by_cache.items() for s in preflight(specs, cache=cache)]
+
+def _with_variant(name, params: dict) -> dict:
+    "The parameters of a run of `name`: `params` and, for a study variant, its fixed ones."
+    v = study_variant(name)
+    return {**params, **v.params} if v is not None else dict(params)
 
 def summary_table(results: list[tuple[str, str, float, str]], width: int = 110) -> str:
     "The end-of-run table of `reproduce`: one line per study (name, ok/failed/skipped, seconds, one-line reason)."
@@ -89,6 +109,7 @@ def study_cmd(ctx: typer.Context,
             typer.echo(f"{k} = {v['default']}" + (f"   # {v['help']}" if v["help"] else ""))
         return
     given = {"quick": quick, **parse_param_args(ctx.args)}
+    preflight_params([_with_variant(name, given)])   # a missing key or a server that is down stops here, before the kernel
     t0 = time.time()
     try: nb = run_study(name, given, out)
     except StudyFailed as e:
@@ -116,6 +137,7 @@ def reproduce_cmd(ctx: typer.Context,
     for n in names:   # a variant's fixed parameter is refused before anything runs (leave the variant out with --only)
         v = study_variant(n)
         if v is not None: v.apply({k: x for k, x in given.items() if k in declared[n]})
+    preflight_params([_with_variant(n, {k: x for k, x in given.items() if k in declared[n]}) for n in names])
     results, folders, interrupted = [], [], False
     for n in names:
         label = Path(n).stem
@@ -154,6 +176,9 @@ def reproduce_cmd(ctx: typer.Context,
 def batch_cmd(grid: Path = typer.Argument(..., help="Grid file (YAML): study, params, grid, out, summary; see grids/."),
               progress: bool = typer.Option(True, help="Show the progress bar over cells.")):
     "Run studies over a grid of parameters, each cell into its own folder; finished cells are skipped on a re-run."
+    g = load_grid(grid)   # every backend of the cells still to run is checked first (keys, servers): one line, exit 2
+    preflight_params([_with_variant(study, params) for study, name, params in grid_cells(g)
+                      if _finished_cell(Path(g["out"]) / name / "cell.json", params, lambda m: None) is None])
     r = run_batch(grid, progress=progress, log=lambda m: typer.echo(m, err=True))
     typer.echo(r["table"].to_markdown(index=False))
     if r["summary"] is not None: typer.echo(f"\nsummary: {r['out'] / 'summary.csv'}")
@@ -216,13 +241,33 @@ def _machine_error(e: BaseException) -> Optional[str]:
         if f: return f"{f}: not readable ({_one_line(e)}); the file is corrupt: restore or delete it"
     return None
 
+def settle_threads(timeout: float = 10.0, hard: bool = False, code: int = 130) -> bool:
+    """After an interrupt: wait up to `timeout` s for Stage 0's detector threads (daemon threads named `stage0-*`, which run
+    on after the main thread stops); True when no daemon thread is left. With `hard` (the console script) and some still
+    running, the process ends here with `code` (streams flushed, `os._exit`), so interpreter shutdown never tears down a
+    library's threads mid-call (a C++ pool's 'terminate called without an active exception', exit 134)."""
+    deadline = time.monotonic() + timeout
+    for t in threading.enumerate():
+        if t.daemon and t.name.startswith("stage0-"): t.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in threading.enumerate() if t.daemon and t.is_alive() and t is not threading.current_thread()]
+    if left and hard:
+        for s in (sys.stdout, sys.stderr):
+            try: s.flush()
+            except (OSError, ValueError): pass
+        os._exit(code)
+    return not left
+
 def main(argv: list[str] | None = None):
     "Entry point of the `forensicslab` console script: typed errors print as one line (exit 2), never a traceback."
     debug = bool(os.environ.get("FORENSICSLAB_DEBUG"))
     try:
         app(args=argv, prog_name="forensicslab")
+    except SystemExit as e:
+        if e.code in (130, 143): settle_threads(hard=argv is None, code=e.code)   # an interrupted run: let its threads end first
+        raise
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
+        settle_threads(hard=argv is None)
         sys.exit(130)
     except (ForensicsLabError, ImportError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
         if debug: raise

@@ -231,3 +231,128 @@ def test_real_photos_stopped_and_resumed(tmp_path, monkeypatch):
     assert sorted(r["image"] for r in rows) == sorted(f"{p.parent.name}/{p.name}" for p in photos)
     for r in rows:
         assert f"Triage case report: {html.escape(r['image'])}" in (out / r["report"]).read_text()
+
+
+# ------------------------------------------------------------------ folder runs that never destroy or mix (#47 item 4, #49 defects 6-8)
+def _small(path: Path, seed: int = 0):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(skdata.coffee()[seed * 10:seed * 10 + 96, :128]).save(path)
+    return path
+
+
+def test_walk_skips_masks_and_the_labs_own_outputs(tmp_path):
+    "CASIA-style masks are not photos; an --out inside the input folder is left out of the walk, so a rerun analyses the same images."
+    src = _folder(tmp_path)
+    for name in ("a_gt.png", "sub/b_mask.png", "c_mask_2.png", "D_GT.PNG"): _small(src / name)
+    out = src / "runs"                    # inside the input folder
+    for attempt in range(2):
+        r = CliRunner().invoke(app, ["analyze", str(src), "--out", str(out), *DETS, "--no-provenance", "--cache", "off"])
+        assert r.exit_code == 0, r.output
+        assert "2 images, 0 failed" in r.output, (attempt, r.output)
+    assert "skipped a_gt.png: a mask or ground-truth file" in r.output and "skipped 1 more: a mask" in r.output
+    assert f"skipped {out.name}: forensicslab's own output" in r.output
+    assert sorted(x["image"] for x in json.loads((out / "results.json").read_text())["rows"]) == ["a.png", "sub/b.jpg"]
+    # a run folder given as the input is not analysed either; a mask named on the command line is
+    r = CliRunner().invoke(app, ["analyze", str(out), *DETS])
+    assert r.exit_code == 2 and "forensicslab's own output" in r.output
+    r = CliRunner().invoke(app, ["analyze", str(src / "a_gt.png"), *DETS, "--report", str(tmp_path / "gt.html"), "--no-provenance"])
+    assert r.exit_code == 0 and (tmp_path / "gt.html").is_file(), r.output
+
+
+def test_out_that_holds_someone_elses_files_or_an_input_is_refused(tmp_path):
+    "#49 defect 7: an --out holding files the lab did not write (index.html, results.csv) is refused, and they stay as they were."
+    src = _folder(tmp_path)
+    theirs = tmp_path / "theirs"; theirs.mkdir()
+    (theirs / "index.html").write_text("my page"); (theirs / "results.csv").write_text("my,data\n")
+    r = CliRunner().invoke(app, ["analyze", str(src), "--out", str(theirs), *DETS])
+    assert r.exit_code == 2 and "holds files forensicslab did not write (index.html, results.csv)" in r.output, r.output
+    assert (theirs / "index.html").read_text() == "my page" and sorted(x.name for x in theirs.iterdir()) == ["index.html", "results.csv"]
+    for bad in (src, src / "a.png"):      # the input folder itself, an input file
+        r = CliRunner().invoke(app, ["analyze", str(src), "--out", str(bad), *DETS])
+        assert r.exit_code == 2 and "--out" in r.output, r.output
+    assert sorted(p.name for p in src.rglob("*")) == ["a.png", "b.jpg", "sub"]
+
+
+def test_report_that_names_an_input_or_a_foreign_file_is_refused(tmp_path):
+    "#47: `analyze img.jpg --report img.jpg` replaced the image with its report (exit 0); now exit 2 and the image is unchanged."
+    img = _small(tmp_path / "img.jpg")
+    before = img.read_bytes()
+    r = CliRunner().invoke(app, ["analyze", str(img), *DETS, "--report", str(img)])
+    assert r.exit_code == 2 and "is the image being analysed" in r.output and img.read_bytes() == before, r.output
+    notes = tmp_path / "notes.html"; notes.write_text("<p>mine</p>")
+    r = CliRunner().invoke(app, ["analyze", str(img), *DETS, "--report", str(notes)])
+    assert r.exit_code == 2 and "did not write" in r.output and notes.read_text() == "<p>mine</p>"
+    r = CliRunner().invoke(app, ["analyze", str(img), str(img), *DETS, "--report", str(tmp_path / "x.html")])
+    assert r.exit_code == 2 and "--report names the case report of one image" in r.output
+    # two images of one name into one folder: the second report never replaces the first
+    other = _small(tmp_path / "b" / "img.jpg", seed=3)
+    for p in (img, other):
+        r = CliRunner().invoke(app, ["analyze", str(p), *DETS, "--out", str(tmp_path / "o"), "--no-provenance"])
+        assert r.exit_code == 0, r.output
+    reports = sorted((tmp_path / "o").glob("img*.triage.html"))
+    assert len(reports) == 2 and {tcli.report_owner(p) for p in reports} == {hashlib.sha256(p.read_bytes()).hexdigest() for p in (img, other)}
+
+
+def test_second_run_into_a_folder_resumes_or_refuses(tmp_path, monkeypatch):
+    "The same configuration and inputs resume; other inputs into the same --out are refused; the default folder is one per input set."
+    a, b = _folder(tmp_path / "A"), _folder(tmp_path / "B")
+    out = tmp_path / "out"
+    args = [*DETS, "--no-provenance", "--cache", "off"]
+    assert CliRunner().invoke(app, ["analyze", str(a), "--out", str(out), *args]).exit_code == 0
+    csv_a = (out / "results.csv").read_text()
+    r = CliRunner().invoke(app, ["analyze", str(a), "--out", str(out), *args])
+    assert r.exit_code == 0 and (out / "results.csv").read_text() == csv_a
+    r = CliRunner().invoke(app, ["analyze", str(b), "--out", str(out), *args])
+    assert r.exit_code == 2 and "holds the results of other inputs" in r.output and (out / "results.csv").read_text() == csv_a
+    monkeypatch.chdir(tmp_path)
+    for src in (a, b): assert CliRunner().invoke(app, ["analyze", str(src), *args]).exit_code == 0
+    assert len(list((tmp_path / "forensicslab-analyze").glob("*/results.csv"))) == 2
+
+
+def test_results_csv_escapes_formula_names(tmp_path):
+    "#49 defect 6: names that start with = + - @ (or a tab, a CR) reach the CSV with a leading quote (OWASP); JSON and numbers unchanged."
+    names = ["=HYPERLINK(1).png", "+1.png", "-2.png", "@SUM(1).png", "\tx.png", "\rx.png", "ok.png"]
+    rows = [dict(image=n, verdict="authentic", score=-0.5 if n == "ok.png" else None, region="-left", scores={"noise": -0.25}) for n in names]
+    tcli.write_index(tmp_path, rows, "t")
+    import csv
+    got = list(csv.DictReader(open(tmp_path / "results.csv", newline="", encoding="utf-8")))
+    assert [g["image"] for g in got] == ["'" + n for n in names[:-1]] + ["ok.png"]
+    assert got[-1]["score"] == "-0.5" and got[-1]["score:noise"] == "-0.25" and got[0]["region"] == "'-left"
+    assert [x["image"] for x in json.loads((tmp_path / "results.json").read_text())["rows"]] == names
+    # and through the command: a file named like a formula
+    src = tmp_path / "in"; _small(src / "=cmd.png"); _small(src / "@x.png", 2)
+    r = CliRunner().invoke(app, ["analyze", str(src), "--out", str(tmp_path / "o"), *DETS, "--no-provenance", "--cache", "off"])
+    assert r.exit_code == 0, r.output
+    assert sorted(g["image"] for g in csv.DictReader(open(tmp_path / "o" / "results.csv", newline="", encoding="utf-8"))) == ["'=cmd.png", "'@x.png"]
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_signal_mid_run_writes_the_finished_rows(tmp_path, sig, code):
+    "#49 defect 8: SIGTERM (or Ctrl-C) mid-run: results.csv and index.html list the finished rows, exit 143 (130), never 134."
+    import os
+    import signal
+    import sys
+    import time
+    exe = Path(sys.executable).parent / "forensicslab"
+    if not exe.exists(): pytest.skip("console script not installed")
+    src = tmp_path / "in"
+    for i in range(40): _small(src / f"p{i:02d}.png", i % 8)
+    out = tmp_path / "out"
+    env = dict(os.environ, FORENSICSLAB_CACHE_DIR=str(tmp_path / "cache"))
+    p = subprocess.Popen([str(exe), "analyze", str(src), "--out", str(out), "--detectors", "noise,spectral,copymove", "--no-provenance",
+                          "--cache", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rows = out / "runs"
+    t0 = time.time()
+    while time.time() - t0 < 240:
+        done = sum(len(f.read_text().splitlines()) for f in rows.rglob("rows.jsonl")) if rows.is_dir() else 0
+        if done >= 2 or p.poll() is not None: break
+        time.sleep(0.2)
+    assert p.poll() is None, "the run ended before the signal: make it longer"
+    p.send_signal(getattr(signal, sig))
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == code, (p.returncode, err[-2000:])
+    assert "terminate called" not in err and "Traceback" not in err, err[-2000:]
+    finished = sum(len(f.read_text().splitlines()) for f in rows.rglob("rows.jsonl"))
+    import csv
+    assert 2 <= finished < 40 and len(list(csv.DictReader(open(out / "results.csv", encoding="utf-8")))) == finished
+    assert "The run stopped early" in (out / "index.html").read_text() and "run the same command again to resume" in err

@@ -36,6 +36,7 @@ def test_unknown_study_is_one_line_from_the_console_script():
 
 def test_study_passes_p_and_y_parameters(capsys, monkeypatch):
     seen = {}
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")     # the preflight checks the key is set; nothing is called
     def fake_run_study(name, params, out):
         seen.update(name=name, params=params)
         return REPO / "outputs" / name / f"{name}.ipynb"
@@ -231,6 +232,7 @@ def test_machine_failures_are_one_line_naming_the_file_or_port(capsys, monkeypat
         assert cli._machine_error(e.value).startswith("no space left on the device while writing /dev/full")
     def full_disk(*a, **k): raise OSError(28, "No space left on device", str(tmp_path / "out" / "cells.csv"))
     monkeypatch.setattr(cli, "run_batch", full_disk)
+    (tmp_path / "g.yaml").write_text(f"study: triage_table4\nout: {tmp_path / 'out'}\ngrid:\n  seed: [1]\n")
     code, out, err = run_main(capsys, "batch", str(tmp_path / "g.yaml"))
     assert code == 2 and err.count("\n") == 1 and "a bug" not in err and str(tmp_path / "out" / "cells.csv") in err, err
 
@@ -248,3 +250,41 @@ def test_train_zoom_prints_checkpoints_beside_controls_and_targets(capsys, monke
     assert [ln.split("|")[1].strip() for ln in rows] == [
         "SFT (w/o RL)", "SFT + GRPO", "SFT + GRPO, tool outputs shuffled across images", "instrument-only (LR over forensic readouts)"]
     assert "targets for the final checkpoint: acc met, f1 NOT met, iou NOT met, valid met" in out
+
+
+# ------------------------------------------------------------------ #47 item 3: fail fast on a missing key or server
+def _dead_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]          # closed again: nobody listens there
+
+
+def test_study_batch_and_analyze_check_backends_before_the_first_case(capsys, monkeypatch, tmp_path, photo_file):
+    "No key, no server: `study`, `batch` and `analyze` stop in one line with exit 2 before any case (no kernel, no image)."
+    import time
+    for v in ("OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "FORENSICSLAB_DEBUG"): monkeypatch.delenv(v, raising=False)
+    started = []
+    monkeypatch.setattr(cli, "run_study", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(cli, "run_batch", lambda *a, **k: started.append(a))
+    dead = f"openai-compatible:http://127.0.0.1:{_dead_port()}/v1#gemma"
+    t0 = time.time()
+    code, out, err = run_main(capsys, "study", "triage_table4", "-p", "backbone", "openai:gpt-4o")
+    assert code == 2 and err.count("\n") == 1 and "backend openai:gpt-4o has no API key: set OPENAI_API_KEY" in err, err
+    code, out, err = run_main(capsys, "study", "triage_table4_ungated", "-p", "backbone", dead)     # a variant: the same check
+    assert code == 2 and "does not answer" in err and err.count("\n") == 1, err
+    code, out, err = run_main(capsys, "study", "debate_table7", "-p", "backend", f"gemini:gemini-2.5-flash,{dead}")
+    assert code == 2 and "GEMINI_API_KEY" in err and "does not answer" in err and err.count("\n") == 1, err
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"study: triage_table4\nout: {tmp_path / 'out'}\ngrid:\n  backbone: ['{dead}', 'openai:gpt-4o']\n")
+    code, out, err = run_main(capsys, "batch", str(grid))
+    assert code == 2 and err.count("\n") == 1 and "does not answer" in err and "OPENAI_API_KEY" in err, err
+    code, out, err = run_main(capsys, "analyze", str(photo_file), str(photo_file.parent), "--config", "complete", "--auditor-backend", dead,
+                              "--judge-backend", dead, "--out", str(tmp_path / "a"))
+    assert code == 2 and err.count("\n") == 1 and f"{dead.split('#')[0].split('//')[1].split('/')[0]} does not answer" in err, err
+    assert started == [] and not (tmp_path / "a").exists() and not (tmp_path / "out").exists()
+    assert time.time() - t0 < 30
+    # a replayed cache needs no server; a key that is set passes
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    code, out, err = run_main(capsys, "study", "triage_table4", "-p", "backbone", dead, "-p", "model_cache", "replay")
+    assert code != 2 and len(started) == 1, err

@@ -31,8 +31,9 @@ from ..core import ChatFailure, ChatMessage, ForensicsLabError, Registry
 
 
 # %% auto #0
-__all__ = ['models_app', 'CHECK_ROLES', 'cache_root', 'controls_from_options', 'model_options', 'ask_cmd', 'cache_info_cmd',
-           'prices_cmd', 'CheckRole', 'register_check_role', 'check_model', 'check_cmd']
+__all__ = ['models_app', 'CHECK_ROLES', 'KEY_VARIABLES', 'cache_root', 'controls_from_options', 'model_options', 'ask_cmd',
+           'cache_info_cmd', 'prices_cmd', 'CheckRole', 'register_check_role', 'check_model', 'check_cmd',
+           'BackendUnavailable', 'check_backend', 'backend_specs', 'preflight']
 
 # %% ../../nbs/05e_chat.cli.ipynb #e1b9e39b
 _OPTIONS = [
@@ -243,3 +244,73 @@ def check_cmd(spec: str = typer.Argument(..., help="the model to check, e.g. ope
         typer.echo(f"{r['role']:24s} {'yes' if r['accepted'] else 'NO':8s} {'yes' if r['validated'] else 'NO':5s} "
                    f"{str(r['finish'] or '-'):8s} {r['input_tokens']:6d} {r['output_tokens']:6d} {cost:>9s} {r['seconds']:6.1f}  {r['error']}")
     if not all(r["validated"] for r in rows): raise typer.Exit(1)
+
+# %% ../../nbs/05e_chat.cli.ipynb #721008e7
+import socket
+from urllib.parse import urlsplit
+
+from .models import BACKENDS, parse_spec
+
+class BackendUnavailable(ForensicsLabError, RuntimeError):
+    "A configured chat backend cannot work: its API key is not set, its server does not answer, its local model is missing."
+
+KEY_VARIABLES = {"openai": ("OPENAI_API_KEY",), "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+"The environment variables that hold each API backend's key (the first one set is used)."
+
+def _spec_name(spec) -> str:
+    return spec if isinstance(spec, str) else f"{spec.get('backend')}:{spec.get('model')}" if isinstance(spec, dict) else str(spec)
+
+def check_backend(spec, timeout: float = 3.0, server: bool = True) -> None:
+    """Check one model spec without calling the model: its key is set (`openai:`, `gemini:`), its server accepts a
+    connection within `timeout` seconds (a spec with a base URL; skipped with `server=False`), its local folder exists
+    (`hf:` with a path). A `BackendUnavailable` (one line: the backend and the fix) when not."""
+    name = _spec_name(spec)
+    try: s = parse_spec(spec)
+    except ValueError as e: raise BackendUnavailable(str(e.args[0] if e.args else e)) from None
+    keys = KEY_VARIABLES.get(s.backend)
+    if keys and not s.options.get("api_key") and not any(os.environ.get(k) for k in keys):
+        raise BackendUnavailable(f"backend {name} has no API key: set {' or '.join(keys)} (export {keys[0]}=...) "
+                                 "or choose another backend")
+    if s.base_url and server:
+        u = urlsplit(s.base_url)
+        try: host, port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
+        except ValueError: raise BackendUnavailable(f"backend {name}: bad server URL {s.base_url}") from None
+        try: socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as e:
+            why = f"no answer in {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
+            raise BackendUnavailable(f"backend {name}: its server {host}:{port} does not answer ({why}): start the server "
+                                     "(e.g. vllm serve MODEL --port PORT) or fix the URL, or choose another backend") from None
+    if s.backend == "hf" and s.model.startswith(("/", "./", "../", "~")) and not Path(s.model).expanduser().exists():
+        raise BackendUnavailable(f"backend {name}: no such model folder {s.model}: download the model there or fix the path")
+
+def backend_specs(*values) -> list:
+    """The model specs named in parameter values, in order, each once: strings (a comma list, `ROLE=SPEC` items),
+    lists, and mappings (their values; a `{'backend': ..., 'model': ...}` mapping is a spec). Words that are no spec
+    (`rules`, `teaching`, `local:index.json`) are left out."""
+    out, seen = [], set()
+    def add(s):
+        k = repr(s)
+        if k not in seen: seen.add(k); out.append(s)
+    def walk(v):
+        if isinstance(v, dict):
+            if "backend" in v and "model" in v: add(dict(v)); return
+            for x in v.values(): walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v: walk(x)
+        elif isinstance(v, str):
+            for t in v.split(","):
+                t = re.sub(r"^[A-Za-z_*][\w.*-]*=", "", t.strip())
+                if ":" in t and t.split(":", 1)[0].strip().lower() in BACKENDS: add(t)
+    for v in values: walk(v)
+    return out
+
+def preflight(specs, cache: str | None = None, timeout: float = 3.0) -> list:
+    """Check every spec once before a run (`check_backend`); with `cache="replay"` no server is contacted. Raises one
+    `BackendUnavailable` naming every backend that cannot work; returns the specs checked."""
+    specs = backend_specs(list(specs))
+    bad = []
+    for s in specs:
+        try: check_backend(s, timeout, server=cache != "replay")
+        except BackendUnavailable as e: bad.append(str(e))
+    if bad: raise BackendUnavailable("; ".join(bad))
+    return specs

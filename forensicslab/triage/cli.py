@@ -8,12 +8,16 @@ Docs: https://forensicslab.github.io/forensicslab/triage.cli.html.md"""
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
+import fnmatch
 import hashlib
 import html
 import json
 import os
 import re
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -22,7 +26,7 @@ from urllib.parse import quote
 import typer
 from PIL import Image
 
-from ..chat.cli import model_options, register_check_role
+from ..chat.cli import model_options, preflight, register_check_role
 from .records import AuditVerdict, Verdict
 from ..chat.models import chat_context
 from ..core import ForensicsLabError
@@ -41,10 +45,12 @@ from .trust import (CONTEXT_FACTS, TRUST_CONFIGS, TrustStore, auditor_rules, cal
                                        trust_runner)
 
 # %% auto #0
-__all__ = ['OFFLINE_LINE', 'INDEX_SCRIPT', 'INDEX_CSS', 'INDEX_COLUMNS', 'trust_app', 'AnalyzeError', 'pool_cards',
-           'check_detectors', 'analyze_config', 'load_store', 'analyze_image', 'case_provenance', 'stage0_line',
-           'verdict_lines', 'Inputs', 'collect_inputs', 'expand_inputs', 'report_name', 'index_rows', 'write_index',
-           'run_identity', 'analyze_batch', 'default_out', 'analyze_cmd', 'fit_store', 'reliability_text',
+__all__ = ['OFFLINE_LINE', 'MANIFEST', 'MASK_PATTERNS', 'OWN_OUTPUT', 'MASK_SKIP', 'INDEX_SCRIPT', 'INDEX_CSS', 'INDEX_COLUMNS',
+           'FORMULA_START', 'trust_app', 'AnalyzeError', 'pool_cards', 'check_detectors', 'analyze_config',
+           'load_store', 'analyze_image', 'case_provenance', 'stage0_line', 'verdict_lines', 'Inputs', 'is_mask_name',
+           'is_run_folder', 'collect_inputs', 'expand_inputs', 'report_name', 'index_rows', 'csv_cell', 'write_index',
+           'run_identity', 'input_list', 'check_out', 'analyze_batch', 'skipped_lines', 'Terminated', 'stop_on_sigterm',
+           'default_out', 'report_owner', 'report_path', 'analyze_cmd', 'fit_store', 'reliability_text',
            'trust_fit_cmd', 'trust_show_cmd']
 
 # %% ../../nbs/06g_triage.cli.ipynb #a635319f
@@ -173,11 +179,35 @@ def _real(p: Path) -> Path:
     try: return p.resolve()
     except (OSError, RuntimeError): return p.absolute()     # a link loop: kept as named, load_image reports it in one line
 
-def collect_inputs(paths: list[str | Path]) -> Inputs:
-    """Image files from files and folders, in order, unique, each with its display name; folders are walked without following
-    links to folders (no loops), and dangling links, links to folders and folders named like images are listed in `skipped`."""
+MANIFEST = "analyze.json"
+"The small file that marks a folder as an `analyze` run folder (its run identity and inputs): the lab writes into such a folder only."
+
+MASK_PATTERNS = ("*_gt.*", "*_mask.*", "*_mask_*")
+"""Files a folder walk leaves out as masks or ground truth (case-insensitive; CASIA's `*_gt.png`, `*_mask.png`, ...). A file
+named on the command line is analysed whatever its name."""
+
+def is_mask_name(name: str) -> bool:
+    "True when a file name matches one of `MASK_PATTERNS` (a mask or a ground-truth map, not a photograph)."
+    return any(fnmatch.fnmatch(name.lower(), pat) for pat in MASK_PATTERNS)
+
+def is_run_folder(d: Path) -> bool:
+    "True when `d` holds the manifest of an `analyze` run folder (`MANIFEST` with a run identity)."
+    try: return isinstance(m := json.loads((d / MANIFEST).read_text(encoding="utf-8")), dict) and "identity" in m
+    except (OSError, ValueError): return False
+
+OWN_OUTPUT = "forensicslab's own output (an analyze run folder): not analysed"
+MASK_SKIP = f"a mask or ground-truth file ({', '.join(MASK_PATTERNS)}): not analysed (name it on the command line to analyse it)"
+
+def collect_inputs(paths: list[str | Path], exclude: list[str | Path] = ()) -> Inputs:
+    """Image files from files and folders, in order, unique, each with its display name. Folders are walked without following
+    links to folders (no loops); a walk leaves out masks (`MASK_PATTERNS`), the lab's own run folders (`is_run_folder`:
+    their reports and thumbnails) and the folders in `exclude` (the run's own output folder); dangling links, links to
+    folders and folders named like images are listed in `skipped`, with the reason."""
     out, seen = Inputs(), set()
+    excluded = {_real(Path(x)) for x in exclude}
     for p in map(Path, paths):
+        if p.is_dir() and (is_run_folder(p) or _real(p) in excluded):
+            out.skipped.append((p.as_posix(), OWN_OUTPUT)); continue
         if p.is_dir():
             for root, dirs, files in os.walk(p, followlinks=False):
                 dirs.sort(); r = Path(root)
@@ -185,10 +215,13 @@ def collect_inputs(paths: list[str | Path]) -> Inputs:
                     q = r / d
                     if d.startswith("."): dirs.remove(d)
                     elif q.is_symlink(): out.skipped.append((q.relative_to(p).as_posix(), "a link to a folder: not followed (it could loop)"))
+                    elif _real(q) in excluded or is_run_folder(q):
+                        dirs.remove(d); out.skipped.append((q.relative_to(p).as_posix(), OWN_OUTPUT))
                     elif Path(d).suffix.lower() in IMAGE_EXTS: out.skipped.append((q.relative_to(p).as_posix(), "a folder named like an image: searched inside"))
                 for f in sorted(files):
                     q = r / f
                     if f.startswith(".") or q.suffix.lower() not in IMAGE_EXTS: continue
+                    if is_mask_name(f): out.skipped.append((q.relative_to(p).as_posix(), MASK_SKIP)); continue
                     if q.is_symlink() and not q.exists(): out.skipped.append((q.relative_to(p).as_posix(), "a dangling link (or a link loop)"))
                     elif q.is_file() and _real(q) not in seen:
                         seen.add(_real(q)); out.files.append((q, q.relative_to(p).as_posix()))
@@ -307,6 +340,13 @@ def index_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
     return flat, dets
 
 # %% ../../nbs/06g_triage.cli.ipynb #a426a4ec
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"A spreadsheet reads a cell that starts with one of these as a formula (OWASP: CSV injection)."
+
+def csv_cell(v):
+    "A value as a CSV cell a spreadsheet will not run: text that starts like a formula gets a leading `'` (numbers stay numbers)."
+    return "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v
+
 def write_index(out: Path, rows: list[dict], title: str, about: dict | None = None) -> Path:
     """`out/results.csv`, `out/results.json` and `out/index.html` from `rows` (one line per image, linking its case report);
     `about`: what produced them (configuration, backends, pool, provenance, skipped inputs, an early stop) for the banner."""
@@ -316,7 +356,7 @@ def write_index(out: Path, rows: list[dict], title: str, about: dict | None = No
     with open(out / ".results.csv.tmp", "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, cols, extrasaction="ignore")
         w.writeheader()
-        w.writerows(flat)
+        w.writerows({k: csv_cell(v) for k, v in f.items()} for f in flat)
     (out / ".results.csv.tmp").replace(out / "results.csv")
     meta = {k: v for k, v in about.items() if k != "offline_note"}
     (out / ".results.json.tmp").write_text(json.dumps(dict(about=meta, rows=[{k: v for k, v in f.items()} for f in flat]), indent=1, default=str), encoding="utf-8")
@@ -379,18 +419,48 @@ def run_identity(cfg, detectors: list[str] | None, provenance: bool, reference: 
                 provenance=dict(on=provenance, reference=str(Path(reference).resolve()) if reference else None, trust=trust_id),
                 **({"trust_store": hashlib.sha256(Path(trust_store).read_bytes()).hexdigest()[:16]} if trust_store else {}))
 
-def _claim_out(out: Path, ident: str, label: str):
-    "Record the run identity of `out`, or refuse when the folder already holds another identity's results."
+def input_list(paths: list[str | Path]) -> list[str]:
+    "The inputs of a folder run as the manifest records them: each file or folder given, resolved, sorted, once."
+    return sorted({str(_real(Path(p))) for p in paths})
+
+def check_out(out: Path, inputs: list[str] | None = None) -> None:
+    """Refuse an output folder the lab must not write into (an `AnalyzeError`, one line): a file (an input, say), a folder
+    holding files an `analyze` run did not write (no `MANIFEST`: someone's own index.html or results.csv), or a folder
+    that is one of `inputs` or holds one (the run would write among the images it reads)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AnalyzeError(f"--out {out} is a file{' (an input)' if inputs and str(_real(out)) in inputs else ''}: name a new or empty folder")
+    if out.is_dir() and not is_run_folder(out):
+        theirs = sorted(x.name for x in out.iterdir())
+        if theirs:
+            raise AnalyzeError(f"--out {out} holds files forensicslab did not write ({', '.join(theirs[:3])}{', ...' if len(theirs) > 3 else ''}): "
+                               "name a new or empty folder, or one an earlier analyze run wrote")
+    o = _real(out)
+    for i in inputs or []:
+        if o == Path(i) or Path(i).is_relative_to(o):
+            raise AnalyzeError(f"--out {out} holds the input {i}: name a folder outside the inputs (or a new folder inside one, which the walk leaves out)")
+
+def _claim_out(out: Path, ident: str, label: str, inputs: list[str] | None = None):
+    """Record the run identity and the inputs of `out` in its manifest (`MANIFEST`), or refuse (an `AnalyzeError`): a folder
+    that is not empty and holds no manifest (`check_out`), or one holding the results of another configuration or of other
+    inputs. The same configuration over the same inputs resumes."""
+    check_out(out, inputs)
     out.mkdir(parents=True, exist_ok=True)
-    p = out / "analyze.json"
+    p = out / MANIFEST
     if p.is_file():
         try: old = json.loads(p.read_text())
         except ValueError: old = {}
         if old.get("identity") != ident:
             raise AnalyzeError(f"{out} holds the results of another configuration ({old.get('label', '?')}, identity {old.get('identity', '?')}); "
                                "use another --out, or leave --out out to get one folder per configuration")
+        if inputs is not None and old.get("inputs") not in (None, inputs):
+            raise AnalyzeError(f"{out} holds the results of other inputs ({', '.join(old['inputs'][:3])}{', ...' if len(old['inputs']) > 3 else ''}); "
+                               "run with the same inputs to resume, or use another --out (leave --out out: one folder per configuration and inputs)")
+        if inputs is None or old.get("inputs") == inputs: return
+        old["inputs"] = inputs          # a folder from before inputs were recorded: it adopts this run's
+        p.write_text(json.dumps(old, indent=1))
         return
-    p.write_text(json.dumps(dict(identity=ident, label=label), indent=1))
+    p.write_text(json.dumps(dict(identity=ident, label=label, written_by="forensicslab analyze", inputs=inputs), indent=1))
 
 # %% ../../nbs/06g_triage.cli.ipynb #91cc155a
 def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules", auditor_backend: str | None = None,
@@ -401,16 +471,16 @@ def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules
     """Analyse every image of `paths` into `out` (resumable): case reports, thumbnails, `results.csv`, `results.json`, `index.html`;
     returns the rows. `reference`: a folder to search for near-duplicates (its index is refreshed); `trust`: a PEM trust list for C2PA;
     `trust_store`: an experience store for the configurations `trust-lr` and `trust-ds`."""
-    inputs = collect_inputs(paths)
+    out = Path(out)
+    inputs = collect_inputs(paths, exclude=[out])      # the run's own folder is never read back as input
     if not inputs.files: raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}"
                                             + (f" ({'; '.join(f'{p}: {w}' for p, w in inputs.skipped[:5])})" if inputs.skipped else ""))
     cfg = analyze_config(config, auditor_backend, judge_backend, trust_store)
     if trust_store is not None: load_store(trust_store)     # a bad store stops the batch before the first image
     detectors = check_detectors(detectors)
-    out = Path(out)
     manifest = run_identity(cfg, detectors, provenance, reference, trust, trust_store)
     ident = config_hash(manifest)[:12]
-    _claim_out(out, ident, cfg.label)
+    _claim_out(out, ident, cfg.label, input_list(paths))
     ref_index = ReferenceIndex.load(reference) if (provenance and reference) else None
     run = Run(out / "runs" / f"{cfg.name}-{ident[:8]}", config=manifest, backends=cfg.backends)
     history = failure_history(run)
@@ -441,22 +511,79 @@ def _row_of(r: dict) -> dict:
 def _split(names: list[str] | None) -> list[str] | None:
     return [n.strip() for x in names or [] for n in x.split(",") if n.strip()] or None
 
+def skipped_lines(skipped: list[tuple[str, str]], per_reason: int = 3) -> list[str]:
+    "The `skipped ...` lines of a folder run: the first few of each reason, then a count (a CASIA folder has hundreds of masks)."
+    out, seen = [], {}
+    for p, w in skipped:
+        seen[w] = seen.get(w, 0) + 1
+        if seen[w] <= per_reason: out.append(f"skipped {p}: {w}")
+    out += [f"skipped {n - per_reason} more: {w}" for w, n in seen.items() if n > per_reason]
+    return out
+
+class Terminated(KeyboardInterrupt):
+    "SIGTERM during a folder run, raised in the main thread so the run stops as on Ctrl-C: finished rows indexed, then exit 143."
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    "Within the block, SIGTERM raises `Terminated` in the main thread (elsewhere: nothing changes); the old handler is put back."
+    if threading.current_thread() is not threading.main_thread(): yield; return
+    def handler(signum, frame): raise Terminated(f"signal {signum}")
+    old = signal.signal(signal.SIGTERM, handler)
+    try: yield
+    finally: signal.signal(signal.SIGTERM, old)
+
 def default_out(config: str = "rules", auditor_backend: str | None = None, judge_backend: str | None = None,
                 detectors: list[str] | None = None, root: str | Path = "forensicslab-analyze", provenance: bool = True,
-                reference: str | Path | None = None, trust: str | Path | None = None, trust_store: str | Path | None = None) -> Path:
-    "The output folder of one run identity: `root/<preset>-<hash of preset, backends, pool and provenance settings>` (in the working folder)."
+                reference: str | Path | None = None, trust: str | Path | None = None, trust_store: str | Path | None = None,
+                inputs: list[str | Path] | None = None) -> Path:
+    """The output folder of one run identity: `root/<preset>-<hash of preset, backends, pool and provenance settings>` (in the
+    working folder); for a folder run, `inputs` (the files and folders given) are part of the hash: one folder per input set."""
     cfg = analyze_config(config, auditor_backend, judge_backend, trust_store)
-    return Path(root) / f"{cfg.name}-{config_hash(run_identity(cfg, check_detectors(detectors), provenance, reference, trust, trust_store))[:8]}"
+    ident = run_identity(cfg, check_detectors(detectors), provenance, reference, trust, trust_store)
+    if inputs is not None: ident = dict(ident, inputs=input_list(inputs))
+    return Path(root) / f"{cfg.name}-{config_hash(ident)[:8]}"
+
+def report_owner(path: str | Path) -> str | None:
+    """The SHA-256 of the image a case report the lab wrote is about (`''` for a report from before reports recorded it);
+    None when `path` is not a case report the lab wrote (someone's file: never overwritten)."""
+    try:
+        with open(path, "rb") as fh: head = fh.read(4096).decode("utf-8", "replace")
+    except OSError: return None
+    m = re.search(r"<meta name='forensicslab-image' content='([0-9a-f]*)'>", head)
+    return m[1] if m else ("" if "- forensicslab triage</title>" in head else None)
+
+def report_path(image: Path, report: Path | None, out_dir: Path) -> Path:
+    """Where the case report of one image goes, checked so that nothing else is overwritten (an `AnalyzeError`, one line):
+    `report` must not be the image itself, a folder, a file the lab did not write or another image's report; in `out_dir`
+    the report is `IMAGE.triage.html`, or `IMAGE-<hash>.triage.html` when another image of that name has the first."""
+    def sha():
+        try: return _sha256(image)
+        except OSError: return None          # unreadable: load_image names the problem in one line
+    if report is not None:
+        p = Path(report)
+        if _real(p) == _real(image): raise AnalyzeError(f"--report {report} is the image being analysed: name a new .html file")
+        if p.is_dir(): raise AnalyzeError(f"--report {report} is a folder: name a file (or give the folder as --out)")
+        if p.exists():
+            owner = report_owner(p)
+            if owner is None: raise AnalyzeError(f"--report {report} is a file forensicslab did not write: name a new .html file")
+            if owner and owner != sha(): raise AnalyzeError(f"--report {report} holds the case report of another image: name a new .html file")
+        return p
+    if out_dir.exists() and not out_dir.is_dir(): raise AnalyzeError(f"--out {out_dir} is a file, not a folder: name a folder")
+    p = out_dir / f"{image.stem}.triage.html"
+    if not p.exists(): return p
+    owner, mine = report_owner(p), sha()
+    if owner is None: raise AnalyzeError(f"{p} is a file forensicslab did not write: give --report PATH or another --out")
+    return p if owner in ("", mine) or mine is None else out_dir / f"{image.stem}-{mine[:8]}.triage.html"
 
 def _single(image: Path, config, auditor_backend, judge_backend, detectors, report, no_cache, as_json, controls=None,
             out_dir: Path | None = None, provenance: bool = True, reference: Path | None = None, trust: Path | None = None,
             trust_store: Path | None = None) -> int:
     "Analyse one image on the terminal (its case report into `out_dir`, or at `report`); returns the exit status."
+    out = report_path(Path(image), report, out_dir or default_out(config, auditor_backend, judge_backend, detectors))
     with chat_context(case=Path(image).name):
         img, dets, cards, res = analyze_image(image, config, auditor_backend, judge_backend, detectors, cache=not no_cache, controls=controls,
                                               trust_store=trust_store)
     prov = case_provenance(img, dets, ReferenceIndex.load(reference) if (provenance and reference) else None, trust, provenance)
-    out = Path(report) if report else (out_dir or default_out(config, auditor_backend, judge_backend, detectors)) / f"{Path(image).stem}.triage.html"
     if as_json:
         rec = json.loads(res.model_dump_json())
         rec.update(file={k: v for k, v in file_facts(img).items()}, provenance=None if prov is None else evidence_json(prov))
@@ -507,6 +634,7 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
     dets = _split(detectors)
     no_cache = no_cache or controls.cache == "off"
     if no_cache and controls.cache != "off": controls = type(controls).of(controls, cache="off")
+    target = None
     try:
         if trust_store is not None and config == "rules": config = "trust-lr"   # the default configuration of a store
         kind = analyze_config(config, trust_store=trust_store).kind
@@ -515,21 +643,32 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
         if controls is not None and kind in ("pipeline", "single"):
             judge_backend = judge_backend or controls.backends.get("judge" if kind == "pipeline" else "single") or controls.backends.get("*")
         if reference is not None and not reference.is_dir(): raise AnalyzeError(f"--reference {reference}: no such folder")
-        inputs = collect_inputs(paths)
+        cfg = analyze_config(config, auditor_backend, judge_backend, trust_store)
+        if not cfg.offline: preflight(cfg.backends.values(), cache=None if controls is None else controls.cache)   # keys, servers: before any image
+        single = len(paths) == 1 and not paths[0].is_dir()
+        if report is not None and not single: raise AnalyzeError("--report names the case report of one image; for several images give --out FOLDER")
+        target = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust,
+                                    trust_store=trust_store, inputs=None if single else paths)
+        if not single: check_out(target, input_list(paths))   # someone's folder, an input: refused before any work
+        inputs = collect_inputs(paths, exclude=[] if single else [target])
         if not inputs.files:
             why = "; ".join(f"{p}: {w}" for p, w in inputs.skipped[:5])
             raise AnalyzeError(f"no images found in {', '.join(map(str, paths))}" + (f" ({why})" if why else ""))
-        target = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust,
-                                    trust_store=trust_store)
-        if len(inputs.files) == 1 and not paths[0].is_dir():
+        if single:
             raise typer.Exit(_single(inputs.files[0][0], config, auditor_backend, judge_backend, dets, report, no_cache, as_json, controls,
                                      target, not no_provenance, reference, trust, trust_store))
-        for p, w in inputs.skipped:
-            if not as_json: typer.echo(f"skipped {p}: {w}", err=True)
-        rows = analyze_batch(paths, target, config, auditor_backend, judge_backend, dets, cache=not no_cache, progress=not as_json,
-                             controls=controls, provenance=not no_provenance, reference=reference, trust=trust,
-                                    trust_store=trust_store)
+        if not as_json:
+            for line in skipped_lines(inputs.skipped): typer.echo(line, err=True)
+        with stop_on_sigterm():
+            rows = analyze_batch(paths, target, config, auditor_backend, judge_backend, dets, cache=not no_cache, progress=not as_json,
+                                 controls=controls, provenance=not no_provenance, reference=reference, trust=trust,
+                                 trust_store=trust_store)
     except typer.Exit: raise
+    except KeyboardInterrupt as e:      # Ctrl-C or SIGTERM: analyze_batch has written the finished rows' index
+        t = None if target is None else Path(target) / "index.html"
+        typer.echo(f"{'terminated' if isinstance(e, Terminated) else 'interrupted'}"
+                   + (f": the finished images are in {t}; run the same command again to resume" if t is not None and t.is_file() else ""), err=True)
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130)
     except ImageError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
@@ -537,7 +676,7 @@ def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or fold
         typer.echo(f"error: {e.args[0] if e.args else e}", err=True)
         if out is not None or paths and len(paths) > 1 or paths[0].is_dir():
             t = out or default_out(config, auditor_backend, judge_backend, dets, provenance=not no_provenance, reference=reference, trust=trust,
-                                    trust_store=trust_store)
+                                    trust_store=trust_store, inputs=paths)
             if (Path(t) / "index.html").is_file() and "stopped" in (Path(t) / "index.html").read_text(encoding="utf-8"):
                 typer.echo(f"the finished images are in {Path(t) / 'index.html'}; run the same command again to resume", err=True)
         raise typer.Exit(2)

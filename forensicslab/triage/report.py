@@ -282,7 +282,8 @@ def case_report_html(image, detections: dict[str, Detection], cards: dict[str, T
     img = load_image(image)
     offline = res.usage.calls == 0 if offline is None else offline
     ff = file_facts(img)
-    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)} - forensicslab triage</title>",
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='generator' content='forensicslab'>"
+             f"<meta name='forensicslab-image' content='{_e(ff['sha256'] or '')}'><title>{_e(title)} - forensicslab triage</title>",
              f"<style>{_CSS}</style></head><body>",
              f"<h1>Triage case report: {_e(title)}</h1>",
              f"<div class='meta'>configuration <b>{_e(res.config)}</b>" + (f" ({_e(backends)})" if backends else "")
