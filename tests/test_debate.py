@@ -162,7 +162,7 @@ def test_every_strategy_end_to_end_with_concurrency_and_replay(strategy, nc_fixt
         retr = Retriever(ix, cache_dir=tmp_path / "retrieval")
         cfg = DebateConfig(strategy=strategy)
         t0 = time.perf_counter()
-        rows = run_llm_setup(ds, [get_model(spec, cache="rw", cache_path=cache)] * cfg.n_agents, cfg, tmp_path / "run1", retr, workers=6)
+        rows = run_llm_setup(ds, [get_model(spec, {"cache": "rw", "cache_path": str(cache)})] * cfg.n_agents, cfg, tmp_path / "run1", retr, workers=6)
         wall = time.perf_counter() - t0
         hits = url.hits
         assert all(r["status"] == "ok" and r["pred"] in (0, 1) for r in rows), [(r.get("failure"), r.get("error")) for r in rows]
@@ -171,7 +171,7 @@ def test_every_strategy_end_to_end_with_concurrency_and_replay(strategy, nc_fixt
         assert state["max"] >= 2, f"{hits} calls never overlapped ({wall:.2f} s): samples did not run concurrently"
         # warm cache: a fresh run folder, replay-only models, the same retriever cache -> no server hits at all
         retr2 = Retriever(ix, cache_dir=tmp_path / "retrieval")
-        rows2 = run_llm_setup(ds, [get_model(spec, cache="replay", cache_path=cache)] * cfg.n_agents, cfg, tmp_path / "run2", retr2, workers=6)
+        rows2 = run_llm_setup(ds, [get_model(spec, {"cache": "replay", "cache_path": str(cache)})] * cfg.n_agents, cfg, tmp_path / "run2", retr2, workers=6)
         assert url.hits == hits and retr2.calls == 0
     assert [r.get("pred") for r in rows2] == [r["pred"] for r in rows], [r.get("error") for r in rows2]
     assert all(r["cached_calls"] == r["n_calls"] and r["cost_usd"] == 0 for r in rows2)
@@ -592,7 +592,7 @@ def test_study_llm_path_with_local_server(tmp_path, monkeypatch):
 def test_each_agent_round0_call_reaches_the_server_at_temperature_0(tmp_path):
     "Two agents, identical prompts, temperature 0, reply cache on: two round-0 requests (not one plus a cache hit)."
     with openai_server(scripted) as url:
-        m = get_model(f"openai-compatible:{url}#no", cache="rw", cache_path=tmp_path / "c.sqlite", defaults={"temperature": 0})
+        m = get_model(f"openai-compatible:{url}#no", {"cache": "rw", "cache_path": str(tmp_path / "c.sqlite"), "defaults": {"temperature": 0}})
         r = run_debate(DebateInput(_sample(), CTX), [m, m], DebateConfig(strategy="async_human", max_rounds=1, diversity="none"))
         round0 = url.calls[:2]
         assert url.hits == 2 and r.converged_round == 0                     # both agents said no: converged, but both asked
@@ -889,3 +889,19 @@ def test_sampled_agents_differ_by_draw(tmp_path):
                    DebateConfig(strategy="async_ai", n_agents=3, max_rounds=0, diversity="sample", sc_temperature=0.9))
         temps = [c.json.get("temperature") for c in url.calls]
     assert len(url.calls) == 3 and temps == [0.9, 0.9, 0.9]
+
+
+# ---------- the majority rule of an unresolved debate, by hand ----------
+def test_majority_rule_hand_cases():
+    from forensicslab.debate.judge import majority, settle
+    from forensicslab.debate.records import DebateError, DebateResult
+    assert majority({"a": True, "b": False, "c": False}) == (False, False)         # 1 yes, 2 no: no, not a tie
+    assert majority({"a": False, "b": True, "c": True}) == (True, False)           # 2 yes, 1 no: yes
+    # ties: the first agent's answer by default (dict order), else the named side
+    assert majority({"a": False, "b": True}) == (False, True) and majority({"b": True, "a": False}) == (True, True)
+    assert majority({"a": False, "b": True, "c": True, "d": False}) == (False, True)
+    assert majority({"a": False, "b": True}, "yes") == (True, True) and majority({"a": True, "b": False}, "no") == (False, True)
+    with pytest.raises(DebateError, match="tie_break"): majority({"a": True, "b": False}, "coin")
+    res = DebateResult(sample_id="s", strategy="async_ai", retrieval=False, context="")
+    res.rounds = [{"a": True, "b": True, "c": False}, {"a": True, "b": False, "c": False}]   # the last round decides
+    assert settle(res).final is False and res.unresolved

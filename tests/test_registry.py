@@ -5,6 +5,9 @@ from typer.testing import CliRunner
 
 from forensicslab.core import FAMILIES, ForensicsLabError, Registry, UnknownName
 from forensicslab.chat.cli import CHECK_ROLES, check_model
+from forensicslab.chat.models import BACKENDS
+from forensicslab.debate.agents import STRATEGY_RUNNERS
+from forensicslab.debate.records import STRATEGIES
 from forensicslab.debate.data import FETCH, LOADERS, DatasetError, FetchError, fetch_dataset, load_ooc
 from forensicslab.detectors import pool as D
 from forensicslab.detectors.weights import SOURCES, WeightsError, get_source
@@ -27,7 +30,8 @@ REGISTRIES = {"FAMILIES": FAMILIES, "CHECK_ROLES": CHECK_ROLES, "debate FETCH": 
               "detectors": D._FACTORIES, "NORMALISERS": D.NORMALISERS, "SOURCES": SOURCES,
               "PROGRESS_NOTES": PROGRESS_NOTES, "FETCHERS": FETCHERS, "DATASET_KINDS": DATASET_KINDS,
               "zoom TOOL_SETS": TOOL_SETS, "zoom RENDERERS": RENDERERS, "TRUST_CONFIGS": TRUST_CONFIGS,
-              "PHOTOS": photos.PHOTOS}
+              "PHOTOS": photos.PHOTOS, "chat BACKENDS": BACKENDS, "debate STRATEGIES": STRATEGIES,
+              "debate STRATEGY_RUNNERS": STRATEGY_RUNNERS}
 
 
 @pytest.mark.parametrize("name", REGISTRIES)

@@ -185,7 +185,7 @@ def test_episode_reward_format_failures():
 # ---- over the wire ----------------------------------------------------------------------------
 def _model(url):
     from forensicslab.chat.models import get_model
-    return get_model(f"openai-compatible:{url}#zoom-test", api_key="test", max_attempts=1)
+    return get_model(f"openai-compatible:{url}#zoom-test", {"attempts": 1, "cache": "off"}, api_key="test")
 
 
 def test_llm_policy_end_to_end(image):
@@ -390,3 +390,13 @@ def test_weaker_lighting_is_dimmer():
     rgb = np.ascontiguousarray(artifact_photo("coffee")[:300, :400])
     gain = lambda s: np.abs(render_lighting(rgb, np.random.default_rng(5), strength=s)[0].astype(int) - rgb).sum()
     assert gain(0.35) < 0.5 * gain(1.0)
+
+
+def test_union_iou_hand_cases():
+    # overlap 1x2 of a 2x2 and a 2x2 box: intersection 2, union 4 + 4 - 2 = 6
+    assert union_iou([[0, 0, 2, 2]], [[1, 0, 3, 2]]) == pytest.approx(2 / 6)
+    assert union_iou([[0, 0, 4, 4]], [[1, 1, 3, 3]]) == pytest.approx(4 / 16)                # nested: 4 of 16
+    assert union_iou([[0, 0, 2, 2]], [[2, 0, 4, 2]]) == 0.0                                  # boxes sharing an edge: no overlap
+    # the union of overlapping predictions counts their overlap once: [0, 3) x [0, 2) against the same area
+    assert union_iou([[0, 0, 2, 2], [1, 0, 3, 2]], [[0, 0, 3, 2]]) == pytest.approx(1.0)
+    assert union_iou([], [[0, 0, 1, 1]]) == 0.0 and union_iou([[0, 0, 1, 1]], []) == 0.0

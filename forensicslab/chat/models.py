@@ -12,7 +12,6 @@ import json
 import re
 import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from .backends import (Backend, Blocked, Capabilities, Completion, GeminiBackend
                                         Prepared, ReplyTooLarge, extra_for, prepare_messages, schema_json,
                                         with_schema_instruction)
 from .cache import CACHE_MODES, CacheMiss, ChatCache, SampleCounter, cache_key, default_cache_path
-from ..core import ChatFailure, ForensicsLabError, Reply
+from ..core import ChatFailure, ForensicsLabError, Registry, Reply
 from ..net import is_rate_limit
 from ..runs import PROGRESS_NOTES
 from .reliability import (Budget, BudgetExceeded, PriceTable,
@@ -38,16 +37,46 @@ from .reliability import (Budget, BudgetExceeded, PriceTable,
 install_log_redaction()
 
 # %% auto #0
-__all__ = ['BACKENDS', 'ModelSpec', 'parse_spec', 'repair_json', 'SchemaError', 'parse_reply', 'chat_context', 'current_context',
-           'usage_of', 'ContextTooLong', 'CapabilityError', 'TruncatedReply', 'UnpricedModel', 'copied_placeholder',
-           'AdaptiveLimiter', 'Model', 'get_model', 'ControlsError', 'ModelControls']
+__all__ = ['BACKENDS', 'SpecError', 'ModelSpec', 'parse_spec', 'repair_json', 'SchemaError', 'parse_reply', 'chat_context',
+           'current_context', 'usage_of', 'ContextTooLong', 'CapabilityError', 'TruncatedReply', 'UnpricedModel',
+           'copied_placeholder', 'AdaptiveLimiter', 'Model', 'get_model', 'ControlsError', 'ModelControls']
 
 # %% ../../nbs/05_chat.models.ipynb #e199e767
-BACKENDS = ("openai", "openai-compatible", "gemini", "hf", "vllm", "llamacpp", "tfserve")
-"""Backend kinds a spec may name; `vllm:`, `llamacpp:` and `tfserve:` are `openai-compatible:` servers of a known
-family (`vllm:http://host:8000/v1#model`), whose request builder they pick."""
+class SpecError(ForensicsLabError, ValueError):
+    "A model spec that cannot be read: an unknown backend kind, a missing model name, a malformed server URL."
+
+BACKENDS: Registry = Registry("chat backend", error=SpecError)
+"""Backend kinds a spec may name (`kind:model`), each with the function that builds its `Backend` from the parsed spec:
+`build(spec, base_url, api_key, timeout, options) -> Backend` (`get_model` calls it). `vllm:`, `llamacpp:` and `tfserve:`
+are `openai-compatible:` servers of a known family (`vllm:http://host:8000/v1#model`), whose request builder they pick.
+A new kind is `BACKENDS.register("kind", build)`."""
 
 _SERVER_OF = {"vllm": "vllm", "llamacpp": "llamacpp", "tfserve": "transformers"}
+
+def _build_openai(spec, base_url, api_key, timeout, options) -> Backend:
+    "OpenAI, or any OpenAI-compatible server (`options['server']` names its family)."
+    return OpenAIBackend(spec.model, base_url=base_url, api_key=api_key, provider=spec.backend, timeout=timeout, **options)
+
+def _build_server(server: str):
+    "The builder of an OpenAI-compatible server of family `server` (a spec naming the family directly)."
+    def build(spec, base_url, api_key, timeout, options) -> Backend:
+        return OpenAIBackend(spec.model, base_url=base_url, api_key=api_key, provider="openai-compatible", timeout=timeout,
+                             **{"server": server, **options})
+    return build
+
+def _build_gemini(spec, base_url, api_key, timeout, options) -> Backend:
+    return GeminiBackend(spec.model, api_key=api_key, base_url=base_url, timeout=timeout, **options)
+
+def _build_hf(spec, base_url, api_key, timeout, options) -> Backend:
+    "A local transformers model (no server: a base URL is an error, the API key is not used)."
+    if base_url: raise SpecError("hf: models are local; base_url does not apply")
+    return HFBackend(spec.model, **options)
+
+BACKENDS.register("openai", _build_openai)
+BACKENDS.register("openai-compatible", _build_openai)
+BACKENDS.register("gemini", _build_gemini)
+BACKENDS.register("hf", _build_hf)
+for _kind, _server in _SERVER_OF.items(): BACKENDS.register(_kind, _build_server(_server))
 
 _SPEC_HELP = ("use 'openai:MODEL', 'openai-compatible:BASE_URL#MODEL' (or vllm:, llamacpp:, tfserve:), 'gemini:MODEL', 'hf:PATH_OR_REPO' or 'hf:/folder#model.gguf', "
               "or a dict {'backend': ..., 'model': ..., 'base_url': ...}")
@@ -69,22 +98,22 @@ def parse_spec(spec: Union[str, dict, ModelSpec]) -> ModelSpec:
     if isinstance(spec, dict):
         d = dict(spec)
         kind, model = d.pop("backend", None), d.pop("model", None)
-        if kind not in BACKENDS or not model: raise ValueError(f"bad model spec {spec!r}: {_SPEC_HELP}")
+        if kind not in BACKENDS or not model: raise SpecError(f"bad model spec {spec!r}: {_SPEC_HELP}")
         if kind in _SERVER_OF: kind, d["server"] = "openai-compatible", _SERVER_OF[kind]
         return ModelSpec(kind, str(model), d.pop("base_url", None), d)
-    if not isinstance(spec, str) or ":" not in spec: raise ValueError(f"bad model spec {spec!r}: {_SPEC_HELP}")
+    if not isinstance(spec, str) or ":" not in spec: raise SpecError(f"bad model spec {spec!r}: {_SPEC_HELP}")
     kind, rest = spec.split(":", 1)
     kind, rest = kind.strip().lower(), rest.strip()
-    if kind not in BACKENDS: raise ValueError(f"unknown backend {kind!r} in spec {spec!r}: {_SPEC_HELP}")
+    if kind not in BACKENDS: raise SpecError(f"unknown backend {kind!r} in spec {spec!r}: {_SPEC_HELP}")
     if kind == "openai-compatible" or kind in _SERVER_OF:
         url, sep, model = rest.rpartition("#")
         if not sep or not url.startswith(("http://", "https://")) or not model:
-            raise ValueError(f"bad spec {spec!r}: an OpenAI-compatible server is '{kind}:http://host:port/v1#MODEL'")
+            raise SpecError(f"bad spec {spec!r}: an OpenAI-compatible server is '{kind}:http://host:port/v1#MODEL'")
         return ModelSpec("openai-compatible", model, url, {"server": _SERVER_OF[kind]} if kind in _SERVER_OF else {})
-    if not rest: raise ValueError(f"bad model spec {spec!r}: the model name is missing; {_SPEC_HELP}")
+    if not rest: raise SpecError(f"bad model spec {spec!r}: the model name is missing; {_SPEC_HELP}")
     if kind == "hf" and "#" in rest:   # hf:/folder#model.gguf: a GGUF file, converted once to safetensors
         folder, _, gguf = rest.rpartition("#")
-        if not folder or not gguf.endswith(".gguf"): raise ValueError(f"bad spec {spec!r}: a GGUF model is 'hf:/folder#model.gguf'")
+        if not folder or not gguf.endswith(".gguf"): raise SpecError(f"bad spec {spec!r}: a GGUF model is 'hf:/folder#model.gguf'")
         return ModelSpec(kind, folder, options={"gguf_file": gguf})
     return ModelSpec(kind, rest)
 
@@ -613,24 +642,11 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 # %% ../../nbs/05_chat.models.ipynb #eabd8213
-_LEGACY = {"cache": "cache", "cache_path": "cache_path", "trace_path": "trace", "run": "run", "timeout": "timeout",
-           "attempt_timeout": "attempt_timeout", "max_attempts": "attempts", "concurrency": "concurrency",
-           "max_image_side": "max_image_side", "defaults": "defaults", "prices": "prices"}
-
-def _legacy_controls(controls: Any, options: dict) -> Any:
-    "Fold the keyword arguments of the old `get_model` signature into controls (with a `DeprecationWarning`)."
-    old = {k: options.pop(k) for k in list(options) if k in _LEGACY or k in ("budget", "retry")}
-    if not old: return controls
-    warnings.warn(f"get_model({', '.join(f'{k}=...' for k in old)}) is deprecated: pass the run controls as "
-                  f"controls=ModelControls.of({{...}}) (keys: {', '.join(sorted(set(_LEGACY.values())))})",
-                  DeprecationWarning, stacklevel=3)
-    base = {"cache": "off"} if controls is None else ModelControls.of(controls).model_dump()
-    flat = {_LEGACY[k]: (str(v) if isinstance(v, Path) else v) for k, v in old.items() if k in _LEGACY and v is not None}
-    c = ModelControls.of({**base, **flat})
-    if isinstance(controls, ModelControls): c._budget, c._retry = controls._budget, controls._retry
-    if old.get("budget") is not None: c._budget = old["budget"]
-    if old.get("retry") is not None: c._retry = old["retry"]
-    return c
+_RUN_CONTROLS = {"cache": "cache", "cache_path": "cache_path", "trace_path": "trace", "run": "run", "timeout": "timeout",
+                 "attempt_timeout": "attempt_timeout", "max_attempts": "attempts", "concurrency": "concurrency",
+                 "max_image_side": "max_image_side", "defaults": "defaults", "prices": "prices", "budget": "budget_usd",
+                 "retry": "attempts"}
+"Run controls that once were keyword arguments of `get_model`, and the `ModelControls` key that holds each now."
 
 def get_model(spec: Union[str, dict, ModelSpec], controls: Any = None, *, role: Optional[str] = None, **options) -> Model:
     """Build a `Model` from a spec and its run controls. `controls` (a `ModelControls` or anything `ModelControls.of`
@@ -638,24 +654,20 @@ def get_model(spec: Union[str, dict, ModelSpec], controls: Any = None, *, role: 
     budget and prices, time budget and attempt deadline, attempts and rate-limit waits, structured mode,
     `max_tokens`/`temperature` overrides, reply cap, concurrency, image size and detail (per role), default parameters.
     `role` picks the per-role values. `options` are the backend's own: `api_key`, `base_url`, `server`, `device`,
-    `dtype`, `chat_template`, `structured`, `accepts_temperature`, ... (the old run-control keywords, `cache=...`,
-    `timeout=...`, still work for now, with a `DeprecationWarning`)."""
-    c = _legacy_controls(controls, options)
-    c = ModelControls.of({"cache": "off"} if c is None else c)
+    `dtype`, `chat_template`, `structured`, `accepts_temperature`, ...; a run control given as a keyword (`cache=...`,
+    `timeout=...`) is a one-line `ControlsError` naming its key in `controls`. The backend is built by `BACKENDS[kind]`."""
+    if old := [k for k in options if k in _RUN_CONTROLS]:
+        raise ControlsError(f"get_model({', '.join(f'{k}=...' for k in old)}): run controls go in controls, e.g. get_model(spec, "
+                            f"{{{', '.join(repr(_RUN_CONTROLS[k]) + ': ...' for k in old)}}}), not in keyword arguments")
+    c = ModelControls.of({"cache": "off"} if controls is None else controls)
     s = parse_spec(spec)
     opts = {**s.options, **options}
     opts.setdefault("structured", c.structured)
     url = opts.pop("base_url", None) or s.base_url
     api_key = opts.pop("api_key", None)
     conc = opts.pop("concurrency", None) or c.concurrency
-    try:
-        if s.backend in ("openai", "openai-compatible"):
-            be = OpenAIBackend(s.model, base_url=url, api_key=api_key, provider=s.backend, timeout=c.timeout, **opts)
-        elif s.backend == "gemini":
-            be = GeminiBackend(s.model, api_key=api_key, base_url=url, timeout=c.timeout, **opts)
-        else:
-            if url: raise ValueError("hf: models are local; base_url does not apply")
-            be = HFBackend(s.model, **opts)
+    build = BACKENDS[s.backend]
+    try: be = build(s, url, api_key, c.timeout, opts)
     except ImportError as e: raise extra_for(e, f"{s.backend}:{s.model}") from None   # a missing package names its extra
     retry = c._retry or RetryPolicy(max_attempts=c.attempts, base_delay=c.backoff_s, max_waits=c.max_waits)
     return Model(be, cache=c.cache, cache_path=c.cache_path, trace_path=c.trace, run=c.run, budget=c.budget,

@@ -14,10 +14,10 @@ from typing import Any, Literal, Optional, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Sample
+from ..core import ChatFailure, ChatMessage, ChatModel, ForensicsLabError, Registry, Sample
 from ..chat.models import Model, ModelControls, get_model
 from ..chat.prompts import fence, prompt_hash, render_prompt
-from .records import Critique, DebateAnswer, DebateConfig, DebateResult, DisambiguationAnswer, Turn
+from .records import Critique, DebateAnswer, DebateConfig, DebateError, DebateResult, DisambiguationAnswer, Turn
 from .judge import check_convergence, settle
 from .retrieval import ExtractiveQA, PageHit, RetrievalResult
 
@@ -25,8 +25,8 @@ def _prompt(name: str, **fields) -> str:
     return render_prompt("debate", name, **fields).strip()
 
 # %% auto #0
-__all__ = ['LENSES', 'RUN_CONTROLS', 'AgentFailed', 'StanceBroken', 'LLMAgent', 'format_answer', 'DebateInput', 'run_debate',
-           'models_from_spec']
+__all__ = ['LENSES', 'STRATEGY_RUNNERS', 'RUN_CONTROLS', 'AgentFailed', 'StanceBroken', 'LLMAgent', 'format_answer',
+           'DebateInput', 'run_debate', 'models_from_spec']
 
 # %% ../../nbs/07e_debate.agents.ipynb #df25a589
 class AgentFailed(ForensicsLabError):
@@ -116,12 +116,9 @@ def run_debate(inp: DebateInput, models: ChatModel | Sequence[ChatModel], config
                        context=inp.context_text(cfg.retrieval), prompts=prompt_hash("debate"),
                        sources=ctx.sources() if (ctx is not None and cfg.retrieval) else [],
                        retrieval_error=ctx.error if (ctx is not None and cfg.retrieval) else None)
+    run = STRATEGY_RUNNERS[cfg.strategy]
     t0 = time.perf_counter()
-    try:
-        if cfg.strategy in ("async_human", "async_ai", "sync_human", "sync_ai", "disambiguation", "single"): _async(inp, models, cfg, res, qa or ExtractiveQA())
-        elif cfg.strategy == "self_consistency": _self_consistency(inp, models, cfg, res)
-        elif cfg.strategy == "judged": _judged(inp, models, cfg, res, judge or models[0])
-        else: _actor_skeptic(inp, models, cfg, res)
+    try: run(inp, models, cfg, res, judge, qa)
     except AgentFailed as e:
         res.status, res.failure, res.final = "failed", str(e), None
         res.failure_kind = "stance" if isinstance(e, StanceBroken) else "malformed"
@@ -276,6 +273,22 @@ def _actor_skeptic(inp, models, cfg, res):
         res.turns.append(_turn(r, "actor", "revise", ans, rep))
         res.rounds.append({"actor": ans.misinformation})
     res.final = ans.misinformation
+
+# %% ../../nbs/07e_debate.agents.ipynb #a4e1c0d2
+STRATEGY_RUNNERS: Registry = Registry("debate strategy runner", error=DebateError)
+"""The code that runs each strategy of `STRATEGIES`: `run(inp, models, cfg, res, judge, qa)` fills `res` (rounds, turns,
+final answer) in place; `judge` is the judged strategy's judge model (default: the first model) and `qa` the question
+answerer of `disambiguation` (default: `ExtractiveQA`)."""
+
+def _run_async(inp, models, cfg, res, judge, qa): _async(inp, models, cfg, res, qa or ExtractiveQA())
+def _run_self_consistency(inp, models, cfg, res, judge, qa): _self_consistency(inp, models, cfg, res)
+def _run_judged(inp, models, cfg, res, judge, qa): _judged(inp, models, cfg, res, judge or models[0])
+def _run_actor_skeptic(inp, models, cfg, res, judge, qa): _actor_skeptic(inp, models, cfg, res)
+
+for _name in ("async_human", "async_ai", "sync_human", "sync_ai", "disambiguation", "single"): STRATEGY_RUNNERS.register(_name, _run_async)
+STRATEGY_RUNNERS.register("self_consistency", _run_self_consistency)
+STRATEGY_RUNNERS.register("judged", _run_judged)
+STRATEGY_RUNNERS.register("actor_skeptic", _run_actor_skeptic)
 
 # %% ../../nbs/07e_debate.agents.ipynb #9ee34e0e
 RUN_CONTROLS = ("temperature", "max_tokens", "budget_usd", "budget_tokens", "cache", "cache_path", "timeout", "structured")

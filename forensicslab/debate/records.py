@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from ..core import FAMILIES, ForensicsLabError, register_family
+from ..core import FAMILIES, ForensicsLabError, Registry, register_family
 
 # %% auto #0
 __all__ = ['ANSWER_SCHEMAS', 'DEBATE_FAMILIES', 'STRATEGIES', 'DIVERSITY', 'DebateAnswer', 'DisambiguationAnswer', 'Critique',
@@ -115,7 +115,19 @@ class DebateResult(BaseModel):
 # %% ../../nbs/07_debate.records.ipynb #fd1eb217
 class DebateError(ForensicsLabError, ValueError):
     "A debate cannot run as asked (an unknown strategy or tie-break)."
-STRATEGIES = ("async_human", "async_ai", "sync_human", "sync_ai", "judged", "actor_skeptic", "disambiguation", "single", "self_consistency")
+STRATEGIES: Registry = Registry("debate strategy", {
+    "async_human": "agents answer in turn, each hearing the others' latest answers; told the others are human fact-checkers",
+    "async_ai": "agents answer in turn, each hearing the others' latest answers; told the others are AI models",
+    "sync_human": "every agent of a round hears only the previous round's answers; told the others are human fact-checkers",
+    "sync_ai": "every agent of a round hears only the previous round's answers; told the others are AI models",
+    "judged": "two debaters keep assigned opposite sides for every round; a judge reads the transcript and decides",
+    "actor_skeptic": "an actor answers, a skeptic critiques, the actor revises until the skeptic is satisfied",
+    "disambiguation": "asynchronous rounds in which the agents also ask questions, answered from the retrieved pages",
+    "single": "one agent, one answer",
+    "self_consistency": "independent sampled answers of one agent, majority vote (the compute-matched ensemble)",
+}, error=DebateError)
+"""The strategies a `DebateConfig` may name, each with what it does (`debate.agents.STRATEGY_RUNNERS` holds the code that
+runs each). A new strategy registers here and there."""
 DIVERSITY = ("lens", "sample", "none")
 
 class DebateConfig(BaseModel):
@@ -132,7 +144,7 @@ class DebateConfig(BaseModel):
     sc_temperature: float = Field(0.7, gt=0, description="temperature of sampled agents and of self-consistency draws")
 
     def model_post_init(self, _):
-        if self.strategy not in STRATEGIES: raise DebateError(f"unknown strategy {self.strategy!r}; use one of {STRATEGIES}")
+        if self.strategy not in STRATEGIES: raise STRATEGIES.unknown(self.strategy)
         if self.diversity not in DIVERSITY: raise DebateError(f"unknown diversity {self.diversity!r}; use one of {DIVERSITY}")
         if self.strategy == "single" and self.n_agents != 1: object.__setattr__(self, "n_agents", 1)
         if self.strategy in ("judged", "actor_skeptic") and self.n_agents != 2: object.__setattr__(self, "n_agents", 2)
