@@ -306,7 +306,8 @@ def test_study_grid_offline_and_llm(tmp_path):
     "run_grid on a few real images: shared Stage 0, one resumable run per configuration, Table 4 and McNemar."
     from forensicslab.core import Sample
     from forensicslab.chat.testing import openai_server
-    from forensicslab.triage.study import mcnemar_pairs, rows_written, run_grid, study_configs, table4
+    from forensicslab.triage.configs import study_configs
+    from forensicslab.triage.study import mcnemar_pairs, rows_written, run_grid, table4
     photos = {"coffee": (skdata.coffee(), 0), "astronaut": (skdata.astronaut(), 1), "chelsea": (skdata.chelsea(), 0)}
     samples = []
     for name, (rgb, label) in photos.items():

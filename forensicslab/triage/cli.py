@@ -40,7 +40,8 @@ from ..provenance.evidence import evidence_json, gather, provenance_flags
 from ..runs import Case, Run, config_hash
 from .report import OFFLINE_NOTE, file_facts, write_case_report
 from .data import Evidence, stage0, study_samples
-from .study import build_config, failure_history, preset
+from .configs import build_config, preset
+from .study import failure_history
 from .trust import (CONTEXT_FACTS, TRUST_CONFIGS, TrustStore, auditor_rules, calibration, crossfit, eval_cases, summary_text,
                                        trust_runner)
 
