@@ -360,3 +360,24 @@ def test_stage0_runs_detectors_single_threaded_and_restores(tmp_path):
         assert seen == {"torch": 2, "cv2": 2}
     finally:
         torch.set_num_threads(before[0]); cv2.setNumThreads(before[1]); D.unregister("t_probe")
+
+
+# --- the Stage 0 fire rule: a detector fires when its normalised score is ABOVE the card's threshold ---------------------
+def test_fire_rule_is_score_above_threshold_not_at_it(tmp_path):
+    assert not Detection.from_score("x", 0.5).fired and Detection.from_score("x", 0.5 + 2 ** -10).fired
+    assert not Detection.from_score("x", 0.25, threshold=0.25).fired and Detection.from_score("x", 0.3, threshold=0.25).fired
+    with pytest.raises(ValueError, match="score > threshold"):
+        Detection(detector="x", score=0.5, fired=True, threshold=0.5)       # a record that says "fired at the threshold"
+    # through Stage 0: two doubles whose identity-normalised scores sit exactly at 0.5 and one step above it
+    class At:
+        card = write_card(tmp_path, "t_at")
+        def detect(self, image): return D.make_detection(self.card, 0.5)
+    class Above:
+        card = write_card(tmp_path, "t_above")
+        def detect(self, image): return D.make_detection(self.card, 0.5 + 2 ** -10)
+    D.register("t_at")(At); D.register("t_above")(Above)
+    try:
+        res = D.run_pool(photo(64, 48), ["t_at", "t_above"])
+    finally:
+        D.unregister("t_at"); D.unregister("t_above")
+    assert {k: (d.status, d.score, d.fired) for k, d in res.items()} == {"t_at": ("ok", 0.5, False), "t_above": ("ok", 0.5 + 2 ** -10, True)}

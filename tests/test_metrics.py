@@ -28,3 +28,12 @@ def test_binary_metrics_hand_counted():
     assert m["recall"] == pytest.approx(2 / 3) and m["specificity"] == pytest.approx(1 / 2)
     assert m["precision"] == pytest.approx(2 / 3) and m["f1"] == pytest.approx(2 / 3) and m["accuracy"] == pytest.approx(3 / 5)
     assert math.isnan(binary_metrics([0, 0], [0, 0])["recall"])
+
+
+def test_mcnemar_counts_only_discordant_pairs():
+    # 2 cases only a is right on, 0 only b: the p-value is 2 * (1/2)^2 = 0.5; concordant cases change neither count nor p
+    a, b = [1, 1], [0, 0]
+    base = mcnemar(a, b)
+    assert (base["a_only"], base["b_only"]) == (2, 0) and base["p_value"] == pytest.approx(0.5)
+    padded = mcnemar(a + [1] * 7 + [0] * 4, b + [1] * 7 + [0] * 4)   # 7 both right, 4 both wrong
+    assert padded == base

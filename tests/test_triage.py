@@ -582,3 +582,76 @@ def test_table4_rows_read_back_what_run_grid_wrote(tmp_path):
     (tmp_path / "a" / "table4_meta.json").write_text(json.dumps({"pool": "a"}))
     with pytest.raises(TriageError, match="records no run folders"):
         table4_rows(tmp_path / "a")
+
+
+# ---------------------------------------------------------------- the central rules, each with a case its mutation fails
+# (scripts/mutations.py runs each single-operator mutation against this file; every expected value is worked by hand)
+def test_fusion_rule_of_any_fired_detector_makes_its_scope_live():
+    c = _cards()
+    # synthesis: spectral 0.9 fired, npr 0.4 silent -> mean 0.65, live because ANY of its detectors fired;
+    # classic_inpaint: noise 0.6 fired -> mean 0.6. The live scope with the highest mean is synthesis.
+    d = {"spectral": Detection.from_score("spectral", 0.9), "npr": Detection.from_score("npr", 0.4),
+         "noise": Detection.from_score("noise", 0.6)}
+    v = algorithmic_fusion(d, c)
+    assert v.is_manipulated and v.arbitrated_tools == ["spectral"] and v.locality == "global"
+    # one fired detector among silent peers is enough: manipulated (an all-fired rule would say authentic)
+    alone = algorithmic_fusion({"spectral": Detection.from_score("spectral", 0.9), "npr": Detection.from_score("npr", 0.3)}, c)
+    assert alone.is_manipulated and alone.arbitrated_tools == ["spectral"]
+
+
+def test_ds_belief_tie_is_authentic():
+    c = _cards()
+    # frame {authentic, synthesis}, reliability 1: spectral 0.75 -> m(synthesis) = (0.75-0.5)/0.5 = 0.5, m(frame) = 0.5;
+    # npr 0.25 -> m(authentic) = (0.5-0.25)/0.5 = 0.5, m(frame) = 0.5. K = 0.5 * 0.5 = 0.25; each of synthesis, authentic
+    # and the frame keeps 0.25 / 0.75 = 1/3, so Bel(manipulated) = Bel(authentic) = 1/3: a tie, which is authentic.
+    v, info = ds_fusion({"spectral": Detection.from_score("spectral", 0.75), "npr": Detection.from_score("npr", 0.25)},
+                        c, reliability=1.0)
+    assert info["conflict"] == [0.0, pytest.approx(0.25)]
+    assert info["bel_manipulated"] == pytest.approx(1 / 3) and info["bel_manipulated"] == info["bel_authentic"]
+    assert not v.is_manipulated and v.arbitrated_tools == []
+    # a hair more synthesis evidence breaks the tie the other way
+    v2, _ = ds_fusion({"spectral": Detection.from_score("spectral", 0.76), "npr": Detection.from_score("npr", 0.25)}, c, reliability=1.0)
+    assert v2.is_manipulated and v2.decisive == "spectral"
+
+
+def test_rule_judge_accepts_a_claim_at_exactly_accept_min():
+    c = _cards()
+    # one fired detector, no peers, no map: credibility = margin = (0.75 - 0.5) / (1 - 0.5) = 0.5
+    kept = {"spectral": Detection.from_score("spectral", 0.75)}
+    at = RuleJudge(guided=True, params=RuleParams(accept_min=0.5)).decide(kept, c, None)
+    assert at.is_manipulated and at.decisive == "spectral"                     # 0.5 is not below 0.5: accepted
+    above = RuleJudge(guided=True, params=RuleParams(accept_min=0.51)).decide(kept, c, None)
+    assert not above.is_manipulated                                            # 0.5 < 0.51: set aside
+
+
+def _t4_row(sample, label, pred, in_scope=False, family="splice"):
+    return {"sample": sample, "label": label, "pred": pred, "in_scope": in_scope,
+            "family": family if label == 1 else None, "decisive": None}
+
+
+def test_table4_formulas_on_hand_counted_rows():
+    from forensicslab.triage.study import triage_metrics as metrics_of
+    rows = [_t4_row("m1", 1, 1, True), _t4_row("m2", 1, 1, False), _t4_row("m3", 1, None, False, "face"),  # m3: no verdict
+            _t4_row("m4", 1, 1, True, None),                                                             # unknown family
+            _t4_row("a1", 0, 0), _t4_row("a2", 0, None)]                                                 # a2: no verdict
+    m = metrics_of(rows, n_boot=20)
+    assert (m["n"], m["n_manipulated"], m["failed"]) == (6, 4, 2)
+    # a case without a verdict counts as a wrong answer: recall 3/4 (m3 missed), specificity 1/2 (a2 wrong), accuracy 4/6
+    assert m["recall"][0] == pytest.approx(3 / 4) and m["specificity"][0] == pytest.approx(1 / 2)
+    assert m["accuracy"][0] == pytest.approx(4 / 6)
+    # arbitration: in scope among MANIPULATED images of a KNOWN family only (m1 yes, m2 no, m3 no; m4 and a1, a2 left out)
+    assert m["arbitration"][0] == pytest.approx(1 / 3)
+
+
+def test_mcnemar_pairs_on_arbitration_pairs_known_family_manipulated_images_only():
+    from forensicslab.triage.study import mcnemar_pairs
+    a = [_t4_row("s1", 1, 1, True), _t4_row("s2", 1, 1, True), _t4_row("s3", 1, 1, False, "face"),
+         _t4_row("s4", 1, 1, True, None), _t4_row("s5", 0, 0), _t4_row("s6", 0, 0)]
+    b = [_t4_row("s1", 1, 1, False), _t4_row("s2", 1, 1, False), _t4_row("s3", 1, 1, True, "face"),
+         _t4_row("s4", 1, 1, False, None), _t4_row("s5", 0, 1), _t4_row("s6", 0, 0)]
+    t = mcnemar_pairs({"A": a, "B": b}, on="arbitration").iloc[0]
+    # paired: s1, s2, s3 (s4's family is unknown, s5 and s6 are authentic); A alone in scope on s1, s2, B alone on s3;
+    # exact two-sided binomial with 1 of 3 discordant pairs: 2 * P(X <= 1) = 2 * 4/8 = 1.0
+    assert (t["n"], t["a_only"], t["b_only"]) == (3, 2, 1) and t["p_value"] == pytest.approx(1.0)
+    tb = mcnemar_pairs({"A": a, "B": b}, on="binary").iloc[0]
+    assert (tb["n"], tb["a_only"], tb["b_only"]) == (6, 1, 0)                   # binary: every image; B wrong on s5
