@@ -1,4 +1,5 @@
-# forensicslab: `make demo` reproduces the studies offline, `make test` runs the test suite.
+# forensicslab: `make demo` reproduces the studies offline (their demo profiles: the committed outputs), `make reproduce`
+# runs their full profiles (resumable), `make test` runs the test suite.
 # Both create .venv and install what is missing; a second run reuses everything.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -13,7 +14,7 @@ COURSE := $(VENV)/.course-$(PIN)
 LAB_ARGS ?=
 CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install course lab site demo test test-slow test-real-model export clean-nbs lock
+.PHONY: install course lab site demo reproduce test test-slow test-real-model export clean-nbs lock
 .DEFAULT_GOAL := demo
 
 $(STAMP):
@@ -52,11 +53,19 @@ lab: $(COURSE)
 site: $(COURSE)
 	$(BIN)/python scripts/build_site.py
 
+# Every study's demo profile, the parameters of the committed outputs/<study>/ (`forensicslab reproduce --list` shows them).
 demo: install
 	$(BIN)/forensicslab bench build --publish outputs/bench
-	$(BIN)/forensicslab reproduce
+	$(BIN)/forensicslab reproduce --profile demo
 	@echo "Tables, figures and executed notebooks are in $(CURDIR)/outputs/"
 	@echo "To type forensicslab commands in this shell: source $(VENV)/bin/activate"
+
+# Every study's full profile (nbs/studies/profiles.yaml): a study whose full profile differs from its demo goes to
+# outputs/full/<study>/; a study whose folder holds a finished run with the same parameters is kept (resumable).
+reproduce: install
+	$(BIN)/forensicslab bench build --publish outputs/bench
+	$(BIN)/forensicslab reproduce --profile full
+	@echo "Tables, figures and executed notebooks are in $(CURDIR)/outputs/ (full profiles that differ from the demo: outputs/full/)"
 
 test: install
 	@bash scripts/ensure-chromium.sh || true

@@ -24,7 +24,8 @@ import typer
 from . import __version__
 from .core import ForensicsLabError
 from .runs import project_root, skipped_parts
-from .studies import (StudyError, StudyFailed, grid_cells, list_studies, load_grid, parse_param_args,
+from .studies import profile_table, reproduce
+from .studies import (StudyFailed, grid_cells, list_studies, load_grid, parse_param_args,
                                   run_batch, run_study, study_parameters, study_variant)
 from .studies import _finished_cell
 from .chat.cli import backend_specs, models_app, preflight
@@ -42,12 +43,6 @@ __all__ = ['app', 'preflight_params', 'summary_table', 'study_cmd', 'reproduce_c
 _PARAM_HELP = ("Parameters: -p KEY VALUE (repeatable; True/False/None/numbers as papermill reads them, "
                "else a string) and -y KEY YAML (lists, mappings), given after the study name.")
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-def _execution_failed(e: BaseException) -> str:
-    "One line for a study notebook that stopped in a cell (papermill's error carries the cell's exception)."
-    if isinstance(e, StudyFailed): return " ".join(e.reason.split())[:600]
-    ename, evalue = getattr(e, "ename", type(e).__name__), getattr(e, "evalue", str(e))
-    return " ".join(f"{ename}: {evalue}".split())[:600]
 
 def _cache_mode(params: dict) -> str | None:
     "The reply-cache mode a study's parameters ask for (`model_cache`, or `model_controls`'s `cache`), if any."
@@ -123,51 +118,30 @@ def study_cmd(ctx: typer.Context,
 @app.command("reproduce", context_settings=_EXTRA, epilog=_PARAM_HELP + " Each parameter goes to the studies that declare it.")
 def reproduce_cmd(ctx: typer.Context,
                   only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these studies (repeatable)."),
-                  quick: bool = typer.Option(False, help="Quick smoke configuration."),
+                  profile: Optional[str] = typer.Option(None, "--profile", help="demo (the default: the parameters of the committed "
+                                                        "outputs, what make demo runs) or full (what make reproduce runs; a study whose full "
+                                                        "profile differs goes to ROOT/full/<study>/). See --list and nbs/studies/profiles.yaml."),
+                  resume: Optional[bool] = typer.Option(None, "--resume/--no-resume", help="Keep a study whose folder holds a finished "
+                                                        "run with the same parameters (default: on with --profile full)."),
+                  list_: bool = typer.Option(False, "--list", help="Print each study's demo and full profile and expected time; run nothing."),
+                  quick: bool = typer.Option(False, help="Quick smoke configuration (no profile), into scratch folders."),
                   out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/).")):
-    """Re-run every study notebook (tables and figures) into outputs/; a failed study leaves its folder as it was and
-    the others still run; a summary table ends the run, and the exit status is 1 when any study failed."""
-    names = list(only or list_studies())
-    given = parse_param_args(ctx.args)
-    if "out_dir" in given:   # one folder for every study would have each replace the one before
-        raise StudyError("reproduce writes each study to ROOT/<study>: give --out ROOT, not -p out_dir")
-    declared = {n: set(study_parameters(n)) for n in names}
-    unused = sorted(k for k in given if not any(k in d for d in declared.values()))
-    if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
-    for n in names:   # a variant's fixed parameter is refused before anything runs (leave the variant out with --only)
-        v = study_variant(n)
-        if v is not None: v.apply({k: x for k, x in given.items() if k in declared[n]})
-    preflight_params([_with_variant(n, {k: x for k, x in given.items() if k in declared[n]}) for n in names])
-    results, folders, interrupted = [], [], False
-    for n in names:
-        label = Path(n).stem
-        if interrupted:
-            results.append((label, "skipped", 0.0, "not run: the run was interrupted"))
-            continue
-        t0 = time.time()
-        typer.echo(f"== {label}")
-        p = {"quick": quick, **{k: v for k, v in given.items() if k in declared[n]}}
-        try:
-            nb = run_study(n, p, out)
-            folders.append(nb.parent)
-            skipped = skipped_parts(nb.parent)
-            results.append((label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items())))
-            typer.echo(f"   ok in {time.time()-t0:.0f} s -> {nb.parent}")
-            if skipped: typer.echo("   skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-        except KeyboardInterrupt:
-            interrupted = True
-            results.append((label, "failed", time.time() - t0, "interrupted; its output folder is unchanged"))
-        except Exception as e:
-            results.append((label, "failed", time.time() - t0, _execution_failed(e)))
-            kept = getattr(e, "kept", None)
-            typer.echo(f"   FAILED after {time.time()-t0:.0f} s: {_execution_failed(e)}"
-                       + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""), err=True)
+    """Re-run every study notebook (tables and figures) with its demo or full profile into outputs/, each with its
+    expected time; a failed study leaves its folder as it was and the others still run; a summary table ends the run,
+    and the exit status is 1 when any study failed."""
+    if list_:
+        typer.echo(profile_table(only, out))
+        return
+    r = reproduce(only, profile or "demo", parse_param_args(ctx.args), out, quick=quick, resume=resume,
+                  echo=typer.echo,
+                  check=lambda runs: preflight_params([_with_variant(n, p) for n, p in runs]))
+    results, folders = r["results"], r["folders"]
     typer.echo(f"\n{summary_table(results)}")
     if out or not quick: typer.echo(f"\nResults: {(Path(out) if out else project_root() / 'outputs').resolve()}")
     elif folders:   # quick runs: one new scratch folder per study (their common parent also holds other runs' folders)
         typer.echo("\nResults (quick runs: scratch folders, outputs/ untouched): " + ", ".join(str(f) for f in folders))
     failed = [r[0] for r in results if r[1] == "failed"]
-    if interrupted: raise typer.Exit(130)
+    if r["interrupted"]: raise typer.Exit(130)
     if failed:
         typer.echo(f"failed studies: {', '.join(failed)}", err=True)
         raise typer.Exit(1)

@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +30,16 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import ForensicsLabError
-from .runs import (FolderLock, arithmetic_differs, config_hash, kernel_arithmetic, note_run, part_files, portable_arithmetic, project_root, replace_dir, shown_text, skipped_parts, study_output_dir,
+from .runs import (RUN_RECORD, FolderLock, arithmetic_differs, checkout_root, config_hash, kernel_arithmetic, note_run, part_files, portable_arithmetic, project_root, replace_dir, shown_text, skipped_parts, study_output_dir,
                                write_run_record)
 
 # %% auto #0
-__all__ = ['STUDY_ORDER', 'VARIANTS_FILE', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'GRID_KEYS', 'StudyError', 'UnknownStudy',
-           'StudyFailed', 'list_studies', 'study_path', 'study_parameters', 'study_defaults', 'parse_value',
-           'parse_param_args', 'check_parameters', 'StudyVariant', 'study_variants', 'study_variant', 'run_study',
-           'load_grid', 'cell_name', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
+__all__ = ['STUDY_ORDER', 'VARIANTS_FILE', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'PROFILES_FILE', 'PROFILES', 'FULL_DIR',
+           'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path', 'study_parameters',
+           'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'StudyVariant', 'study_variants',
+           'study_variant', 'run_study', 'StudyProfile', 'study_profiles', 'profile_folder', 'finished_run',
+           'expected_seconds', 'profile_table', 'reproduce', 'load_grid', 'cell_name', 'grid_cells', 'cell_cost',
+           'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -320,12 +323,17 @@ def _environment(env: dict):
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
 
+def _recorded_parameters(nb: Path, params: dict) -> dict:
+    "The parameters `run.json` records for a run of notebook `nb` with `params`: its defaults, `quick=False`, `params`; no `out_dir` (the folder that holds run.json)."
+    record = {**study_defaults(nb), "quick": False, **params}
+    record.pop("out_dir", None)
+    return record
+
 def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, progress: bool,
                 variant: Optional[StudyVariant] = None) -> Path:
     stage, failed = final.with_name(f".{final.name}.running"), final.parent / FAILED_DIR / final.name
     p = {"quick": False, **params, "out_dir": str(stage)}
-    record = {**study_defaults(nb), **p}
-    record.pop("out_dir")                      # the folder that holds run.json
+    record = _recorded_parameters(nb, p)
     _open_stage(stage, final, record)
     env = portable_arithmetic()                # the kernel's float arithmetic, as the committed outputs were made
     arith = kernel_arithmetic(env)
@@ -354,11 +362,246 @@ def _run_staged(nb: Path, stem: str, params: dict, final: Path, kernel: str, pro
     shutil.rmtree(failed, ignore_errors=True)   # an earlier failed attempt is stale now
     return final / f"{stem}.ipynb"
 
+# %% ../nbs/02b_studies.ipynb #4d338f1b
+def _same(v) -> str:
+    "A value as canonical JSON, to compare parameter sets (key order ignored)."
+    return json.dumps(v, sort_keys=True, default=str)
+
+PROFILES_FILE = "profiles.yaml"
+"The file beside the study notebooks (`nbs/studies/profiles.yaml`) that declares each study's demo and full profiles."
+PROFILES = ("demo", "full")
+FULL_DIR = "full"
+"Where a full profile that differs from the demo writes: `<out_root>/full/<study>/` (the demo's folder is the committed one)."
+
+@dataclass(frozen=True)
+class StudyProfile:
+    """The two profiles of study `name`: `demo` (the parameters of its committed outputs, what `make demo` runs) and
+    `full` (what `make reproduce` runs), each a mapping over the study's own parameters (its notebook's defaults with
+    `quick=False`, and a variant's fixed ones); `full_seconds`: a measured full run's time, for the ETA before one ran here."""
+    name: str
+    demo: dict
+    full: dict
+    full_seconds: Optional[float] = None
+
+    @property
+    def same(self) -> bool:
+        "Whether both profiles run the same parameters (one run, one output folder)."
+        return _same(self.demo) == _same(self.full)
+
+    def params(self, profile: str, outputs: str | Path = "outputs") -> dict:
+        "The parameters of `profile`, with `{outputs}` in a string value read as the output root `outputs`."
+        if profile not in PROFILES: raise StudyError(f"unknown profile {profile!r}; the profiles are {', '.join(PROFILES)}")
+        return {k: v.replace("{outputs}", str(outputs)) if isinstance(v, str) else v
+                for k, v in (self.demo if profile == "demo" else self.full).items()}
+
+    def describe(self, profile: str) -> str:
+        "The profile's parameters as one short line: `defaults`, `= demo`, or `k=v, ...`."
+        if profile == "full" and self.same: return "= demo"
+        p = self.demo if profile == "demo" else self.full
+        return ", ".join(f"{k}={v}" for k, v in p.items()) or "defaults"
+
+def study_profiles(root: str | Path | None = None) -> dict[str, StudyProfile]:
+    """Every study's profiles, in reproduction order: those declared in `nbs/studies/profiles.yaml` (study name ->
+    `demo`, `full`, `full_seconds`, each optional), every other study with both profiles its own parameters. Each
+    declared parameter is one the study declares, not `quick`, `out_dir` or `variant`, nor a variant's fixed one."""
+    studies = list_studies(root)
+    f = project_root(root) / "nbs" / "studies" / PROFILES_FILE
+    raw = {}
+    if f.is_file():
+        try: raw = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e: raise StudyError(f"{f}: not valid YAML ({' '.join(str(e).split())})") from None
+        if not isinstance(raw, dict): raise StudyError(f"{f}: expected a mapping: study -> demo, full, full_seconds")
+    variants = study_variants(root)
+    for name, spec in raw.items():
+        where = f"{f.name}: study {name!r}"
+        if name not in studies: raise StudyError(f"{where}: no such study; the studies are {', '.join(studies)}")
+        if not isinstance(spec, dict) or set(spec) - {"demo", "full", "full_seconds"} \
+                or not all(isinstance(spec.get(k) or {}, dict) for k in PROFILES):
+            raise StudyError(f"{where}: give demo and full (parameter mappings) and optionally full_seconds (a number)")
+        secs = spec.get("full_seconds")
+        if secs is not None and (isinstance(secs, bool) or not isinstance(secs, (int, float)) or secs <= 0):
+            raise StudyError(f"{where}: full_seconds is a measured time in seconds, a positive number")
+        declared, fixed = study_parameters(studies[name]), (variants[name].params if name in variants else {})
+        for k in [k for p in PROFILES for k in (spec.get(p) or {})]:
+            if k in ("quick", "out_dir", "variant"): raise StudyError(f"{where}: {k} cannot be set by a profile (it belongs to the run)")
+            if k not in declared: raise StudyError(f"{where}: study {Path(studies[name]).stem} has no parameter {k!r}")
+            if k in fixed: raise StudyError(f"{where}: {k} is fixed by the variant {name}")
+    return {n: StudyProfile(n, dict((raw.get(n) or {}).get("demo") or {}), dict((raw.get(n) or {}).get("full") or {}),
+                            (raw.get(n) or {}).get("full_seconds")) for n in studies}
+
+def _profile(name: str | Path, profiles: dict[str, StudyProfile] | None) -> StudyProfile:
+    "The profiles of study `name`; a notebook given by its path has its own parameters in both."
+    return (profiles or study_profiles()).get(str(name)) or StudyProfile(Path(name).stem, {}, {})
+
+def profile_folder(name: str | Path, profile: str = "demo", out_root: str | Path | None = None,
+                   profiles: dict[str, StudyProfile] | None = None) -> Path:
+    """Where `profile` of study `name` writes: `<out_root>/<name>/` (default `outputs/`) for the demo, and for a full
+    profile that differs from the demo `<out_root>/full/<name>/`, so a full run never replaces the committed outputs."""
+    root, prof = (Path(out_root) if out_root else project_root() / "outputs").resolve(), _profile(name, profiles)
+    return root / FULL_DIR / prof.name if profile == "full" and not prof.same else root / prof.name
+
+def _recorded_run(folder: Path) -> dict:
+    "The `run.json` of `folder` ({} when there is none or it cannot be read)."
+    try: rec = json.loads((Path(folder) / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError): return {}
+    return rec if isinstance(rec, dict) else {}
+
+def finished_run(name: str | Path, params: dict, folder: str | Path) -> Optional[dict]:
+    """The `run.json` of `folder` when it records a finished run (`status: ok`) of study `name` with exactly the
+    parameters `run_study(name, params)` would record, else None: what `reproduce --resume` skips."""
+    rec = _recorded_run(Path(folder))
+    if rec.get("status") != "ok": return None
+    nb, variant, params = study_path(name), study_variant(name), dict(params)
+    if variant is not None: params = variant.apply(params)
+    want = shown_text(_recorded_parameters(nb, params), checkout_root() or project_root())
+    return rec if _same(rec.get("parameters")) == _same(want) else None
+
+def expected_seconds(name: str | Path, profile: str = "demo", out_root: str | Path | None = None,
+                     profiles: dict[str, StudyProfile] | None = None) -> Optional[float]:
+    """The time `profile` of study `name` is expected to take: `seconds` of the `run.json` in its folder (a run with
+    these parameters, else, for a full profile, the declared `full_seconds`, else a run with other parameters); None
+    when nothing was ever measured."""
+    prof = _profile(name, profiles)
+    folder = profile_folder(name, profile, out_root, {str(name): prof})
+    rec = _recorded_run(folder)
+    root = (Path(out_root) if out_root else project_root() / "outputs").resolve()
+    if rec.get("seconds") is not None and finished_run(name, prof.params(profile, root), folder): return float(rec["seconds"])
+    if profile == "full" and prof.full_seconds: return float(prof.full_seconds)
+    return float(rec["seconds"]) if rec.get("seconds") is not None else None
+
+def _duration(s: Optional[float]) -> str:
+    "Seconds as a short duration: `45 s`, `12.5 min`, `2.3 h`; `?` when unknown."
+    if s is None: return "?"
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+def profile_table(names: Iterable[str] | None = None, out_root: str | Path | None = None) -> str:
+    """`reproduce --list`: one line per study with each profile's parameters (over the study's own) and expected time;
+    `done` marks a full profile whose folder holds a finished run with its parameters (`--profile full` keeps it)."""
+    profiles = study_profiles()
+    names = list(names or profiles)
+    for n in names: study_path(n)                     # an unknown name: one line that lists the studies
+    root = (Path(out_root) if out_root else project_root() / "outputs").resolve()
+    cut = lambda s, n=34: s if len(s) <= n else s[:n - 3] + "..."
+    w = max([len("study")] + [len(n) for n in names])
+    lines = [f"{'study':<{w}}  {'demo profile':<34}  {'expected':>9}  {'full profile':<34}  {'expected':>9}"]
+    total, left, unknown = {"demo": 0.0, "full": 0.0}, 0.0, []
+    for n in names:
+        cols, done = [], False
+        for prof in PROFILES:
+            s = expected_seconds(n, prof, root, profiles)
+            if prof == "full":
+                done = finished_run(n, _profile(n, profiles).params(prof, root), profile_folder(n, prof, root, profiles)) is not None
+                left += 0.0 if done else s or 0.0
+            total[prof] += s or 0.0
+            if s is None: unknown.append(f"{n} ({prof})")
+            cols += [cut(_profile(n, profiles).describe(prof)), _duration(s)]
+        lines.append(f"{n:<{w}}  {cols[0]:<34}  {cols[1]:>9}  {cols[2]:<34}  {cols[3]:>9}" + ("  done" if done else ""))
+    lines.append(f"{'total':<{w}}  {'':<34}  {_duration(total['demo']):>9}  {'':<34}  {_duration(total['full']):>9}")
+    lines.append(f"\nFull profile: {_duration(left)} left to run (`done`: its folder holds a finished run with these parameters, "
+                 "which `reproduce --profile full` keeps). Expected times: the `seconds` of each folder's run.json "
+                 "(outputs/<study>/; outputs/full/<study>/ for a full profile that differs), else profiles.yaml's full_seconds."
+                 + (f" Never measured: {', '.join(unknown)}." if unknown else ""))
+    return "\n".join(lines)
+
+# %% ../nbs/02b_studies.ipynb #d1e497c7
+@contextlib.contextmanager
+def _ticking(bar, seconds: float):
+    "Advance `bar` once a second by the time spent in the block, up to `seconds` (the study's expected time); then by the rest."
+    start, t0, stop = bar.n, time.time(), threading.Event()
+    def tick():
+        while not stop.wait(1.0): bar.update(min(time.time() - t0, seconds) - (bar.n - start))
+    th = threading.Thread(target=tick, daemon=True)
+    if not bar.disable and seconds > 0: th.start()
+    try: yield
+    finally:
+        stop.set()
+        if th.is_alive(): th.join()
+        bar.update(seconds - (bar.n - start))
+
+def _clock(seconds: float) -> str:
+    "The UTC wall-clock time `seconds` from now, `HH:MM UTC`."
+    return time.strftime("%H:%M UTC", time.gmtime(time.time() + seconds))
+
+def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params: dict | None = None,
+              out_root: str | Path | None = None, quick: bool = False, resume: Optional[bool] = None,
+              runner: Callable[..., Path] | None = None, echo: Callable[[str], None] = print,
+              progress: Optional[bool] = None, check: Callable[[list[tuple[str, dict]]], Any] | None = None) -> dict:
+    """Run studies `names` (default: all, in reproduction order) with `profile` (`study_profiles`) and `params`
+    (each to the studies that declare it; they override the profile's), each into `profile_folder`. `resume`
+    (default: on for the full profile) skips a study whose folder holds a finished run with the same parameters
+    (`finished_run`). Before each study a line gives its expected time (`expected_seconds`) and when the whole run
+    should end; `progress` (default: on a terminal) also shows a bar over the expected seconds. A failed study
+    leaves its folder as it was and the others still run; Ctrl-C stops the run. Returns `{results, folders,
+    interrupted}`: `results` has one `(study, status, seconds, reason)` per study (`ok`, `failed`, `kept`, `skipped`).
+    `quick` runs the quick smoke configuration (no profile) into scratch folders, or under `out_root`. `check` is
+    called once with `(study, parameters)` of every study about to run, before the first starts (the CLI checks their
+    model backends there)."""
+    if profile not in PROFILES: raise StudyError(f"unknown profile {profile!r}; the profiles are {', '.join(PROFILES)}")
+    if quick and profile != "demo": raise StudyError("--quick runs the smoke configuration, not a profile: give one of them")
+    runner, given = runner or run_study, dict(params or {})
+    names = list(names or list_studies())
+    for n in names: study_path(n)                     # an unknown name fails before anything runs
+    if "out_dir" in given:                            # one folder for every study would have each replace the one before
+        raise StudyError("reproduce writes each study to ROOT/<study>: give --out ROOT, not -p out_dir")
+    declared = {n: set(study_parameters(n)) for n in names}
+    unused = sorted(k for k in given if not any(k in d for d in declared.values()))
+    if unused: raise StudyError(f"no study among {', '.join(names)} has the parameter(s) {', '.join(unused)}")
+    profiles, root = study_profiles(), (Path(out_root) if out_root else project_root() / "outputs").resolve()
+    resume = profile == "full" if resume is None else resume
+    plan = []
+    for n in names:
+        p = {"quick": True} if quick else _profile(n, profiles).params(profile, root)
+        p.update({k: v for k, v in given.items() if k in declared[n]})
+        v = study_variant(n)
+        if v is not None: v.apply(p)                  # a variant's fixed parameter is refused before anything runs
+        folder = None if quick else profile_folder(n, profile, root, profiles)
+        done = None if quick or not resume else finished_run(n, p, folder)
+        plan.append(dict(name=n, params=p, folder=folder, done=done,
+                         expected=None if quick else expected_seconds(n, profile, root, profiles)))
+    todo = [s for s in plan if s["done"] is None]
+    if check is not None: check([(s["name"], s["params"]) for s in todo])
+    left = sum(s["expected"] or 0.0 for s in todo)
+    bar = tqdm(total=round(left), unit="s", desc=f"reproduce ({profile})", dynamic_ncols=True, leave=False,
+               disable=(None if progress is None else not progress) if todo and left else True,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s expected [{elapsed}<{remaining}]")
+    results, folders, interrupted = [], [], False
+    for i, s in enumerate(plan, 1):
+        n, label = s["name"], Path(s["name"]).stem
+        head = f"== [{i}/{len(plan)}] {label}"
+        if s["done"] is not None:
+            echo(f"{head}: finished earlier with these parameters ({_duration(s['done'].get('seconds'))}), kept in {shown_text(str(s['folder']))}")
+            results.append((label, "kept", 0.0, "finished earlier with the same parameters"))
+            continue
+        if interrupted:
+            results.append((label, "skipped", 0.0, "not run: the run was interrupted"))
+            continue
+        eta = "" if quick else (f" (expected {_duration(s['expected'])}" if s["expected"] is not None else " (expected time unknown")
+        if not quick: eta += f"; all {_duration(left)} left, done by ~{_clock(left)})" if left else ")"
+        echo(head + eta)
+        t0 = time.time()
+        try:
+            with _ticking(bar, round(s["expected"] or 0)):
+                nb = runner(n, s["params"], out_root=out_root if quick else None, out_dir=s["folder"], progress=False)
+            folders.append(nb.parent)
+            skipped = skipped_parts(nb.parent)
+            results.append((label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items())))
+            echo(f"   ok in {_duration(time.time() - t0)} -> {shown_text(str(nb.parent))}")
+            if skipped: echo("   skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+        except KeyboardInterrupt:
+            interrupted = True
+            results.append((label, "failed", time.time() - t0, "interrupted; its output folder is unchanged"))
+        except Exception as e:
+            reason = " ".join((e.reason if isinstance(e, StudyFailed) else _one_line(e)).split())[:600]
+            results.append((label, "failed", time.time() - t0, reason))
+            kept = getattr(e, "kept", None)
+            echo(f"   FAILED after {_duration(time.time() - t0)}: {reason}" + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""))
+        left -= s["expected"] or 0.0
+    bar.close()
+    return dict(results=results, folders=folders, interrupted=interrupted)
+
 # %% ../nbs/02b_studies.ipynb #379fd43a
 GRID_KEYS = ("study", "studies", "params", "grid", "out", "summary", "kernel")
 "The top-level keys of a grid file; any other key (`parms:`, `gird:`) is refused, never ignored."
-
-def _same(v) -> str: return json.dumps(v, sort_keys=True, default=str)
 
 def load_grid(path: str | Path) -> dict:
     "Read and check a batch grid file (YAML): `study` or `studies`, `params`, `grid`, optional `out`, `summary`, `kernel`."

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 import forensicslab.cli as cli
+import forensicslab.studies as studies
 from forensicslab.core import ForensicsLabError
 from forensicslab.imageio import ImageUnreadable
 
@@ -62,7 +63,8 @@ def test_study_params_lists_declared_parameters(capsys):
 
 def test_reproduce_sends_each_parameter_only_where_declared(capsys, monkeypatch):
     seen = []
-    monkeypatch.setattr(cli, "run_study", lambda n, p, out: seen.append((n, p)) or REPO / "outputs" / n / f"{n}.ipynb")
+    monkeypatch.setattr(studies, "run_study", lambda n, p, out_root=None, out_dir=None, progress=False:
+                        seen.append((n, p)) or REPO / "outputs" / n / f"{n}.ipynb")
     code, _, err = run_main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table3", "-p", "backbone", "x",
                             "-p", "detectors", "spectral", "--quick")
     assert code == 0, err
@@ -76,7 +78,7 @@ def test_reproduce_sends_each_parameter_only_where_declared(capsys, monkeypatch)
 def test_reproduce_quick_prints_each_studys_own_folder(capsys, monkeypatch, tmp_path):
     """Issue 32 lesser: the printed location held another run's stale tables (the shared scratch parent). Quick runs now
     print each study's own new folder; `-p out_dir` (one folder for every study) is refused for reproduce."""
-    monkeypatch.setattr(cli, "run_study", lambda n, p, out: tmp_path / f"{n}-abc" / f"{n}.ipynb")
+    monkeypatch.setattr(studies, "run_study", lambda n, p, out_root=None, out_dir=None, progress=False: tmp_path / f"{n}-abc" / f"{n}.ipynb")
     code, out, err = run_main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table3", "--quick")
     assert code == 0, err
     assert out.splitlines()[-1].endswith(f"{tmp_path / 'triage_table4-abc'}, {tmp_path / 'zoom_table3-abc'}"), out

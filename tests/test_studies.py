@@ -1,5 +1,6 @@
-"""Study variants (issue 27 item 6): a base study notebook + fixed parameters + its own output folder, listed, run by
-`reproduce` after its base, accepted by `--only` and `study`, named in run.json; a clashing -p is refused in one line.
+"""Study variants (issue 27 item 6) and study profiles (issue 47 item 1): a base study notebook + fixed parameters + its own output folder, listed, run by
+`reproduce` after its base, accepted by `--only` and `study`, named in run.json; a clashing -p is refused in one line. Profiles: the demo (the committed outputs) and the full run
+of each study, `reproduce --profile`, `--list`, resuming and the ETA lines.
 Every test runs in a temporary project with a stand-in executor (no kernel starts), so each takes well under a second."""
 import json
 from pathlib import Path
@@ -76,11 +77,11 @@ def test_a_clashing_parameter_is_refused_in_one_line(project):
 
 def test_reproduce_runs_variants_after_their_base_and_refuses_a_clash_before_running(project, capsys, monkeypatch):
     root, calls = project
-    seen = []
-    def stand_in(n, p, out):
+    seen, run_study = [], S.run_study
+    def stand_in(n, p, out_root=None, out_dir=None, progress=False):
         seen.append((n, dict(p)))
-        return S.run_study(n, p, out, progress=False)
-    monkeypatch.setattr(cli, "run_study", stand_in)
+        return run_study(n, p, out_root, out_dir=out_dir, progress=False)
+    monkeypatch.setattr(S, "run_study", stand_in)
     def main(*argv):
         try: cli.main(list(argv))
         except SystemExit as e: return e.code, capsys.readouterr()
@@ -137,3 +138,101 @@ def test_printed_paths_in_cell_outputs_become_checkout_relative(tmp_path):
     assert out["data"]["text/plain"] == ["PosixPath('outputs/s/t.csv')"]
     assert out["data"]["text/html"] == "<td>x</td>" and out["data"]["image/png"] == png
     assert stream["text"] == ".venv/lib/tqdm/auto.py:21: Warning\nkept /etc/hosts\n"
+
+
+def _main(capsys, *argv):
+    try: cli.main(list(argv))
+    except SystemExit as e: return e.code, capsys.readouterr()
+    return 0, capsys.readouterr()
+
+
+def _profiles(root, text):
+    (root / "nbs" / "studies" / "profiles.yaml").write_text(text)
+
+
+def test_profiles_default_to_the_study_and_read_one_line_each(project):
+    root, _ = project
+    p = S.study_profiles()
+    assert list(p) == list(S.list_studies()) and all(x.same and not x.demo and not x.full for x in p.values())
+    _profiles(root, "zoom_table1: {demo: {seed: 1}, full_seconds: 900}\ntriage_table4_ungated: {full: {seed: 5}}\n")
+    p = S.study_profiles()
+    assert p["zoom_table1"].params("demo") == {"seed": 1} and p["zoom_table1"].params("full") == {} and not p["zoom_table1"].same
+    assert (p["zoom_table1"].describe("demo"), p["zoom_table1"].describe("full")) == ("seed=1", "defaults")
+    assert p["triage_table4_ungated"].params("full") == {"seed": 5} and p["triage_table4"].describe("full") == "= demo"
+    out = root / "out"
+    assert S.profile_folder("zoom_table1", "demo", out) == (out / "zoom_table1").resolve()
+    assert S.profile_folder("zoom_table1", "full", out) == (out / "full" / "zoom_table1").resolve()   # never the committed folder
+    assert S.profile_folder("triage_table4", "full", out) == (out / "triage_table4").resolve()         # full = demo: one folder
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nope: {demo: {seed: 1}}\n", "study 'nope': no such study"),
+    ("zoom_table1: {demo: {sed: 1}}\n", "has no parameter 'sed'"),
+    ("zoom_table1: {full: {quick: false}}\n", "quick cannot be set by a profile"),
+    ("triage_table4_ungated: {demo: {pool: paper}}\n", "pool is fixed by the variant triage_table4_ungated"),
+    ("zoom_table1: {demo: [seed]}\n", "give demo and full"),
+    ("zoom_table1: {dmeo: {seed: 1}}\n", "give demo and full"),
+    ("zoom_table1: {full_seconds: fast}\n", "full_seconds is a measured time"),
+    ("zoom_table1: [1\n", "not valid YAML"),
+])
+def test_a_bad_profile_line_is_one_line(project, text, message):
+    root, _ = project
+    _profiles(root, text)
+    with pytest.raises(ForensicsLabError) as e:
+        S.study_profiles()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_demo_regenerates_and_the_full_profile_resumes(project, capsys):
+    root, calls = project
+    out = root / "out"
+    _profiles(root, "zoom_table1: {demo: {seed: 1}}\n")
+    code, got = _main(capsys, "reproduce", "--out", str(out))
+    assert code == 0, got.err
+    assert [(c["src"], c["params"].get("seed")) for c in calls] == [("triage_table4.ipynb", None), ("triage_table4.ipynb", None),
+        ("triage_figure2.ipynb", None), ("triage_figure2.ipynb", None), ("zoom_table1.ipynb", 1)]
+    assert json.loads((out / "zoom_table1" / "run.json").read_text())["parameters"]["seed"] == 1   # the demo's folder
+    calls.clear()
+    code, got = _main(capsys, "reproduce", "--out", str(out))             # the demo always regenerates
+    assert code == 0 and len(calls) == 5
+    calls.clear()
+    code, got = _main(capsys, "reproduce", "--profile", "full", "--out", str(out))
+    assert code == 0, got.err
+    assert [c["src"] for c in calls] == ["zoom_table1.ipynb"] and "seed" not in calls[0]["params"]   # only the one that differs
+    assert calls[0]["dst"].parent.name == ".zoom_table1.running" and (out / "full" / "zoom_table1" / "run.json").is_file()
+    assert json.loads((out / "zoom_table1" / "run.json").read_text())["parameters"]["seed"] == 1   # the demo's folder untouched
+    assert got.out.count("finished earlier with these parameters") == 4 and "kept" in got.out
+    calls.clear()
+    code, got = _main(capsys, "reproduce", "--profile", "full", "--out", str(out))  # everything finished: nothing runs
+    assert code == 0 and not calls and got.out.count("finished earlier with these parameters") == 5
+    code, got = _main(capsys, "reproduce", "--profile", "full", "--out", str(out), "-p", "seed", "7")   # other parameters: rerun
+    assert code == 0 and [c["params"]["seed"] for c in calls] == [7, 7, 7]
+    calls.clear()
+    code, got = _main(capsys, "reproduce", "--profile", "full", "--no-resume", "--only", "triage_table4", "--out", str(out))
+    assert code == 0 and len(calls) == 1
+    code, got = _main(capsys, "reproduce", "--quick", "--profile", "full")
+    assert code == 2 and "give one of them" in got.err and got.err.count("\n") == 1
+
+
+def test_the_list_and_the_eta_come_from_the_run_records(project, capsys):
+    root, calls = project
+    out = root / "out"
+    _profiles(root, "zoom_table1: {demo: {seed: 1}, full_seconds: 5400}\n")
+    code, got = _main(capsys, "reproduce", "--list", "--out", str(out))
+    assert code == 0 and not calls
+    rows = {l.split()[0]: l for l in got.out.splitlines() if l.strip()}
+    assert "seed=1" in rows["zoom_table1"] and rows["zoom_table1"].rstrip().endswith("1.5 h")   # declared full time
+    assert rows["triage_table4"].split()[1:] == ["defaults", "?", "=", "demo", "?"]             # never run: unknown
+    S.run_study("triage_table4", {}, out_dir=out / "triage_table4", progress=False)
+    rec = json.loads((out / "triage_table4" / "run.json").read_text())
+    (out / "triage_table4" / "run.json").write_text(json.dumps({**rec, "seconds": 330.0}))
+    code, got = _main(capsys, "reproduce", "--list", "--out", str(out))
+    rows = {l.split()[0]: l for l in got.out.splitlines() if l.strip()}
+    assert rows["triage_table4"].split()[1:] == ["defaults", "5.5", "min", "=", "demo", "5.5", "min", "done"]
+    assert S.expected_seconds("zoom_table1", "full", out) == 5400 and S.expected_seconds("triage_table4", "demo", out) == 330
+    code, got = _main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table1", "--out", str(out))
+    assert code == 0, got.err
+    assert "== [1/2] triage_table4 (expected 5.5 min; all 5.5 min left, done by ~" in got.out
+    assert "== [2/2] zoom_table1 (expected time unknown)" in got.out
+    code, got = _main(capsys, "reproduce", "--list", "--only", "nope")
+    assert code == 2 and "unknown study 'nope'" in got.err
