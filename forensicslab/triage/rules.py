@@ -112,7 +112,7 @@ def measure_facts(image: LoadedImage, detections: dict[str, Detection], cards: d
 
 # %% ../../nbs/06a_triage.rules.ipynb #e35fb0fd
 class RuleParams(BaseModel):
-    "Thresholds of the rule-based agents (chosen on the benchmark's train split; see 06b_triage_study)."
+    "Thresholds of the rule-based agents (chosen on the benchmark's train split by `study.calibrate_rules`)."
     model_config = ConfigDict(frozen=True)
     margin_min: float = 0.1          # |score - threshold| below this is an undecided signal
     saturation_max: float = 0.5      # a fired map hot on more than this share of the image is saturated
@@ -124,6 +124,7 @@ class RuleParams(BaseModel):
     provenance_weight: float = 0.5   # a provenance edit hint corroborates a kept positive with this weight (a trusted signed
                                      # capture scales it by 1 - weight); a priori, used only when a case carries provenance
 
+# %% ../../nbs/06a_triage.rules.ipynb #4ba3b37e
 class RuleAuditor:
     "Stage 1 without a model: applicability, margin and map-shape checks from measured facts (an offline baseline)."
     kind = "rules"
