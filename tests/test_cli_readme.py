@@ -27,6 +27,7 @@ AS_IS, SETUP, SLOW, SKIP = "as written", "set-up", "slow", "skip"
 # README command -> (how, quick form or reason). `{tmp}` is the scratch folder.
 QUICK = {
     "make demo": (SETUP, "make install"),   # the fresh-clone test runs its set-up part; the reproduction is the lead's fresh-clone run
+    "make reproduce": (SKIP, "the full profiles take hours; tests/test_studies.py checks profiles, resuming, --list and the ETA lines"),
     "source .venv/bin/activate": (SETUP, None),
     PHOTO_LINE: (SETUP, None),
     "forensicslab --version": (AS_IS, None),
