@@ -1,6 +1,7 @@
 """Issue #49 hardening: the judge's reply cache, the detector server's header deadline and per-client cap, the remote
 heatmap's size check before decoding, the retrieval cache keyed on the index, and the remote card's threshold."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,3 +217,54 @@ def test_remote_threshold_must_be_finite_in_unit_interval(where, bad):
         with pytest.raises(RemoteError, match=r"threshold .*not a number in \[0, 1\]") as e:
             RemoteDetector(s.url).detect(np.zeros((20, 30, 3), np.uint8))
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- defect 4: the retrieval cache and the index it used
+def _two_indexes(tmp_path):
+    "Two local indexes of the same photograph with different source pages, and the photograph's path."
+    from PIL import Image
+    from forensicslab.debate.retrieval import LocalIndex
+    photo = tmp_path / "photo.png"; Image.fromarray(skdata.coffee()).save(photo)
+    text = "The photograph shows a cup of coffee on a saucer, taken in a cafe in {} in the spring of 2019 by a staff photographer."
+    paths = {}
+    for name in ("A", "B"):
+        ix = LocalIndex(); ix.add(photo, [{"url": f"https://example.org/{name}", "title": f"page {name}", "text": text.format(name)}])
+        paths[name] = ix.save(tmp_path / f"idx{name}.json")
+    return photo, paths
+
+def test_retrieval_cache_is_keyed_on_the_index(tmp_path):
+    """The same photograph looked up in index A then index B with one cache folder: B's pages come back, not A's.
+    Before the fix the cache key named the backend ('local') but not the index, so B returned A's cached pages."""
+    from forensicslab.debate.retrieval import make_retriever
+    photo, idx = _two_indexes(tmp_path)
+    a = make_retriever(f"local:{idx['A']}", cache_dir=tmp_path / "cache").retrieve(photo)
+    b = make_retriever(f"local:{idx['B']}", cache_dir=tmp_path / "cache").retrieve(photo)
+    assert [p.url for p in a.pages] == ["https://example.org/A"]
+    assert [p.url for p in b.pages] == ["https://example.org/B"] and not b.cached
+    again = make_retriever(f"local:{idx['B']}", cache_dir=tmp_path / "cache").retrieve(photo)
+    assert again.cached and [p.url for p in again.pages] == ["https://example.org/B"]   # the cache still works
+    # the same index rewritten in place with other pages is another index
+    from forensicslab.debate.retrieval import LocalIndex
+    ix = LocalIndex.load(idx["B"]); ix.entries[0]["pages"][0]["url"] = "https://example.org/B2"; ix.save(idx["B"])
+    b2 = make_retriever(f"local:{idx['B']}", cache_dir=tmp_path / "cache").retrieve(photo)
+    assert [p.url for p in b2.pages] == ["https://example.org/B2"] and not b2.cached
+
+def test_debate_pair_cache_off_bypasses_the_retrieval_cache(tmp_path):
+    """`forensicslab debate pair ... --retrieval local:idxB.json --cache off` after a run on idxA shows idxB's page and
+    writes nothing to the retrieval cache (before the fix it showed idxA's page, read from the cache)."""
+    import subprocess, sys, os
+    photo, idx = _two_indexes(tmp_path)
+    env = {**os.environ, "FORENSICSLAB_CACHE_DIR": str(tmp_path / "cache")}
+    def run(index, *extra):
+        exe = str(Path(sys.executable).parent / "forensicslab")
+        r = subprocess.run([exe, "debate", "pair", str(photo), "A cup of coffee.",
+                            "--retrieval", f"local:{index}", "--json", *extra], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode in (0, 1), r.stderr[-2000:]
+        return json.loads(r.stdout)
+    first = run(idx["A"])
+    assert "https://example.org/A" in json.dumps(first["sources"])
+    cached = sorted((tmp_path / "cache").rglob("retrieval/*.json"))
+    assert cached                                                                # the rw run wrote its retrieval
+    off = run(idx["B"], "--cache", "off")
+    assert "https://example.org/B" in json.dumps(off["sources"]) and "example.org/A" not in json.dumps(off["sources"])
+    assert sorted((tmp_path / "cache").rglob("retrieval/*.json")) == cached      # --cache off wrote nothing there

@@ -43,10 +43,11 @@ def _fail(msg: str) -> None:
     typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
     raise typer.Exit(2)
 
-def _retriever(spec: str, cache: Path, chat=None):
+def _retriever(spec: str, cache: Path, chat=None, use_cache: bool = True):
+    "The retriever of `spec`; `use_cache=False` (`--cache off`): no retrieval cache read or written."
     if spec == "teaching":
         spec = f"local:{build_teaching_set(cache / 'teaching').info['index']}"
-    return make_retriever(spec, cache_dir=cache / "retrieval", chat=chat)
+    return make_retriever(spec, cache_dir=cache / "retrieval" if use_cache else None, chat=chat)
 
 def print_result(res: DebateResult, offline: bool, fitted: str = "") -> None:
     "The transcript, the sources, the unresolved flag, both scoring conventions and the total cost of one debate (`fitted`: what the offline debaters were calibrated on)."
@@ -104,7 +105,7 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
             models = models_from_spec(backend, cfg.n_agents, None, cache=mode, temperature=temperature, max_tokens=max_tokens,
                                       budget_usd=budget_usd if budget_usd is not None else budget,
                                       budget_tokens=budget_tokens) if backend else None
-            retr = _retriever(retrieval, folder, chat=models[0] if models else None)
+            retr = _retriever(retrieval, folder, chat=models[0] if models else None, use_cache=mode != "off")
             ctx = retr.retrieve(image) if retr else None
             sample_ = Sample(id=image.stem, image=str(image.resolve()), caption=caption, label=0)
             if models is None:
@@ -115,13 +116,12 @@ def debate_pair_cmd(image: Path = typer.Argument(..., help="The image file."),
             else:
                 res = run_debate(DebateInput(sample_, ctx), models, cfg)
     except (ForensicsLabError, ValueError, ImportError) as e: _fail(e)
-    if as_json:
-        typer.echo(res.model_dump_json(indent=2))
-        return
-    print_result(res, offline=models is None, fitted=fitted if models is None else "")
+    if as_json: typer.echo(res.model_dump_json(indent=2))
+    else: print_result(res, offline=models is None, fitted=fitted if models is None else "")
     if res.status == "failed":
         typer.echo(f"FAILED: {res.failure}", err=True)
         raise typer.Exit(1)
+    if res.final is None: raise typer.Exit(1)   # no verdict (no evidence, say): the command ran with nothing to conclude, as analyze's exit 1
 
 # %% ../../nbs/07g_debate.cli.ipynb #a3a3c8df
 @debate_app.command("index")

@@ -44,8 +44,8 @@ __all__ = ['MAX_SEARCH_REPLY_BYTES', 'METADATA_HOSTS', 'FACT_CHECK_DOMAINS', 'ph
            'RetrievalResult', 'extract_text', 'looks_english', 'split_sentences', 'ExtractiveSummarizer',
            'ContextSummary', 'ChatSummarizer', 'ReverseImageSearch', 'RetrievalConfigError', 'LocalIndex',
            'RetrievalError', 'GoogleVisionWeb', 'BingVisualSearch', 'local_web_server', 'UnsafeAddress', 'PageDeadline',
-           'check_public_url', 'fetch_page', 'ExclusionPolicy', 'Retriever', 'EmbeddingArchive', 'ExtractiveQA',
-           'QAAnswer', 'ChatQA', 'make_retriever']
+           'check_public_url', 'fetch_page', 'ExclusionPolicy', 'backend_identity', 'Retriever', 'EmbeddingArchive',
+           'ExtractiveQA', 'QAAnswer', 'ChatQA', 'make_retriever']
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #cdb7d248
 def _grey(image) -> Image.Image:
@@ -231,6 +231,7 @@ class LocalIndex:
     def __init__(self, max_phash: int = 16, max_dhash: int = 20):
         self.max_phash, self.max_dhash = max_phash, max_dhash
         self.entries: list[dict] = []
+        self._identity: Optional[str] = None
 
     def add(self, image, pages: Sequence[PageHit | dict], key: Optional[str] = None) -> str:
         "Index `image` (path, bytes, array or PIL) with the pages it appears on; returns its key."
@@ -240,7 +241,17 @@ class LocalIndex:
         key = key or img.hash[:16]
         self.entries.append({"key": key, "phash": [phash(v) for v in vs], "dhash": [dhash(v) for v in vs],
                              "pages": [PageHit.model_validate(p).model_dump() for p in pages]})
+        self._identity = None
         return key
+
+    def identity(self) -> str:
+        """A hash of the index's content (limits and entries), part of the retrieval cache key: another index, or this
+        one rebuilt with other pages, never answers from this one's cache (worked out once, again after `add`)."""
+        if self._identity is None:
+            body = json.dumps({"max_phash": self.max_phash, "max_dhash": self.max_dhash, "entries": self.entries},
+                              sort_keys=True, separators=(",", ":"), default=str)
+            self._identity = f"local:{hashlib.sha256(body.encode()).hexdigest()[:32]}"
+        return self._identity
 
     def match(self, image) -> list[tuple[int, int, dict]]:
         "All entries within the distance limits: `(phash distance, dhash distance, entry)`, nearest first."
@@ -491,9 +502,17 @@ class ExclusionPolicy(BaseModel):
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
 # %% ../../nbs/07a_debate.retrieval.ipynb #489c1633
+def backend_identity(backend) -> str:
+    """What the retrieval cache keys a search backend on: its own `identity()` when it has one (a local index: a hash
+    of its content), else its name, endpoint and market (two endpoints of one API may answer differently)."""
+    f = getattr(backend, "identity", None)
+    if callable(f): return str(f())
+    return "|".join(str(getattr(backend, a, "") or "") for a in ("name", "endpoint", "market"))
+
 class Retriever:
-    """Reverse image search -> exclusions -> page texts -> English filter -> summary, cached per (backend, image, k,
-    summariser, exclusion policy, the pair's own sources). Only public addresses are fetched unless `allow_private`."""
+    """Reverse image search -> exclusions -> page texts -> English filter -> summary, cached per (backend identity
+    (`backend_identity`: which index, which endpoint), image, k, summariser, exclusion policy, the pair's own sources);
+    `cache_dir=None`: no cache at all. Only public addresses are fetched unless `allow_private`."""
     def __init__(self, backend: ReverseImageSearch, summarizer=None, cache_dir: str | Path | None = None,
                  k: int = 3, english_only: bool = True, timeout: float = 20.0, max_page_bytes: int = 3_000_000,
                  exclusions: Optional[ExclusionPolicy] = None, allow_private: bool = False):
@@ -507,7 +526,7 @@ class Retriever:
 
     def _key(self, data: bytes, own: Sequence[str] = ()) -> tuple[str, str]:
         img = hashlib.sha256(data).hexdigest()
-        spec = f"{self.backend.name}|{img}|{self.k}|{self.summarizer.name}|{self.english_only}|{self.exclusions.key()}|{sorted(own)}"
+        spec = f"{backend_identity(self.backend)}|{img}|{self.k}|{self.summarizer.name}|{self.english_only}|{self.exclusions.key()}|{sorted(own)}"
         return img, hashlib.sha256(spec.encode()).hexdigest()[:32]
 
     def retrieve(self, image, own_sources: Sequence[str] = ()) -> RetrievalResult:
