@@ -50,7 +50,7 @@ QUICK = {
     "forensicslab detect photo.jpg --panels panels": (AS_IS, None),
     "forensicslab detect --list": (AS_IS, None),
     "forensicslab zoom photo.jpg": (AS_IS, None),
-    'forensicslab debate pair photo.jpg "A caption about the photo"': (AS_IS, None),
+    'forensicslab debate pair photo.jpg "A caption about the photo" --retrieval teaching': (AS_IS, None),
     "forensicslab bench info": (AS_IS, None),
     "forensicslab models prices": (AS_IS, None),
     "forensicslab models cache-info": (AS_IS, None),
@@ -201,7 +201,7 @@ def test_image_commands_leave_no_cache_in_the_current_folder(tmp_path):
     from PIL import Image
     from forensicslab.data.photos import photo
     Image.fromarray(photo("chelsea")).save(tmp_path / "photo.jpg", quality=92)
-    for cmd in ("forensicslab analyze photo.jpg", 'forensicslab debate pair photo.jpg "A caption about the photo"'):
+    for cmd in ("forensicslab analyze photo.jpg", 'forensicslab debate pair photo.jpg "A caption about the photo" --retrieval teaching'):
         _check(cmd, _run(cmd, tmp_path, tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forensicslab-analyze", "photo.jpg"]
 

@@ -791,7 +791,7 @@ def test_debate_pair_offline_is_out_of_sample_and_shows_sources_and_flags(tmp_pa
         assert ("final: MISINFORMATION" if fake else "final: NOT misinformation") in r.output, (caption, r.output)
         assert "total cost $0.0000" in r.output
     r = CliRunner().invoke(debate_app, ["pair", str(img), OUT_OF_SAMPLE[0][1]])   # no retrieval: no evidence, said so
-    assert r.exit_code == 0 and "final: NO VERDICT (no evidence" in r.output and "sources: none" in r.output
+    assert r.exit_code == 1 and "final: NO VERDICT (no evidence" in r.output and "sources: none" in r.output   # README: no verdict, exit 1
     assert "positions when the debate stopped: context: " in r.output and "each position is the prior alone" in r.output, r.output
 
 

@@ -8,6 +8,8 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.cli.html.md"""
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 import time
 from pathlib import Path
 from typing import Optional
@@ -27,7 +29,8 @@ from ..imageio import MAX_PIXELS, ImageError, load_image
 
 
 # %% auto #0
-__all__ = ['weights_app', 'dispatch_table', 'detect_cmd', 'serve_detector', 'weights_list_cmd', 'weights_add_cmd', 'serve_main']
+__all__ = ['weights_app', 'dispatch_table', 'fit_table', 'detect_cmd', 'serve_detector', 'weights_list_cmd', 'weights_add_cmd',
+           'serve_main']
 
 # %% ../../nbs/04w_detectors.cli.ipynb #e0068470
 def dispatch_table(detections: dict[str, Detection]) -> list[dict]:
@@ -46,6 +49,21 @@ def dispatch_table(detections: dict[str, Detection]) -> list[dict]:
     return rows
 
 # %% ../../nbs/04w_detectors.cli.ipynb #6d12d9e5
+def fit_table(rows: list[dict], width: int) -> str:
+    """`rows` as a plain table at most `width` characters wide where it can be: text cells are cut (ending in `...`), the
+    widest column first, none below 8 characters (`detect --list` rows were about 500 wide)."""
+    if not rows: return ""
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    w = {c: max(len(str(c)), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    cut = lambda v, n: v if not isinstance(v, str) or len(v) <= n else v[:n - 3] + "..."
+    budget = width
+    while True:
+        while sum(w.values()) + 2 * (len(cols) - 1) > budget and max(w.values()) > 8: w[max(w, key=w.get)] -= 1
+        text = tabulate([{c: cut(r.get(c, ""), w[c]) for c in cols} for r in rows], headers="keys", tablefmt="simple")
+        over = max(map(len, text.splitlines())) - width
+        if over <= 0 or max(w.values()) <= 8: return text
+        budget -= over                    # tabulate's own padding (numbers, booleans): ask for that much less
+
 def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to analyse (omit with --list)."),
                detectors: Optional[list[str]] = typer.Option(None, "--detectors", "-d", help="Run only these detectors (comma-separated or repeated)."),
                timeout: float = typer.Option(DEFAULT_TIMEOUT, help="Seconds each detector may take."),
@@ -56,7 +74,8 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
                as_json: bool = typer.Option(False, "--json", help="Print the detections as JSON."),
                remote: Optional[list[str]] = typer.Option(None, "--remote", help="Add a served detector: name=http://host:port (repeatable)."),
                pool: Optional[str] = typer.Option(None, "--pool", help="A named pool instead of -d: default (the offline built-ins), builtin-ungated (the built-ins without their scope gates, each calibrated on its own family, plus two learned specialists) or paper (the paper's seven, those with weights installed or served)."),
-               list_pool: bool = typer.Option(False, "--list", help="List the registered detectors and their cards, then exit.")):
+               list_pool: bool = typer.Option(False, "--list", help="List the registered detectors and their cards, then exit."),
+               wide: bool = typer.Option(False, "--wide", help="With --list: every cell in full (default: cut to the terminal width, 100 columns when not a terminal).")):
     "Run the detector pool (Stage 0) on one image and print the dispatch table."
     paper_sources()   # imports the paper's adapters present in this build (opt-in); a --remote of the same id replaces it
     try:
@@ -65,8 +84,14 @@ def detect_cmd(image: Optional[Path] = typer.Argument(None, help="Image file to 
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     if list_pool:
-        typer.echo(tabulate(pool_table(list_detectors(include_opt_in=True)), headers="keys", tablefmt="simple"))
-        typer.echo("opt-in (run with -d ID, --pool builtin-ungated or --pool paper; weights: forensicslab weights list): " + ", ".join(sorted(OPT_IN)))
+        rows = pool_table(list_detectors(include_opt_in=True))
+        if as_json:
+            typer.echo(json.dumps(rows, indent=1))
+            return
+        cols = shutil.get_terminal_size((100, 24)).columns
+        typer.echo(tabulate(rows, headers="keys", tablefmt="simple") if wide else fit_table(rows, cols))
+        opt = "opt-in (run with -d ID, --pool builtin-ungated or --pool paper; weights: forensicslab weights list): " + ", ".join(sorted(OPT_IN))
+        typer.echo(opt if wide else textwrap.fill(opt, cols, break_on_hyphens=False))
         for k, v in discovery_errors().items(): typer.echo(f"failed to load {k}: {v}", err=True)
         return
     if image is None:
