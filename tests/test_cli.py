@@ -38,7 +38,6 @@ def test_unknown_study_is_one_line_from_the_console_script():
 def test_study_passes_p_and_y_parameters(capsys, monkeypatch):
     seen = {}
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")     # the preflight checks the key is set; nothing is called
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")     # the preflight checks the key is set; nothing is called
     def fake_run_study(name, params, out):
         seen.update(name=name, params=params)
         return REPO / "outputs" / name / f"{name}.ipynb"
@@ -291,7 +290,6 @@ def test_study_batch_and_analyze_check_backends_before_the_first_case(capsys, mo
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
     code, out, err = run_main(capsys, "study", "triage_table4", "-p", "backbone", dead, "-p", "model_cache", "replay")
     assert code != 2 and len(started) == 1, err
-
 
 def test_detect_list_fits_the_terminal_and_wide_or_json_keep_everything(capsys, monkeypatch):
     "#47 item 7: `detect --list` rows were about 450-500 characters wide; now cut to the terminal (COLUMNS), --wide and --json in full."

@@ -609,7 +609,8 @@ def _single(image: Path, config, auditor_backend, judge_backend, detectors, repo
 
 # %% ../../nbs/06g_triage.cli.ipynb #2c952b39
 @model_options
-def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or folders (searched recursively) to analyse."),
+def analyze_cmd(paths: list[Path] = typer.Argument(..., help="Images and/or folders to analyse (searched recursively, leaving out "
+                                                                "masks: *_gt.*, *_mask.*, *_mask_*, and forensicslab's own run folders)."),
                 config: str = typer.Option("rules", help="Configuration preset: rules, rules-unguided, rules-single, fusion, ds, "
                                                          "single, unguided, complete, complete-other, complete-judge; with "
                                                          "--trust-store: trust-lr (the default then) or trust-ds."),
