@@ -564,12 +564,16 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
     bar = tqdm(total=round(left), unit="s", desc=f"reproduce ({profile})", dynamic_ncols=True, leave=False,
                disable=(None if progress is None else not progress) if todo and left else True,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s expected [{elapsed}<{remaining}]")
+    def say(line: str):
+        "Print a line above the bar (which is redrawn below it)."
+        if bar.disable: return echo(line)
+        with tqdm.external_write_mode(file=sys.stdout): echo(line)
     results, folders, interrupted = [], [], False
     for i, s in enumerate(plan, 1):
         n, label = s["name"], Path(s["name"]).stem
         head = f"== [{i}/{len(plan)}] {label}"
         if s["done"] is not None:
-            echo(f"{head}: finished earlier with these parameters ({_duration(s['done'].get('seconds'))}), kept in {shown_text(str(s['folder']))}")
+            say(f"{head}: finished earlier with these parameters ({_duration(s['done'].get('seconds'))}), kept in {shown_text(str(s['folder']))}")
             results.append((label, "kept", 0.0, "finished earlier with the same parameters"))
             continue
         if interrupted:
@@ -577,7 +581,7 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
             continue
         eta = "" if quick else (f" (expected {_duration(s['expected'])}" if s["expected"] is not None else " (expected time unknown")
         if not quick: eta += f"; all {_duration(left)} left, done by ~{_clock(left)})" if left else ")"
-        echo(head + eta)
+        say(head + eta)
         t0 = time.time()
         try:
             with _ticking(bar, round(s["expected"] or 0)):
@@ -585,8 +589,8 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
             folders.append(nb.parent)
             skipped = skipped_parts(nb.parent)
             results.append((label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items())))
-            echo(f"   ok in {_duration(time.time() - t0)} -> {shown_text(str(nb.parent))}")
-            if skipped: echo("   skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+            say(f"   ok in {_duration(time.time() - t0)} -> {shown_text(str(nb.parent))}")
+            if skipped: say("   skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
         except KeyboardInterrupt:
             interrupted = True
             results.append((label, "failed", time.time() - t0, "interrupted; its output folder is unchanged"))
@@ -594,7 +598,7 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
             reason = " ".join((e.reason if isinstance(e, StudyFailed) else _one_line(e)).split())[:600]
             results.append((label, "failed", time.time() - t0, reason))
             kept = getattr(e, "kept", None)
-            echo(f"   FAILED after {_duration(time.time() - t0)}: {reason}" + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""))
+            say(f"   FAILED after {_duration(time.time() - t0)}: {reason}" + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""))
         left -= s["expected"] or 0.0
     bar.close()
     return dict(results=results, folders=folders, interrupted=interrupted)
