@@ -80,3 +80,18 @@ def test_stress_script_short_mode_runs_every_quick_attack():
     assert all(rows[n] == "pass" for n in ("grid-long-prefix", "grid-misspelt-keys", "run-file-bad-lines", "disk-full",
                                            "folder-corrupt-image")), r.stdout
     assert r.returncode == (0 if set(rows.values()) <= {"pass", "skipped"} else 1)
+
+
+def test_mutations_find_each_rule_once_and_name_real_test_files():
+    "scripts/mutations.py looks each rule's text up in the package: after a refactor moves or rewrites a rule, this says so."
+    import runpy
+    root = Path(__file__).parents[1]
+    mod = runpy.run_path(str(root / "scripts" / "mutations.py"), run_name="mutations")
+    names = [m.name for m in mod["MUTATIONS"]]
+    assert len(names) == len(set(names)) and names[0].startswith("control") and len(names) >= 10
+    for m in mod["MUTATIONS"]:
+        for old, new in m.edits:
+            assert old != new and mod["_locate"](root, old).suffix == ".py"   # found exactly once, else LookupError
+        assert m.tests and all((root / t).is_file() for t in m.tests), m
+    with pytest.raises(LookupError, match="not once"):
+        mod["_locate"](root, "this text is in no module of the package")
