@@ -1,4 +1,5 @@
-"""Replay the attacks of issue 32 against this checkout and print one table row per attack (pass / FAIL / error).
+"""Replay the attacks of issues 32 and 49 against this checkout and print one table row per attack (pass / FAIL / error)
+and a count line (`summary: N of M passed`).
 
 Bounded: every server it starts listens on 127.0.0.1 only and closes each connection after a fixed time, every
 command it runs has a deadline, and the whole script stops at `--max-seconds` (printing what it has). Nothing leaves
@@ -403,6 +404,261 @@ def zoom_ckpt_pickle(tmp: Path, short: bool):
     return code == 2 and "pickle" in line and "a bug" not in line, f"exit {code}: {line[:110]}"
 
 
+# ---------------------------------------------------------------- issue 49: defects 1-9, through the commands users run
+def _text_of(req: dict) -> str:
+    "Every text part of a chat-completions request, joined."
+    out = []
+    for m in req.get("messages", []):
+        c = m.get("content")
+        out += [c] if isinstance(c, str) else [p.get("text", "") for p in c or [] if p.get("type") == "text"]
+    return "\n".join(out)
+
+
+def judge_foreign_tool(tmp: Path, short: bool):
+    """Issue 49 defect 1: a judge reply naming a detector outside the pool must not be cached: `analyze --config complete`
+    again (the model now answering within the pool) must ask the judge again and give a verdict."""
+    from forensicslab.chat.testing import openai_server
+    img = photo(tmp / "in" / "a.jpg")
+    state = {"tool": "trufor", "judge_calls": 0}
+    def respond(req):
+        text = _text_of(req)
+        if "You audit the output of exactly one forensic detector" in text:
+            tool = re.search(r"Detector id: (\S+)", text).group(1)
+            return json.dumps({"reasoning": f"STEP 1: checked {tool}.", "tool_id": tool, "audit_verdict": "valid"})
+        state["judge_calls"] += 1
+        return json.dumps({"reasoning": "STEP 1: looked.", "is_manipulated": True, "locality": "local", "region": "centre",
+                           "arbitrated_tools": [state["tool"]], "decision_path": ["looked"]})
+    args = ["--config", "complete", "--detectors", "noise", "--no-provenance", "--cache", "rw", "--cache-dir", tmp / "cache"]
+    with openai_server(respond) as url:
+        spec = f"openai-compatible:{url}/v1#stress-judge"
+        c1, o1, e1, _ = cli("analyze", img, "--backend", spec, "--out", tmp / "o1", *args, cwd=tmp)
+        first = state["judge_calls"]
+        state["tool"] = "noise"
+        c2, o2, e2, _ = cli("analyze", img, "--backend", spec, "--out", tmp / "o2", "--json", *args, cwd=tmp)
+    again = state["judge_calls"] - first
+    ok = again > 0 and c2 == 0 and '"noise"' in o2
+    return ok, (f"first run: exit {c1}, {first} judge call(s) naming trufor; rerun: exit {c2}, {again} judge call(s)"
+                + ("" if again else " (answered from the cache: the bad reply had been stored)"))
+
+
+class _SlowHeads:
+    "`n` connections each sending one more header line every `every` seconds, never ending the request head."
+    def __init__(self, port: int, n: int, every: float):
+        self.port, self.n, self.every, self.stop, self.closed = port, n, every, threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        socks = []
+        for _ in range(self.n):
+            with contextlib.suppress(OSError):
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+                s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"); socks.append(s)
+        line = 0
+        while socks and not self.stop.wait(self.every):
+            line += 1
+            for s in list(socks):
+                try: s.sendall(f"X-Slow-{line}: a\r\n".encode())
+                except OSError: socks.remove(s); s.close(); self.closed += 1
+        for s in socks: s.close()
+
+    def __enter__(self): self.thread.start(); return self
+    def __exit__(self, *exc): self.stop.set(); self.thread.join(10)
+
+
+def detector_slow_heads(tmp: Path, short: bool):
+    """Issue 49 defect 2: 66 connections each trickling a header line (every 1 s) made /v1/health answer 503 for as
+    long as they lasted; health must stay 200 (a total head deadline and a per-address connection cap)."""
+    if not EXE.exists(): return None, "console script not installed"
+    p, url = _start_server(["noise", "--port", "0"], tmp)
+    try:
+        with _SlowHeads(int(url.rsplit(":", 1)[1]), 66, 1.0):
+            time.sleep(2)
+            codes = []
+            for _ in range(10):
+                try: codes.append(httpx.get(url + "/v1/health", timeout=10).status_code)
+                except httpx.HTTPError as e: codes.append(type(e).__name__)
+                time.sleep(0.5)
+        return codes == [200] * 10, f"/v1/health during the attack: {codes.count(200)} of 10 answered 200 ({sorted(set(map(str, codes)))})"
+    finally:
+        os.killpg(p.pid, 15)
+        p.wait(10)
+
+
+def _bomb_png(side: int) -> bytes:
+    "A real 16-bit grey PNG of side x side zeros (a decompression bomb: ~2 KB per 1000 rows, side*side*2 bytes decoded)."
+    import struct
+    import zlib
+    def chunk(kind, data): return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    c = zlib.compressobj(9); row = b"\0" * (1 + 2 * side)
+    idat = b"".join(c.compress(row) for _ in range(side)) + c.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 16, 0, 0, 0, 0)) + chunk(b"IDAT", idat)
+            + chunk(b"IEND", b""))
+
+
+def fake_remote(card: dict, answer: dict) -> Loopback:
+    "A detector server speaking protocol v1 on loopback whose card and detect answer are given (json.dumps writes NaN as is)."
+    health = {"status": "ok", "protocol": "1", "detector": card["id"], "version": "1"}
+    def respond(c, method, path, body, until):
+        send(c, 200, json.dumps(health if path == "/v1/health" else card if path == "/v1/card" else answer).encode())
+    return Loopback(respond)
+
+
+REMOTE_CARD = dict(id="odd", name="Odd (stress double)", version="1", scope=["splice"], native_metric="p",
+                   normalisation="identity", score_reading="x", map_reading="y")
+
+
+def _detect_rss(img: Path, url: str) -> tuple[int, str, float]:
+    "`forensicslab detect IMG --remote odd=URL --json` in a child process: (exit status, stdout, the child's peak RSS in MB)."
+    p = subprocess.Popen([str(EXE), "detect", str(img), "--remote", f"odd={url}", "-d", "odd", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = p.stdout.read().decode(errors="replace")
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, out, usage.ru_maxrss / 1024
+
+
+def remote_heatmap_bomb(tmp: Path, short: bool):
+    """Issue 49 defect 3: a remote detector's small heatmap that decodes to hundreds of MB (8000x8000 16-bit, ~120 KB)
+    must be refused from its PNG header: `detect --remote` peaks no higher than with an honest map."""
+    if not EXE.exists(): return None, "console script not installed"
+    from forensicslab.detectors.remote import encode_map
+    img = photo(tmp / "a.png", kind="png")
+    runs = {}
+    for name, m in (("honest", encode_map(np.zeros((96, 128), np.float32))), ("bomb", base64.b64encode(_bomb_png(8000)).decode())):
+        srv = fake_remote(REMOTE_CARD, dict(protocol="1", detector="odd", version="1", score=0.7, fired=True, map=m))
+        try: runs[name] = _detect_rss(img, srv.url)
+        finally: srv.close()
+    (c0, _, rss0), (c1, out, rss1) = runs["honest"], runs["bomb"]
+    named = "map is 8000x8000" in out
+    return named and rss1 < rss0 + 150, (f"exits {c0}/{c1}; peak RSS {rss1:.0f} MB with the bomb, {rss0:.0f} MB with an honest map; "
+                                         + ("refused, naming the 8000x8000 map" if named else f"not refused: {last_line(out)[:70]}"))
+
+
+def retrieval_index_cache(tmp: Path, short: bool):
+    """Issue 49 defect 4: `debate pair --retrieval local:idxB.json` after a run on idxA returned idxA's pages, even with
+    `--cache off`; each index must answer for itself, and `--cache off` must not touch the retrieval cache."""
+    from forensicslab.debate.retrieval import LocalIndex
+    img = photo(tmp / "photo.png", kind="png")
+    text = "The photograph shows a street market in {} in the spring of 2019, taken by a staff photographer of the paper."
+    idx = {}
+    for n in ("A", "B"):
+        ix = LocalIndex(); ix.add(img, [{"url": f"https://example.org/{n}", "title": f"page {n}", "text": text.format(n)}])
+        idx[n] = ix.save(tmp / f"idx{n}.json")
+    cache = tmp / "cache"
+    def pair(index, *extra):
+        code, out, err, _ = cli("debate", "pair", img, "A street market.", "--retrieval", f"local:{index}", "--json",
+                                "--cache-dir", cache, *extra, cwd=tmp)
+        try: return code, [s.get("url") for s in json.loads(out)["sources"]]
+        except (ValueError, KeyError): return code, [last_line(err or out)[:60]]
+    a = pair(idx["A"])
+    b = pair(idx["B"])
+    files = sorted(cache.rglob("retrieval/*.json"))
+    off = pair(idx["A"], "--cache", "off")
+    untouched = sorted(cache.rglob("retrieval/*.json")) == files
+    ok = a[1] == ["https://example.org/A"] and b[1] == ["https://example.org/B"] and off[1] == ["https://example.org/A"] and untouched
+    return ok, f"idxA -> {a[1]}; then idxB -> {b[1]}; idxA --cache off -> {off[1]}, cache {'untouched' if untouched else 'WRITTEN'}"
+
+
+def _images(root: Path, names: list[str]) -> Path:
+    for i, n in enumerate(names): photo(root / n, seed=i)
+    return root
+
+
+def analyze_non_row_line(tmp: Path, short: bool):
+    """Issue 49 defect 5: a `[1, 2]` line in the run's rows.jsonl crashed `analyze` ("unexpected ... (a bug)"); it must
+    resume past it. And `serve-detector --port 99999` must be one line, exit 2."""
+    src = _images(tmp / "in", ["a.jpg", "b.jpg"])
+    args = ["analyze", src, "--out", tmp / "out", "--config", "fusion", "--detectors", "noise", "--no-provenance"]
+    c1, *_ = cli(*args, cwd=tmp)
+    rows = next((tmp / "out").glob("runs/*/rows.jsonl"), None)
+    if rows is None: return False, f"exit {c1}; no runs/*/rows.jsonl under --out"
+    with open(rows, "a") as f: f.write("[1, 2]\n")
+    c2, out, err, _ = cli(*args, cwd=tmp)
+    c3, _, err3, _ = cli("serve-detector", "noise", "--port", "99999")
+    port_ok = c3 == 2 and len(err3.strip().splitlines()) == 1 and "a bug" not in err3
+    ok = c1 == 0 and c2 == 0 and "a bug" not in err and port_ok
+    return ok, f"resume past [1, 2]: exit {c2} {last_line(err)[:50] if c2 else ''}; --port 99999: exit {c3}: {last_line(err3)[:50]}"
+
+
+FORMULA = ("=HYPERLINK(1).jpg", "@SUM(1).jpg", "+cmd.jpg", "-cmd.jpg")
+
+
+def csv_formula_names(tmp: Path, short: bool):
+    "Issue 49 defect 6: file names starting with = @ + - must not reach results.csv as formulas (a cell starting so)."
+    src = _images(tmp / "in", list(FORMULA))
+    code, out, err, _ = cli("analyze", src, "--out", tmp / "out", "--config", "fusion", "--detectors", "noise", "--no-provenance", cwd=tmp)
+    res = tmp / "out" / "results.csv"
+    if not res.is_file(): return False, f"exit {code}; no results.csv: {last_line(err)[:70]}"
+    cells = [v for r in csv.reader(open(res, encoding="utf-8")) for v in r if any(s[1:5] in v for s in FORMULA)]
+    live = [v for v in cells if v[:1] in ("=", "@", "+", "-")]
+    return code == 0 and len(cells) >= 4 and not live, f"exit {code}; {len(live)} of {len(cells)} cells naming the files start with = @ + - ({live[:2]})"
+
+
+def out_foreign_files(tmp: Path, short: bool):
+    "Issue 49 defect 7: `--out` at a folder holding someone else's index.html and results.csv must be refused, them untouched."
+    src = _images(tmp / "in", ["a.jpg", "b.jpg"])
+    dest = tmp / "mine"; dest.mkdir()
+    (dest / "index.html").write_text("<html><body>my own page</body></html>")
+    (dest / "results.csv").write_text("name,value\nmine,1\n")
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    code, out, err, _ = cli("analyze", src, "--out", dest, "--config", "fusion", "--detectors", "noise", "--no-provenance", cwd=tmp)
+    kept = all((dest / n).read_bytes() == b for n, b in before.items())
+    ok = code == 2 and len(err.strip().splitlines()) == 1 and kept
+    return ok, f"exit {code}; their files {'untouched' if kept else 'OVERWRITTEN'}; {last_line(err)[:70]}"
+
+
+def _interrupt(tmp: Path, sig: int) -> tuple[int | None, int, int, bool, str]:
+    "analyze 40 images in a child process, `sig` once two rows are written: (exit, rows done, results.csv rows, index.html, stderr tail)."
+    src = _images(tmp / "in", [f"p{i:02d}.jpg" for i in range(40)])
+    out = tmp / "out"
+    p = subprocess.Popen([str(EXE), "analyze", str(src), "--out", str(out), "--config", "fusion", "--detectors", "noise,adq",
+                          "--no-provenance"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0, rows = time.monotonic(), None
+    while time.monotonic() - t0 < 240 and p.poll() is None:
+        rows = rows or next(out.glob("runs/*/rows.jsonl"), None)
+        if rows and sum(1 for _ in open(rows)) >= 2: break
+        time.sleep(0.2)
+    if p.poll() is None: p.send_signal(sig)
+    try: err = p.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired: p.kill(); err = p.communicate()[1]
+    done = sum(1 for _ in open(rows)) if rows else 0
+    res = out / "results.csv"
+    n_csv = max(0, sum(1 for _ in csv.reader(open(res, encoding="utf-8"))) - 1) if res.is_file() else 0
+    return p.returncode, done, n_csv, (out / "index.html").is_file(), last_line(err)
+
+
+def interrupted_run(tmp: Path, short: bool):
+    """Issue 49 defect 8: SIGTERM mid-run wrote no results.csv/index.html for the finished rows, and a SIGINT once ended
+    with exit 134; both must leave results.csv and index.html of the rows done, and SIGINT no abort."""
+    if not EXE.exists(): return None, "console script not installed"
+    import signal as _signal
+    out = []
+    ok = True
+    for sig in (_signal.SIGTERM, _signal.SIGINT):
+        (tmp / sig.name).mkdir()
+        code, done, n_csv, index, tail = _interrupt(tmp / sig.name, sig)
+        good = done >= 1 and n_csv >= 1 and index and code not in (0, 134, -6) and "terminate called" not in tail
+        ok = ok and good
+        out.append(f"{sig.name}: exit {code}, {done} rows done, {n_csv} in results.csv, index.html {'written' if index else 'MISSING'}")
+    return ok, "; ".join(out)
+
+
+def remote_threshold_nan(tmp: Path, short: bool):
+    "Issue 49 defect 9: a remote card or answer with a NaN or -inf threshold must be refused in one line naming it."
+    img = photo(tmp / "a.png", kind="png")
+    res = []
+    for where, card, answer in (("card NaN", {**REMOTE_CARD, "threshold": float("nan")}, {"score": 0.7, "fired": True}),
+                                ("answer -inf", REMOTE_CARD, {"score": 0.2, "fired": True, "threshold": float("-inf")})):
+        srv = fake_remote(card, dict(protocol="1", detector="odd", version="1", **answer))
+        try: code, out, err, _ = cli("detect", img, "--remote", f"odd={srv.url}", "-d", "odd", "--json")
+        finally: srv.close()
+        named = re.search(r"threshold .*not a number in \[0, 1\]", out + err) is not None
+        fired = '"fired": true' in out
+        res.append((where, code, named, fired))
+    ok = all(named and not fired for _, _, named, fired in res)
+    return ok, "; ".join(f"{w}: exit {c}, {'refused naming the threshold' if n else 'ACCEPTED'}" for w, c, n, _ in res)
+
+
 ATTACKS: dict[str, tuple[Callable, bool]] = {   # name -> (attack, in the short mode)
     "grid-long-prefix": (grid_long_prefix, True),
     "grid-misspelt-keys": (grid_misspelt_keys, True),
@@ -419,6 +675,16 @@ ATTACKS: dict[str, tuple[Callable, bool]] = {   # name -> (attack, in the short 
     "zoom-ckpt-pickle": (zoom_ckpt_pickle, False),
     "port-in-use": (port_in_use, False),
     "detector-slow-clients": (detector_slow_clients, False),
+    # issue 49, defects 1-9 (5-8: the folder runs; the rest: caches and the remote detector protocol)
+    "judge-foreign-tool": (judge_foreign_tool, True),
+    "detector-slow-heads": (detector_slow_heads, True),
+    "remote-heatmap-bomb": (remote_heatmap_bomb, True),
+    "retrieval-index-cache": (retrieval_index_cache, True),
+    "analyze-non-row-line": (analyze_non_row_line, True),
+    "csv-formula-names": (csv_formula_names, True),
+    "out-foreign-files": (out_foreign_files, True),
+    "interrupted-run": (interrupted_run, True),
+    "remote-threshold-nan": (remote_threshold_nan, True),
 }
 
 
@@ -427,6 +693,13 @@ def table(rows: list[tuple[str, str, float, str]]) -> str:
     out = [f"{'attack':<{w}}  {'result':<7}  {'seconds':>7}  detail"]
     out += [f"{n:<{w}}  {r:<7}  {s:>7.1f}  {' '.join(d.split())[:150]}" for n, r, s, d in rows]
     return "\n".join(out)
+
+
+def summary(rows: list[tuple[str, str, float, str]]) -> str:
+    "The count line under the table: how many of the attacks run passed, and the rest by result."
+    n = {k: sum(r[1] == k for r in rows) for k in ("pass", "FAIL", "error", "skipped")}
+    rest = ", ".join(f"{v} {k}" for k, v in n.items() if k != "pass" and v)
+    return f"summary: {n['pass']} of {len(rows)} passed" + (f" ({rest})" if rest else "")
 
 
 @contextlib.contextmanager
@@ -467,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             print(table(rows).splitlines()[-1], file=sys.stderr, flush=True)
         shutil.rmtree(base / "cache", ignore_errors=True)
     print(table(rows))
+    print(summary(rows))
     return 0 if all(r[1] in ("pass", "skipped") for r in rows) else 1
 
 

@@ -47,7 +47,7 @@ def _stress_module():
 
 
 def _table(out: str) -> dict[str, str]:
-    lines = [l for l in out.splitlines() if l.strip()]
+    lines = [l for l in out.splitlines() if l.strip() and not l.startswith("summary:")]   # the count line under the table
     head = next(i for i, l in enumerate(lines) if l.split()[:3] == ["attack", "result", "seconds"])
     return {l.split()[0]: l.split()[1] for l in lines[head + 1:]}
 
@@ -59,10 +59,14 @@ def test_stress_script_replays_the_quick_attacks(capsys, monkeypatch):
     st = _stress_module()
     quick = ["run-file-bad-lines", "folder-corrupt-image"]   # seconds each; the CLI ones run in the slow test below
     code = st.main(["--short", *[a for n in quick for a in ("--only", n)], "--max-seconds", "600"])
-    rows = _table(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    rows = _table(printed)
     assert rows == {n: "pass" for n in quick} and code == 0, rows
+    assert printed.rstrip().splitlines()[-1] == "summary: 2 of 2 passed"
     import os
     assert os.environ["FORENSICSLAB_CACHE_DIR"] == "/nonexistent-checked-below"
+    assert {"judge-foreign-tool", "detector-slow-heads", "remote-heatmap-bomb", "retrieval-index-cache", "analyze-non-row-line",
+            "csv-formula-names", "out-foreign-files", "interrupted-run", "remote-threshold-nan"} <= {n for n, (_, q) in st.ATTACKS.items() if q}
     assert set(st.ATTACKS) >= {"analyze-two-configs", "analyze-file-added", "grid-long-prefix", "detector-slow-clients",
                                "chat-byte-per-second", "chat-unpriced-budget", "retrieval-redirect", "folder-corrupt-image"}
 
