@@ -201,3 +201,27 @@ def test_swapped_weights_give_new_scores_through_the_caches(tmp_path, monkeypatc
     s3 = detect("--cache-dir", cdir)
     assert abs(s3 - s2) > 1e-3 and abs(s3 - s1) > 1e-3 and s3 == detect("--cache", "off") and analyzed() == s3
     P.forget_instance("clipsid")
+
+
+@pytest.mark.parametrize("det_id", ["nfavit", "radar"])
+def test_weights_add_checks_the_layout_of_remote_only_detectors(det_id, tmp_path, monkeypatch):
+    "Issue 48, item 5: a 5-byte text file is refused in one line (it was listed 'yes, unverified'); a checkpoint installs."
+    from forensicslab.detectors.weights import installed
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "w"))
+    paper_sources()
+    txt = tmp_path / f"{det_id}.pth"
+    txt.write_text("hello")
+    r = CliRunner().invoke(_app(), ["weights", "add", det_id, str(txt)])
+    assert r.exit_code == 2 and "not a" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert installed(det_id) is None
+    sd = {"model.backbone.w": torch.ones(2, 2), "model.head.b": torch.zeros(2)}
+    if det_id == "nfavit":   # the authors' IMDL-BenCo layout is required: a bare state dict is refused
+        torch.save(sd, txt)
+        r = CliRunner().invoke(_app(), ["weights", "add", det_id, str(txt)])
+        assert r.exit_code == 2 and "bare state dict, not the IMDL-BenCo checkpoint" in r.output, r.output
+        torch.save({"model": sd, "optimizer": {}, "epoch": 7, "scaler": {}, "args": argparse.Namespace(lr=1e-4),
+                    "best_value": np.float64(0.9)}, txt)
+    else: torch.save({"state_dict": sd, "epoch": np.int64(3)}, txt)
+    r = CliRunner().invoke(_app(), ["weights", "add", det_id, str(txt)])
+    assert r.exit_code == 0 and "UNVERIFIED" in r.output, r.output
+    assert installed(det_id) is not None

@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core import ToolCard
+from ..imdl import CheckpointError, read_state
 from ..pool import load_card
 from ..weights import FileSpec, WeightsSource, register_source
 
 # %% auto #0
-__all__ = ['PAGE', 'LICENCE', 'CARD_DIR', 'LAYOUT', 'SOURCE', 'nfavit_card']
+__all__ = ['PAGE', 'LICENCE', 'CARD_DIR', 'LAYOUT', 'SOURCE', 'nfavit_card', 'check_weights']
 
 # %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #7f21071b
 PAGE = "https://github.com/clpbc/BR-Gen/tree/main/model_zoo/nfa_vit (weights: https://pan.baidu.com/s/1mqmMeoTzJf0TuIy17N6PFQ, password cclp)"
@@ -30,7 +31,16 @@ def nfavit_card() -> ToolCard:
     "NFA-ViT's tool card (for the detector server that runs it, and for the lab's listings)."
     return load_card("nfavit", CARD_DIR)
 
+def check_weights(path: str | Path) -> None:
+    """What `forensicslab weights add nfavit` checks (the lab cannot build the network, so not the keys' fit): the file
+    is a safely readable checkpoint (`imdl.read_state`: tensors, numpy metadata and the `args` Namespace, nothing that
+    runs code) in IMDL-BenCo's layout, `{'model': tensor state dict, ...}`; anything else is a one-line `CheckpointError`."""
+    _, kind = read_state(path, "nfavit", LAYOUT, PAGE)
+    if kind != "imdlbenco":
+        raise CheckpointError(f"nfavit: {Path(path).name} is a {kind} state dict, not the IMDL-BenCo checkpoint the authors' "
+                              f"training writes; expected {LAYOUT} (download: {PAGE})")
+
 SOURCE = register_source(WeightsSource(
     "nfavit", "NFA-ViT (BR-Gen)", [FileSpec("nfavit.pth", url="https://pan.baidu.com/s/1mqmMeoTzJf0TuIy17N6PFQ")],
-    layout=LAYOUT, page=PAGE, licence_code=LICENCE["code"], licence_weights=LICENCE["weights"],
+    layout=LAYOUT, page=PAGE, licence_code=LICENCE["code"], licence_weights=LICENCE["weights"], check=check_weights,
     note="no local adapter in this build: serve it with the remote protocol (nbs/04p_detectors.paper.nfavit.ipynb)"))

@@ -11,12 +11,13 @@ import importlib
 import sys
 from typing import Optional
 
+from .backbones import read_checkpoint, unwrap
 from ..pool import OPT_IN, _FACTORIES, DetectorNotFound, list_detectors
 from ..weights import SOURCES, FileSpec, WeightsError, WeightsSource, installed, register_source
 
 # %% auto #0
-__all__ = ['PAPER_POOL', 'KNOWN', 'PRESETS', 'load_adapters', 'paper_sources', 'runnable', 'paper_pool', 'preset_members',
-           'resolve_pool']
+__all__ = ['PAPER_POOL', 'KNOWN', 'PRESETS', 'load_adapters', 'tensor_checkpoint_check', 'paper_sources', 'runnable',
+           'paper_pool', 'preset_members', 'resolve_pool']
 
 # %% ../../../nbs/04v_detectors.paper.pool.ipynb #f1fd81bd
 PAPER_POOL = ("clipsid", "d3", "effort", "forensicsadapter", "radar", "nfavit", "trufor")
@@ -58,6 +59,13 @@ def _source_from_module(i: str) -> Optional[WeightsSource]:
     return WeightsSource(i, KNOWN[i][0], files, layout, getattr(mod, "PAGE", KNOWN[i][1]), lic.get("code", KNOWN[i][2]),
                          lic.get("weights", KNOWN[i][3]), check=getattr(mod, "check_weights", None))
 
+def tensor_checkpoint_check(det_id: str, page: str, layout: str = "a PyTorch checkpoint or safetensors file holding a tensor state dict"):
+    """The `weights add` check of a detector whose network this build cannot construct (RADAR): the file must be a
+    safely readable checkpoint (`backbones.read_checkpoint`) with a tensor state dict inside (`unwrap`); a text file,
+    an archive or pickled code is refused in one line."""
+    def check(path) -> None: unwrap(read_checkpoint(path, det_id, layout, page), det_id, layout, page)
+    return check
+
 def paper_sources() -> dict[str, WeightsSource]:
     "A weights source for each of the seven (the adapter's own, one from its module's attributes, or the known facts)."
     load_adapters()
@@ -67,7 +75,7 @@ def paper_sources() -> dict[str, WeightsSource]:
         if src is None:
             name, page, lc, lw = KNOWN[i]
             src = WeightsSource(i, name, [FileSpec(f"{i}.pth")], layout="no local adapter in this build", page=page,
-                                licence_code=lc, licence_weights=lw,
+                                licence_code=lc, licence_weights=lw, check=tensor_checkpoint_check(i, page),
                                 note=f"not runnable locally ({_LOAD_ERRORS.get(i, 'no adapter')}); serve it with the remote protocol")
         register_source(src)
     return {i: SOURCES[i] for i in PAPER_POOL}
