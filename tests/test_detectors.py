@@ -381,3 +381,21 @@ def test_fire_rule_is_score_above_threshold_not_at_it(tmp_path):
     finally:
         D.unregister("t_at"); D.unregister("t_above")
     assert {k: (d.status, d.score, d.fired) for k, d in res.items()} == {"t_at": ("ok", 0.5, False), "t_above": ("ok", 0.5 + 2 ** -10, True)}
+
+
+def test_fire_rule_reads_the_card_threshold(tmp_path):
+    "A card's own threshold (0.25 here) decides, not 0.5: 0.3 fires, 0.25 does not."
+    write_card(tmp_path, "t_low")
+    (tmp_path / "t_low.yaml").write_text((tmp_path / "t_low.yaml").read_text() + "threshold: 0.25\n")
+    card = D.load_card("t_low", tmp_path)
+    assert card.threshold == 0.25
+    class Low:
+        def __init__(self, v): self.card, self.v = card, v
+        def detect(self, image): return D.make_detection(self.card, self.v)
+    D.register("t_low")(lambda: Low(0.3))
+    try:
+        d = D.run_pool(photo(64, 48), ["t_low"])["t_low"]
+    finally:
+        D.unregister("t_low")
+    assert (d.score, d.threshold, d.fired) == (0.3, 0.25, True)
+    assert not D.make_detection(card, 0.25).fired and D.make_detection(card, 0.2500001).fired

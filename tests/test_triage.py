@@ -622,6 +622,19 @@ def test_rule_judge_accepts_a_claim_at_exactly_accept_min():
     assert at.is_manipulated and at.decisive == "spectral"                     # 0.5 is not below 0.5: accepted
     above = RuleJudge(guided=True, params=RuleParams(accept_min=0.51)).decide(kept, c, None)
     assert not above.is_manipulated                                            # 0.5 < 0.51: set aside
+    # an off-centre threshold: credibility (0.625 - 0.25) / (1 - 0.25) = 0.5 again, so the same two answers
+    low = {"spectral": Detection.from_score("spectral", 0.625, threshold=0.25)}
+    assert RuleJudge(guided=True, params=RuleParams(accept_min=0.5)).decide(low, c, None).is_manipulated
+    assert not RuleJudge(guided=True, params=RuleParams(accept_min=0.51)).decide(low, c, None).is_manipulated
+
+
+def test_ds_belief_masses_read_an_off_centre_threshold():
+    from forensicslab.triage.judge import tool_bba
+    S, A = frozenset({"synthesis"}), frozenset({"authentic"})
+    # threshold 0.25: a score of 0.625 is (0.625 - 0.25) / (1 - 0.25) = 0.5 of the way up to 1; reliability 0.8 keeps 0.4
+    assert tool_bba(0.625, S, S | A, threshold=0.25, reliability=0.8) == pytest.approx({S: 0.4, S | A: 0.6})
+    # a score of 0.125 is (0.25 - 0.125) / 0.25 = 0.5 of the way down to 0: belief 0.5 in the complement, authentic
+    assert tool_bba(0.125, S, S | A, threshold=0.25, reliability=1.0) == pytest.approx({A: 0.5, S | A: 0.5})
 
 
 def _t4_row(sample, label, pred, in_scope=False, family="splice"):
