@@ -147,10 +147,11 @@ def observation_text(box, scale: float) -> str:
     return render_prompt("zoom", "observation", x1=x1, y1=y1, x2=x2, y2=y2, scale=f"{scale:.1f}").strip()
 
 # %% ../../nbs/08a_zoom.agents.ipynb #d19a0da1
-def prompt_messages(variant: str, width: int, height: int, max_zooms: int = 5) -> list[dict]:
-    "The system and user turns (TRL conversational format) that open an episode."
+def prompt_messages(variant: str, width: int, height: int, max_zooms: int = 5, survey: str = "") -> list[dict]:
+    "The system and user turns (TRL conversational format) that open an episode; `survey`, when given, follows the user prompt."
+    text = user_prompt(width, height) + (f"\n\n{survey}" if survey else "")
     return [{"role": "system", "content": [{"type": "text", "text": system_prompt(variant, max_zooms)}]},
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user_prompt(width, height)}]}]
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
 
 def tool_result(crop: ZoomCrop, views=None) -> tuple[list[dict], list]:
     """The crop tool's reply: `(content blocks with image placeholders, images)`: the magnified crop, then, when
@@ -167,10 +168,12 @@ def tool_result(crop: ZoomCrop, views=None) -> tuple[list[dict], list]:
     return content + [{"type": "text", "text": text}], images
 
 def to_chat(image, steps: list[ZoomStep], variant: str = "o3", max_zooms: int = 5, structured: bool = True,
-            crop_kw: dict | None = None, views=None) -> dict:
-    "An episode as `{'messages': [...], 'images': [...]}` for SFT (crops, and forensic `views` when given, regenerated from the steps' boxes)."
+            crop_kw: dict | None = None, views=None, survey: bool = False) -> dict:
+    """An episode as `{'messages': [...], 'images': [...]}` for SFT (crops, and forensic `views` when given, regenerated
+    from the steps' boxes); with `survey`, the first turn carries the views' survey of the whole image (`views.survey_text()`)."""
     img = load_image(image)
-    msgs, images = prompt_messages(variant, img.width, img.height, max_zooms), [img.pil()]
+    first = views.survey_text() if survey and views is not None else ""
+    msgs, images = prompt_messages(variant, img.width, img.height, max_zooms, first), [img.pil()]
     for i, s in enumerate(steps):
         if s.kind == "invalid": raise ZoomInputError(f"step {i} is invalid ({s.error}); only valid trajectories become chats")
         if s.kind == "crop":

@@ -12,7 +12,7 @@ import json
 import re
 import zlib
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Callable, Literal, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field, field_validator
@@ -22,13 +22,14 @@ from ..core import ChatMessage, EvidenceItem, Sample
 from ..imageio import load_image
 from .records import ZoomInputError, ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box
 from .agents import render_turn
+from .rules import survey
 from .records import where_phrase
 
 # %% auto #0
-__all__ = ['Truth', 'SIM_ERROR', 'TEXT_MODES', 'TrajStep', 'Candidate', 'Annotation', 'RuleProposer', 'LLMProposer',
-           'LLMRewriter', 'simulate_votes', 'read_votes', 'soft_labels', 'rewrite_rule', 'annotation_answer',
-           'trajectory_steps', 'Constructed', 'load_trajectories', 'random_items', 'construct', 'place_text',
-           'grounding_negatives']
+__all__ = ['Truth', 'SIM_ERROR', 'TEXT_MODES', 'TrajStep', 'Candidate', 'Annotation', 'RuleProposer', 'SurveyProposer',
+           'LLMProposer', 'LLMRewriter', 'simulate_votes', 'read_votes', 'soft_labels', 'rewrite_rule',
+           'annotation_answer', 'trajectory_steps', 'Constructed', 'load_trajectories', 'random_items', 'construct',
+           'place_text', 'grounding_negatives']
 
 # %% ../../nbs/08e_zoom.construct.ipynb #1a010e7d
 Truth = Literal["valid", "wrong_box", "contradiction", "non_specific"]
@@ -133,6 +134,38 @@ class RuleProposer:
                 traj.append(TrajStep(bbox=box_to_norm(b, W, H), thought=str(rng.choice(_LOOK)).format(w=_where(b, W, H)) + " " + str(rng.choice(_OK))))
         ev = [Candidate(bbox=None, text=glob)] + [Candidate(bbox=box_to_norm(b, W, H), text=t, truth=k) for b, t, k in (cands[i] for i in order)]
         return Annotation(exploration_trajectory=traj, evidence=ev, verdict="fake" if sample.label else "real")
+
+# %% ../../nbs/08e_zoom.construct.ipynb #zsurvprop2
+def _iou(a, b) -> float:
+    ix, iy = max(0, min(a[2], b[2]) - max(a[0], b[0])), max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - ix * iy
+    return ix * iy / u if u > 0 else 0.0
+
+class SurveyProposer:
+    "Offline teacher for a policy that reads a survey: one crop on a surveyed region, then the answer (see above)."
+    def __init__(self, views_for: Callable, seed: int = 0):
+        "`views_for(sample)` gives the sample's `zoom.rules.ForensicViews` (the tool set the policy trains with)."
+        self.views_for, self.seed, self.source = views_for, seed, f"survey:v1:seed{seed}"
+
+    def propose(self, sample: Sample) -> Annotation:
+        im = load_image(sample.image)
+        W, H = im.width, im.height
+        entries = survey(self.views_for(sample))
+        if not entries: raise ZoomInputError(f"{sample.id}: the tool set gives no map to survey")
+        refs = [b for b in sample.boxes if b.box is not None]
+        glob = next((b.text for b in sample.boxes if b.box is None), None)
+        if sample.label == 1 and refs:
+            truth = refs[0].box.as_list()
+            pick = max(entries, key=lambda e: (_iou(e["box"], truth), e["score"]))
+            ev = [Candidate(bbox=box_to_norm(pick["box"], W, H), text=place_text(refs[0].text, pick["box"], W, H, "own"), truth="valid")]
+            glob = glob or "The image looks photographic overall, but one region was edited."
+        else:
+            pick, ev = entries[0], []
+            glob = glob or "The whole image is consistent with a photograph."
+        look = f"The survey points at {pick['tool']} {_where(pick['box'], W, H)}."
+        traj = [TrajStep(bbox=None, thought=look), TrajStep(bbox=box_to_norm(pick["box"], W, H), thought=look)]
+        return Annotation(exploration_trajectory=traj, evidence=[Candidate(bbox=None, text=glob)] + ev,
+                          verdict="fake" if sample.label else "real")
 
 # %% ../../nbs/08e_zoom.construct.ipynb #46a70a75
 class LLMProposer:

@@ -440,7 +440,8 @@ def load_artifacts(split: str, root: str | Path | None = None, design: str = "ar
     if split not in SPLITS: raise ZoomInputError(f"unknown split {split!r}; use one of {list(SPLITS)}")
     root = Path(root) if root else artifacts_root(design)
     if not (root / f"{split}.jsonl").exists(): ensure_artifacts(root, design=design)
-    return [s.model_copy(update={"image": str(s.image_path(root).resolve())}) for s in load_samples(root / f"{split}.jsonl")]
+    return [s.model_copy(update={"image": str(s.image_path(root).resolve()), **({"mask": str((root / s.mask).resolve())} if s.mask else {})})
+            for s in load_samples(root / f"{split}.jsonl")]
 
 # %% ../../nbs/08c_zoom.data.ipynb #d9f265d5
 def extra_train(k: int, n: int = 200, seed: int = 0, root: str | Path | None = None, design: str = "artifacts") -> list[Sample]:

@@ -26,9 +26,9 @@ from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig
 from accelerate import PartialState
 from ..imageio import load_image
 from .records import ZoomInputError, norm_to_box
-from .construct import RuleProposer, construct, grounding_negatives, load_trajectories
+from .construct import RuleProposer, SurveyProposer, construct, grounding_negatives, load_trajectories
 from .data import DESIGNS, extra_train, load_study_data, strongest_first
-from .study import evaluate_policy, instrument_controls
+from .study import evaluate_policy, instrument_controls, survey_controls
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
@@ -85,7 +85,11 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
         return dict(train=train, pool=train, trajectories=trajs, verifier_items=items, eval=evals)
     pool = train + (extra_train(cfg.extra_train, seed=seed, design=cfg.data) if cfg.extra_train and cfg.data in DESIGNS else [])
     built = construct(pool, variants=(cfg.variant,), seed=seed)
-    sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed) if cfg.curriculum else built
+    if cfg.survey != "none":   # the teacher zooms where the survey points (SurveyProposer)
+        views = tool_views(cfg.tools)
+        sft = construct(pool, SurveyProposer(lambda s: sample_views(s.image, views, s), seed), variants=(cfg.variant,), seed=seed)
+    elif cfg.curriculum: sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed)
+    else: sft = built
     by_id = {s.id: s for s in pool}
     trajs = [{**snap_trajectory(t, cfg.box_grid), "sample": by_id[t["sample_id"]].model_dump_json()}   # the oracle view reads its boxes
              for t in sft.trajectories if t["variant"] == cfg.variant]
@@ -137,7 +141,7 @@ def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: Zoom
     "Table 1 metrics of a checkpoint on `samples` through the zoom agent (greedy; one re-ask per bad turn), with `cfg.tools`' views (another image's with `shuffle_views`)."
     m, p = load_checkpoint(folder, device=device)
     pol = HFZoomPolicy(m, p, max_new_tokens=cfg.max_completion_length, max_zooms=cfg.max_zooms, name=Path(folder).name,
-                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed))
+                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed), survey=cfg.survey != "none")
     ev = evaluate_policy(pol, samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1)
     res = ev.pop("results")
     ev["first_try_valid"] = float(np.mean([r.valid and not r.reasked for r in res])) if res else float("nan")
@@ -158,6 +162,8 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     base_path = out / "base" if cfg.base == "tiny" else Path(cfg.base)
     texts = [s["text"] if isinstance(s, dict) else s.text for t in data["trajectories"] for s in t["steps"]]
     texts += [r["text"] for r in data["verifier_items"]]
+    if cfg.survey != "none":   # the tokenizer learns the survey's words and numbers too
+        texts += [sample_views(s.image, tool_views(cfg.tools), s).survey_text() for s in data["pool"]]
     with state.main_process_first():   # the tiny base is built once (seconds); a real base is only read
         if cfg.base == "tiny" and not (base_path / "config.json").exists():
             load_policy(cfg, texts=texts, save_to=base_path, vision_samples=data["pool"])
@@ -187,6 +193,7 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
                     result[name] = evaluate_checkpoint(out / stage, data["eval"], cfg, device=cfg.device, shuffle_views=shuffled)
                     log(f"eval {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in result[name].items() if isinstance(v, float)))
         if result and all(len({s.label for s in ss}) == 2 for ss in (data["pool"], data["eval"])):   # the instrument-only rows
-            result["controls"] = instrument_controls(data["pool"], data["eval"], cfg.seed)
+            result["controls"] = (survey_controls(data["pool"], data["eval"], tool_views(cfg.tools), cfg.variant, cfg.seed)
+                                  if cfg.survey != "none" else instrument_controls(data["pool"], data["eval"], cfg.seed))
         (out / "eval.json").write_text(json.dumps(result, indent=2))
     return result

@@ -11,22 +11,23 @@ import io
 import json
 import re
 import zlib
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage as ndi
 
 from ..core import EvidenceItem, Registry
-from ..detectors.pool import get_detector
+from ..detectors.pool import get_detector, run_pool
 from ..imageio import load_image, luma
 from .records import ZoomInputError, ZoomAnswer, ZoomConfigError, box_ints, pixel_box, where_phrase
 from .agents import Episode, render_turn, run_zoom
 
 # %% auto #0
 __all__ = ['CUES', 'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'VIEW_NAMES', 'TOOL_SETS', 'POOL_VIEWS',
-           'cue_scores', 'duplicate_regions', 'candidates', 'region_cue', 'fit_rule_thresholds', 'RulePolicy',
-           'tool_views', 'ForensicViews', 'instrument_features', 'specificity', 'RuleEvidenceJudge']
+           'SURVEY_DETECTORS', 'SURVEYS', 'SURVEY_RULE_NOTE', 'cue_scores', 'duplicate_regions', 'candidates',
+           'region_cue', 'fit_rule_thresholds', 'RulePolicy', 'tool_views', 'ForensicViews', 'instrument_features',
+           'best_window', 'survey', 'survey_text', 'SurveyRulePolicy', 'specificity', 'RuleEvidenceJudge']
 
 # %% ../../nbs/08b_zoom.rules.ipynb #8c026f10
 CUES = ("dup", "smooth", "light", "text")
@@ -292,11 +293,15 @@ class RulePolicy:
         return ZoomAnswer.build("fake", f"The image is photographic overall, but local measurements flag {kinds} in {len(hits)} region(s).", items)
 
 # %% ../../nbs/08b_zoom.rules.ipynb #zv0ex001
-VIEW_NAMES = ("residual", "ela", "copymove", "cues", "pool", "oracle")
+VIEW_NAMES = ("residual", "ela", "copymove", "cues", "pool", "detectors", "oracle")
 TOOL_SETS: Registry = Registry("tool set", {"crop": (), "forensic": ("residual", "ela", "copymove", "cues"),
-    "forensic_pool": ("residual", "ela", "copymove", "cues", "pool"), "oracle": ("oracle",)}, error=ZoomConfigError)
-"Named tool sets: `crop` is the paper's crop-only agent; `oracle` shows the true flaw boxes and is a control, never a detector."
+    "forensic_pool": ("residual", "ela", "copymove", "cues", "pool"), "detectors": ("detectors",), "oracle": ("oracle",)},
+    error=ZoomConfigError)
+"""Named tool sets: `crop` is the paper's crop-only agent; `detectors` reads the heatmaps of the built-in detectors that
+localise (`SURVEY_DETECTORS`); `oracle` shows the true flaw boxes and is a control, never a detector."""
 POOL_VIEWS = ("inpaint_net",)
+SURVEY_DETECTORS = ("adq", "cfa", "copymove", "face_blend", "inpaint_net", "noise")
+"The built-in detectors whose heatmaps the `detectors` view reads (each localises its own family; `detectors_scorecard`)."
 
 def tool_views(spec: str) -> tuple[str, ...]:
     "The forensic views of a tool-set spec: a name of `TOOL_SETS`, or views joined by `+` (e.g. `crop+ela+cues`)."
@@ -344,6 +349,15 @@ class ForensicViews:
                 h = get_detector(d).detect(self.image).heatmap
                 self.maps[f"pool_{d}"] = np.zeros((H, W), np.float32) if h is None else np.asarray(
                     Image.fromarray(np.asarray(h, np.float32)).resize((W, H)), np.float32)
+        self.scores = {}
+        if "detectors" in self.views:
+            found = run_pool(self.image, SURVEY_DETECTORS, cache=True)   # the analysts' detection cache: once per image
+            for d in SURVEY_DETECTORS:
+                det = found[d]
+                h = det.heatmap
+                self.maps[f"det_{d}"] = np.zeros((H, W), np.float32) if h is None else np.asarray(
+                    Image.fromarray(np.asarray(h, np.float32)).resize((W, H)), np.float32)
+                self.scores[f"det_{d}"] = float(det.score)
         if "oracle" in self.views:
             m = np.zeros((H, W), np.float32)
             for b in flaw_boxes:
@@ -362,7 +376,7 @@ class ForensicViews:
             inside = float(m[y1:y2, x1:x2].mean()) if y2 > y1 and x2 > x1 else 0.0
             if k in ("residual", "ela"): out[k] = float(np.log((inside + 0.5) / (self.whole[k] + 0.5)))
             elif k == "copymove": out["copymove"] = inside * self.dup_n
-            else: out[k] = inside - (self.whole[k] if k.startswith("pool_") else 0.0)
+            else: out[k] = inside - (self.whole[k] if k.startswith(("pool_", "det_")) else 0.0)
         if "cues" in self.views: out.update(cue_scores(self.image.rgb[y1:y2, x1:x2], self.ratio))
         return {k: round(v, 3) for k, v in out.items()}
 
@@ -374,8 +388,14 @@ class ForensicViews:
         if "copymove" in r: lines.append(f"copy-move: {r['copymove']:.1f} (repeated blocks x share of the crop inside them)")
         if "smooth" in r: lines.append(f"cues: smooth {r['smooth']:+.2f}, light {r['light']:.2f}, text {r['text']:.2f}")
         lines += [f"{k[5:]} heatmap: {v:+.2f} (crop mean minus image mean)" for k, v in r.items() if k.startswith("pool_")]
+        lines += [f"{k[4:]}: {v:+.2f} in the crop over the image, strongest part {best_window(self.maps[k], box)[0]}"
+                  for k, v in r.items() if k.startswith("det_")]
         if "oracle" in r: lines.append(f"ORACLE true flaw share of the crop: {r['oracle']:.2f}")
         return "\n".join(lines)
+
+    def survey_text(self) -> str:
+        "The survey of the whole image as the policy reads it in its first turn (`survey`, `survey_text` below)."
+        return survey_text(survey(self))
 
     def picture(self, box) -> Optional[Image.Image]:
         "The maps of `box` side by side (one `tile`-pixel square each), or None when no view has a map."
@@ -387,7 +407,7 @@ class ForensicViews:
         strip = np.zeros((self.tile, self.tile * len(keys)), np.uint8)
         for i, k in enumerate(keys):
             m = self.maps[k]
-            hi = 1.0 if k in ("copymove", "oracle") or k.startswith("pool_") else float(np.quantile(m, 0.99)) + 1e-6
+            hi = 1.0 if k in ("copymove", "oracle") or k.startswith(("pool_", "det_")) else float(np.quantile(m, 0.99)) + 1e-6
             t = Image.fromarray(_to_u8(m[y1:y2, x1:x2], hi)).resize((self.tile, self.tile), Image.Resampling.NEAREST)
             strip[:, i * self.tile:(i + 1) * self.tile] = np.asarray(t)
         return Image.fromarray(strip).convert("RGB")
@@ -402,6 +422,66 @@ def instrument_features(image, views: Sequence[str] = TOOL_SETS["forensic"], fla
             for y in np.linspace(0, H - h, grid) for x in np.linspace(0, W - w, grid)]
     return {f"{k}_{f.__name__}": float(f([r[k] for r in rows])) for k in rows[0] for f in (max, min)}
 
+
+# %% ../../nbs/08b_zoom.rules.ipynb #zsurvey02
+SURVEYS = ("none", "regions")
+"Survey modes: `none` (the paper's agent sees pixels only before its first crop) or `regions` (each map's score and strongest window)."
+
+def best_window(heat: np.ndarray, box=None, cells: int = 16, sides: Sequence[int] = (2, 3, 4, 5, 6)) -> tuple[list[int], float]:
+    """`(pixel box, contrast)` of the window of `heat` (inside `box`, default the whole map) whose mean most exceeds the
+    mean outside it, weighted by the square root of its area; windows are `sides` cells of a `cells` x `cells` grid."""
+    H, W = heat.shape
+    x0, y0, x1, y1 = (0, 0, W, H) if box is None else box_ints(box)
+    x0, y0, x1, y1 = max(0, x0), max(0, y0), min(W, x1), min(H, y1)
+    sx, sy = max(1, W // cells), max(1, H // cells)
+    ii = np.pad(heat.astype(np.float64), ((1, 0), (1, 0))).cumsum(0).cumsum(1)
+    total, best = ii[-1, -1], (-np.inf, [x0, y0, x1, y1], 0.0)
+    for k in sides:
+        w, h = k * sx, k * sy
+        if w > x1 - x0 or h > y1 - y0: continue
+        xs = np.arange(x0 - x0 % sx, x1 - w + 1, sx)
+        ys = np.arange(y0 - y0 % sy, y1 - h + 1, sy)
+        xs, ys = xs[xs >= x0], ys[ys >= y0]
+        if not len(xs) or not len(ys): continue
+        Y, X = np.meshgrid(ys, xs, indexing="ij")
+        s = ii[Y + h, X + w] - ii[Y, X + w] - ii[Y + h, X] + ii[Y, X]
+        c = s / (w * h) - (total - s) / max(H * W - w * h, 1)
+        j = np.unravel_index(int(np.argmax(c * np.sqrt(w * h))), c.shape)
+        if c[j] * np.sqrt(w * h) > best[0]:
+            best = (c[j] * np.sqrt(w * h), [int(X[j]), int(Y[j]), int(X[j]) + w, int(Y[j]) + h], float(c[j]))
+    return best[1], round(best[2], 3)
+
+def survey(views: ForensicViews) -> list[dict]:
+    "Each map's `{tool, score, box, contrast}` over the whole image, highest score first (score: the detector's, else the contrast)."
+    out = []
+    for k, m in views.maps.items():
+        if k == "oracle": continue   # a control's map is never surveyed
+        box, c = best_window(m)
+        name = k[4:] if k.startswith("det_") else k
+        out.append(dict(tool=name, score=round(views.scores.get(k, c), 3), box=box, contrast=c))
+    return sorted(out, key=lambda e: (-e["score"], e["tool"]))
+
+def survey_text(entries: Sequence[dict]) -> str:
+    "The survey as the short text the policy reads in its first turn."
+    lines = ["Survey of the whole image (tool: score; its strongest region, contrast):"]
+    lines += [f"{e['tool']}: {e['score']:.2f}; {e['box']}, {e['contrast']:+.2f}" for e in entries]
+    return "\n".join(lines)
+
+# %% ../../nbs/08b_zoom.rules.ipynb #zsurvey05
+SURVEY_RULE_NOTE = "instrument-only control: answers with the survey's highest-scoring region, fake when its score > 0.5"
+
+class SurveyRulePolicy:
+    "The survey's top region as the answer, without a zoom (see above); `survey_for(episode)` gives the episode's `survey` entries."
+    def __init__(self, survey_for: Callable, threshold: float = 0.5):
+        self.survey_for, self.threshold, self.policy_id = survey_for, threshold, "rules:survey_top"
+
+    def respond(self, ep: Episode) -> str:
+        top = self.survey_for(ep)[0]
+        W, H = ep.image.width, ep.image.height
+        if top["score"] <= self.threshold:
+            return render_turn(answer=ZoomAnswer.build("real", f"No surveyed tool passes {self.threshold}."))
+        item = EvidenceItem(text=f"{top['tool']} flags the region {where_phrase(top['box'], W, H)}.", box=pixel_box(top["box"], W, H))
+        return render_turn(answer=ZoomAnswer.build("fake", f"{top['tool']} scores {top['score']:.2f} on the whole image.", [item]))
 
 # %% ../../nbs/08b_zoom.rules.ipynb #c80488d8
 _SPECIFIC = re.compile(r"letter|lettering|text|sign|glyph|word|read|repeat|duplicat|identical|twice|copy|copies|mirror|"

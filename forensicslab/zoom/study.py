@@ -31,16 +31,17 @@ from ..metrics import binary_metrics, roc_auc
 from ..runs import Case, Run
 from .records import ZoomInputError, ZoomResult
 from .agents import LLMZoomPolicy, run_zoom
-from .rules import TOOL_SETS, RulePolicy, fit_rule_thresholds, instrument_features
+from .rules import TOOL_SETS, ForensicViews, RulePolicy, SurveyRulePolicy, fit_rule_thresholds, instrument_features, survey, tool_views
 from .data import ensure_artifacts, load_study_data
 from .rewards import bleu, rouge_l, union_iou
 from .checkpoint import checkpoint_info
 from ..runs import resolve_portable
 
 # %% auto #0
-__all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'run_policy', 'table1_metrics', 'class_metrics',
-           'evaluate_policy', 'perturb_image', 'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline',
-           'instrument_controls', 'training_table', 'targets_met']
+__all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'run_policy', 'table1_metrics',
+           'class_metrics', 'evaluate_policy', 'perturb_image', 'throughput', 'fitted_thresholds', 'make_policy',
+           'instrument_baseline', 'instrument_controls', 'training_table', 'targets_met', 'survey_of',
+           'survey_controls']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -145,7 +146,7 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
     "A zoom policy from a spec: `rules`, `ckpt:<folder>`, or a chat-backend spec for `get_model` (run with `controls`, a `ModelControls` or dict; default: cache off)."
     if spec == "rules": return RulePolicy(thresholds)
     if spec.startswith("ckpt:"):
-        from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint   # the one lazy import: the `train` extra (transformers, trl, peft) loads only for a checkpoint
+        from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint, sample_views   # the one lazy import: the `train` extra (transformers, trl, peft) loads only for a checkpoint
         folder = Path(spec[5:])
         info = checkpoint_info(folder)
         for p in (folder, resolve_portable(info.get("base_path", folder), folder)):   # refuse pickles before anything unpickles
@@ -154,6 +155,8 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
         model, proc = load_checkpoint(folder)
         stamp = f"{folder.resolve()}|{(folder / 'zoom_train.json').stat().st_mtime_ns}"     # unique per checkpoint and save
         return HFZoomPolicy(model, proc, max_new_tokens=max_new_tokens, max_zooms=info["config"].get("max_zooms", max_zooms),
+                            survey=info["config"].get("survey", "none") != "none",
+                            views_for=(lambda ep, v=tool_views(info["config"].get("tools", "crop")): sample_views(ep.image, v)),
                             name=f"{folder.name}@{zlib.crc32(stamp.encode()):08x}")
     return LLMZoomPolicy(get_model(spec, controls))
 
@@ -212,3 +215,29 @@ def training_table(policy: dict[str, dict], controls: dict[str, dict]) -> pd.Dat
 def targets_met(row) -> dict[str, bool]:
     "Which of `ZOOM_TARGETS` a checkpoint's row (a dict or table row) reaches (a missing figure is not met)."
     return {k: bool(float(row.get(k, float("nan"))) >= v) for k, v in ZOOM_TARGETS.items()}
+
+# %% ../../nbs/08k_zoom.study.ipynb #zsurvctl2
+SURVEY_TARGETS = {"acc": 0.85, "f1": 0.85, "iou": 0.4, "valid": 0.95}
+"What a policy that reads a survey should reach on the manipulation design's test split, beside its controls."
+
+@lru_cache(maxsize=8192)
+def survey_of(image: str, views: tuple) -> tuple:
+    "The `survey` entries of an image file under `views` (measured once per process; detections cached on disk)."
+    return tuple(survey(ForensicViews(image, views)))
+
+def survey_controls(train: Sequence[Sample], test: Sequence[Sample], views: Sequence[str] = TOOL_SETS["detectors"],
+                    variant: str = "o3", seed: int = 0) -> dict[str, dict]:
+    "The survey's control rows by label (see above): (a) its top region as the answer, (b) a logistic regression over it."
+    by = {s.id: str(s.image) for s in test}
+    rule = SurveyRulePolicy(lambda ep: survey_of(by[ep.sample_id], tuple(views)))
+    ev = evaluate_policy(rule, test, variant=variant, max_turns=2)
+    ev.pop("results")
+    def feats(samples):
+        rows = [{f"{e['tool']}_{k}": e[k] for e in survey_of(str(s.image), tuple(views)) for k in ("score", "contrast")} for s in samples]
+        return np.array([[r[k] for k in sorted(rows[0])] for r in rows])
+    ytr, yte = [s.label for s in train], [s.label for s in test]
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000)).fit(feats(train), ytr)
+    p = clf.predict_proba(feats(test))[:, 1]
+    m = binary_metrics(yte, (p > 0.5).astype(int))
+    return {"instrument only (a): the survey's top region, fake above 0.5": {k: ev[k] for k in ("acc", "f1", "iou", "valid", "zooms", "n")},
+            "instrument only (b): logistic regression over the survey": {"acc": m["accuracy"], "f1": m["f1"], "auc": roc_auc(p, yte), "n": len(yte)}}

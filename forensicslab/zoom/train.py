@@ -37,7 +37,7 @@ from ..runs import portable_path, resolve_portable
 from .records import ZoomInputError, BoxError, ZoomAnswer, ZoomConfigError, ZoomStep, zoom
 from .agents import (TOOL_NAME, Episode, parse_action, prompt_messages, render_turn, to_chat,
                                       tool_result)
-from .rules import ForensicViews, tool_views
+from .rules import SURVEYS, ForensicViews, tool_views
 from .rewards import RewardConfig, episode_answer, zoom_reward
 from ..runs import WriteAside
 from .tinyvlm import TinyVLMSpec, build_tiny_vlm, load_vlm, resolve_device_dtype, save_vlm
@@ -108,6 +108,8 @@ class ZoomTrainConfig:
     n_eval: int = 0                         # evaluation images (balanced subset; 0 = the whole split)
     verifier: dict = field(default_factory=dict)   # VerifierTrainConfig fields (empty: the paper's SFT settings)
     verifier_path: str = ""                 # reuse a trained verifier instead of training one
+    survey: str = "none"                    # "regions": the first turn carries the tool set's survey of the whole image
+                                            # (zoom.rules.survey); "none": the paper's agent, pixels only before its first crop
     tools: str = "crop"                     # the crop tool's set (zoom.rules.TOOL_SETS): "crop" is the paper's crop-only agent;
                                             # "forensic" adds noise-residual, error-level, copy-move and cue views with readouts
     reward_funcs: str = "hybrid"            # "hybrid": R_total as one GRPO reward function; "components": one named function per
@@ -121,6 +123,9 @@ class ZoomTrainConfig:
             raise ZoomConfigError(f"grpo_batch_size {self.grpo_batch_size} must be a multiple of num_generations {self.num_generations}")
         if self.variant not in ("direct", "cot", "o3"): raise ZoomConfigError(f"unknown variant {self.variant!r}")
         tool_views(self.tools)   # an unknown tool set is a ZoomConfigError here, not at the first crop
+        if self.survey not in SURVEYS: raise ZoomConfigError(f"unknown survey {self.survey!r}; use one of {SURVEYS}")
+        if self.survey != "none" and not tool_views(self.tools):
+            raise ZoomConfigError(f"survey {self.survey!r} needs a tool set with maps to survey, not {self.tools!r}")
         if self.reward_funcs not in ("hybrid", "components"):
             raise ZoomConfigError(f"reward_funcs must be 'hybrid' or 'components', got {self.reward_funcs!r}")
         for name, cls, given in (("trl_sft", SFTConfig, self.trl_sft), ("trl_grpo", GRPOConfig, self.trl_grpo)):
@@ -290,7 +295,8 @@ def fill_images(messages: list[dict], images: Sequence) -> list[dict]:
     if used != len(images): raise ZoomInputError(f"{len(images)} images for {used} placeholders")
     return out
 
-def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: int = 5, views: Sequence[str] = ()):
+def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: int = 5, views: Sequence[str] = (),
+                survey: bool = False):
     "A `datasets.Dataset` of chats built lazily from `[{'image': ..., 'steps': [ZoomStep, ...]}, ...]`; tool turns show the forensic `views` (an optional `sample` key gives the oracle view its boxes)."
     trajs = list(trajectories)
     if not trajs: raise ZoomInputError("no trajectories to train on")
@@ -298,7 +304,7 @@ def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: in
         if "image" not in t or "steps" not in t: raise ZoomInputError(f"trajectory {i} needs 'image' and 'steps' keys, got {sorted(t)}")
     def build(batch):
         chats = [to_chat(trajs[i]["image"], [ZoomStep.model_validate(s) for s in trajs[i]["steps"]], variant, max_zooms,
-                         views=sample_views(trajs[i]["image"], views, trajs[i].get("sample")) if views else None)
+                         views=sample_views(trajs[i]["image"], views, trajs[i].get("sample")) if views else None, survey=survey)
                  for i in batch["idx"]]
         return {"messages": [fill_images(c["messages"], c["images"]) for c in chats], "images": [[] for _ in chats]}
     ds = Dataset.from_dict({"idx": list(range(len(trajs)))})
@@ -441,7 +447,7 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
                   learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
                   assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True})
     args = SFTConfig(**{**recipe, **_common_args(cfg), **save_kw, **cfg.trl_sft})   # the config's own TRL fields win
-    ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools))
+    ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools), survey=cfg.survey != "none")
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                          peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft", append=resume is not None), *callbacks])
     trainer.data_collator = ToolVLMCollator(processor=processor, max_length=None, completion_only_loss=False,
@@ -564,11 +570,14 @@ class ZoomGRPOTrainer(GRPOTrainer):
         return mask, comps, ids, logprobs, calls, fails, tool_images
 
 # %% ../../nbs/08l_zoom.train.ipynb #c5af0748
-def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int = 5):
-    "A `datasets.Dataset` with `prompt`, `image` (PIL) and `sample` (JSON) columns for GRPO (the zoom environment reads `image` and `sample`)."
+def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int = 5, views: Sequence[str] = (),
+                 survey: bool = False):
+    """A `datasets.Dataset` with `prompt`, `image` (PIL) and `sample` (JSON) columns for GRPO (the zoom environment reads
+    `image` and `sample`); with `survey`, each prompt carries the survey of its image by `views`."""
     if not samples: raise ZoomConfigError("no samples for GRPO")
     imgs = [load_image(s.image).pil() for s in samples]
-    return Dataset.from_dict({"prompt": [prompt_messages(variant, im.width, im.height, max_zooms) for im in imgs],
+    first = [sample_views(s.image, views, s).survey_text() if survey else "" for s in samples]
+    return Dataset.from_dict({"prompt": [prompt_messages(variant, im.width, im.height, max_zooms, f) for im, f in zip(imgs, first)],
                               "image": imgs, "sample": [s.model_dump_json() for s in samples]})
 
 def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], reward: HybridReward,
@@ -594,7 +603,7 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
     if split: args.reward_weights = reward.weights()   # one named reward function per component, weighted as R_total
     peft_config = None if hasattr(model, "peft_config") else lora_config(cfg)
     trainer = ZoomGRPOTrainer(model=model, reward_funcs=reward.funcs() if split else [reward], args=args, processing_class=processor,
-                              train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms),
+                              train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms, tool_views(cfg.tools), cfg.survey != "none"),
                               environment_factory=env_factory or zoom_env_factory(tool_views(cfg.tools)),
                               peft_config=peft_config,
                               callbacks=[CSVLogger(out_dir / "grpo_log.csv", "grpo", append=resume is not None), *callbacks])
@@ -643,20 +652,21 @@ def episode_seed(ep: Episode) -> int:
 class HFZoomPolicy:
     "A `ZoomPolicy` backed by a local transformers model and its processor (greedy by default)."
     def __init__(self, model, processor, max_new_tokens: int = 256, max_zooms: int = 5, name: str = "hf",
-                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None):
-        "`views_for(episode)` gives the episode's `ForensicViews` (None: the crop-only tool), as the training tool set did."
+                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None, survey: bool = False):
+        """`views_for(episode)` gives the episode's `ForensicViews` (None: the crop-only tool), as the training tool set did;
+        with `survey`, the first turn carries their survey of the whole image."""
         self.model, self.processor, self.max_new_tokens, self.max_zooms = model, processor, max_new_tokens, max_zooms
-        self.views_for = views_for
+        self.views_for, self.survey = views_for, survey
         self.do_sample, self.temperature, self.policy_id = do_sample, temperature, f"hf:{name}"
         self.tools = [crop_tool_schema()]
 
     def messages(self, ep: Episode) -> list[dict]:
         "The chat for the episode's next turn, in the training format."
-        msgs = prompt_messages(ep.variant, ep.image.width, ep.image.height, self.max_zooms)
-        msgs = fill_images(msgs, [ep.image.pil()])
-        crops = iter(ep.crops)
         if self.views_for is not None and "views" not in ep.scratch: ep.scratch["views"] = self.views_for(ep)
         fv = ep.scratch.get("views")
+        first = fv.survey_text() if self.survey and fv is not None else ""
+        msgs = fill_images(prompt_messages(ep.variant, ep.image.width, ep.image.height, self.max_zooms, first), [ep.image.pil()])
+        crops = iter(ep.crops)
         for s in ep.steps:
             if s.kind != "crop": continue
             c = next(crops)  # the turn as the model wrote it (same tokens a GRPO rollout continues from)

@@ -1,0 +1,103 @@
+"""The zoom study's manipulation design, the survey before the first zoom, its controls, and evaluation seeded per episode."""
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from forensicslab.imageio import load_image  # noqa: E402
+from forensicslab.zoom.agents import Episode, parse_action  # noqa: E402
+from forensicslab.zoom.construct import SurveyProposer, _iou  # noqa: E402
+from forensicslab.zoom.data import ensure_artifacts, load_artifacts, mask_box  # noqa: E402
+from forensicslab.zoom.pipeline import episode_views  # noqa: E402
+from forensicslab.zoom.records import ZoomConfigError  # noqa: E402
+from forensicslab.zoom.rules import ForensicViews, SurveyRulePolicy, survey, survey_text, tool_views  # noqa: E402
+from forensicslab.zoom.train import HFZoomPolicy, ZoomTrainConfig, grpo_dataset, load_policy, sft_dataset  # noqa: E402
+
+VIEWS = tool_views("detectors")
+
+
+@pytest.fixture(scope="module")
+def manip(tmp_path_factory):
+    root = tmp_path_factory.mktemp("manip")
+    ensure_artifacts(root, n_train=16, n_test=16, n_ood=8, design="manipulations")
+    return {s: load_artifacts(s, root, design="manipulations") for s in ("train", "test", "ood")}
+
+
+def test_manipulation_design_families_take_turns_photos_are_disjoint_and_boxes_come_from_masks(manip):
+    train, test = manip["train"], manip["test"]
+    fakes = [s for s in test if s.label]
+    assert [s.family for s in fakes] == ["gen_inpaint", "classic_inpaint", "face", "splice"] * 2
+    assert sum(s.label for s in test) == len(test) // 2
+    assert {s.provenance["photo"] for s in train}.isdisjoint({s.provenance["photo"] for s in test + manip["ood"]})
+    for s in fakes:
+        mask = np.asarray(Image.open(s.mask)) > 0
+        assert [b.box.as_list() for b in s.boxes if b.box is not None] == [mask_box(mask)]
+    assert all(s.mask is None and all(b.box is None for b in s.boxes) for s in test if not s.label)
+
+
+def test_survey_reaches_sft_grpo_and_evaluation_alike_and_shuffling_shows_another_image(manip):
+    test = manip["test"][:4]
+    fv = ForensicViews(test[1].image, VIEWS)
+    text = fv.survey_text()
+    entries = survey(fv)
+    assert text == survey_text(entries) and len(entries) == 6 and text.count("\n") == 6
+    assert [e["score"] for e in entries] == sorted((e["score"] for e in entries), reverse=True)
+    proposer = SurveyProposer(lambda s: ForensicViews(s.image, VIEWS))
+    traj = {"image": test[1].image, "sample": test[1].model_dump_json(),
+            "steps": __import__("forensicslab.zoom.construct", fromlist=["trajectory_steps"]).trajectory_steps(test[1], proposer.propose(test[1]))}
+    first = lambda msgs: [m for m in msgs if m["role"] == "user"][0]["content"][-1]["text"]
+    assert first(sft_dataset([traj], "o3", 1, views=VIEWS, survey=True)[0]["messages"]).endswith(text)
+    assert text not in first(sft_dataset([traj], "o3", 1, views=VIEWS)[0]["messages"])        # survey: none
+    assert first(grpo_dataset(test, "o3", 1, VIEWS, survey=True)[1]["prompt"]).endswith(text)
+    ep = Episode(image=load_image(test[1].image), variant="o3", max_turns=2, sample_id=test[1].id)
+    assert first(HFZoomPolicy(None, None, views_for=episode_views(test, VIEWS), survey=True).messages(ep)).endswith(text)
+    ep2 = Episode(image=load_image(test[1].image), variant="o3", max_turns=2, sample_id=test[1].id)
+    shuffled = first(HFZoomPolicy(None, None, views_for=episode_views(test, VIEWS, shuffle=True), survey=True).messages(ep2))
+    others = [ForensicViews(s.image, VIEWS).survey_text() for s in test if s.id != test[1].id]
+    assert any(shuffled.endswith(o) for o in others) and not shuffled.endswith(text)
+    with pytest.raises(ZoomConfigError, match="survey"): ZoomTrainConfig.smoke(survey="regions")     # crop only: nothing to survey
+    with pytest.raises(ZoomConfigError, match="unknown survey"): ZoomTrainConfig.smoke(tools="detectors", survey="grid")
+
+
+def test_survey_teacher_zooms_on_the_region_nearest_the_truth_and_the_rule_answers_with_the_top(manip):
+    views_for = lambda s: ForensicViews(s.image, VIEWS)
+    proposer = SurveyProposer(views_for)
+    for s in manip["test"][:8]:
+        entries = survey(views_for(s))
+        ann = proposer.propose(s)
+        W, H = load_image(s.image).size
+        crop = [st for st in ann.exploration_trajectory if st.bbox is not None]
+        assert len(crop) == 1 and ann.verdict == ("fake" if s.label else "real")
+        from forensicslab.zoom.records import norm_to_box
+        box = norm_to_box(crop[0].bbox, W, H).as_list()
+        if s.label:
+            truth = [b.box.as_list() for b in s.boxes if b.box is not None][0]
+            assert _iou(box, truth) == pytest.approx(max(_iou(e["box"], truth) for e in entries), abs=0.03)
+        else: assert _iou(box, entries[0]["box"]) > 0.9
+    s = manip["test"][1]
+    ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=s.id)
+    top = survey(views_for(s))[0]
+    act = parse_action(SurveyRulePolicy(lambda ep: survey(views_for(s))).respond(ep), "o3", (ep.image.width, ep.image.height))
+    assert act.kind == "answer" and act.answer.verdict == ("fake" if top["score"] > 0.5 else "real")
+    if act.answer.verdict == "fake": assert act.answer.key_items[0].box.as_list() == top["box"]
+
+
+def test_a_reasked_turn_samples_from_the_episode_not_the_global_rng(manip, tmp_path):
+    "The same checkpoint gives the same re-asked turn whatever the global RNG did before (was: torch's global RNG)."
+    s = manip["test"][0]
+    cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64))
+    model, proc = load_policy(cfg, texts=["<answer>{}</answer> crop bbox fake real"])
+    pol = HFZoomPolicy(model, proc, max_new_tokens=12, max_zooms=1, temperature=1.5)
+    outs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)                  # what ran before differs
+        ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=s.id)
+        ep.feedback = {"text": "bad", "error": "not JSON"}
+        outs.append(pol.respond(ep))
+    assert outs[0] == outs[1]
+    ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=manip["test"][2].id, feedback={"text": "x", "error": "y"})
