@@ -68,3 +68,37 @@ def test_imdl_wrapper_has_its_own_name():
         with pytest.raises(ValueError, match="already registered as 'trufor'"): imdl.register_imdl_trufor("trufor")
         assert P._FACTORIES["trufor"] is TruFor
     finally: P.unregister("trufor-imdlbenco")
+
+
+def test_a_remote_card_may_add_a_family_checked(monkeypatch):
+    """Issue 48, item 4 (the part that changes no committed number): a detector server's card may bring a family
+    (Firefly's edits under diffusion_inpaint), checked first; a clash with a known family's parent, a parent nobody
+    declares or a non-text description is refused in one line and registers nothing."""
+    from forensicslab.core import FAMILIES, FAMILY_PARENTS
+    from forensicslab.detectors import remote as R
+    base = dict(id="srv", name="served", native_metric="p", normalisation="identity", score_reading="p", threshold=0.5)
+    answers = {}
+
+    def fake_call(self, method, path, model=None):
+        if path == "/v1/health": return R.Health(status="ok", protocol=R.PROTOCOL, detector="srv", version="1")
+        return answers["card"]
+    monkeypatch.setattr(R.RemoteDetector, "_call", fake_call)
+    added = ["h5_firefly", "h5_firefly_fill", "h5_orphan", "h5_bad"]
+    try:
+        answers["card"] = dict(base, scope=["h5_firefly_fill"], families={
+            "h5_firefly_fill": {"description": "Firefly generative fill", "parent": "h5_firefly"},   # child first
+            "h5_firefly": {"description": "Adobe Firefly edits", "parent": "diffusion_inpaint"}})
+        card = R.RemoteDetector("http://127.0.0.1:1").card
+        from forensicslab.core import ToolCard
+        radar_like = ToolCard(**dict(base, id="r", scope=["diffusion_inpaint"]))
+        assert card.in_scope("h5_firefly_fill") and radar_like.in_scope("h5_firefly_fill")   # counted as diffusion inpainting
+        assert FAMILY_PARENTS["h5_firefly"] == "diffusion_inpaint"
+        for fams, why in [({"gan_inpaint": {"description": "x", "parent": "splice"}}, "already known under 'gen_inpaint'"),
+                          ({"h5_orphan": {"description": "x", "parent": "h5_nowhere"}}, "neither known nor declared"),
+                          ({"h5_bad": 5}, "must be text"), ({"h5_bad": {"description": "x", "colour": "red"}}, "unknown fields")]:
+            answers["card"] = dict(base, scope=["splice"], families=fams)
+            with pytest.raises(R.RemoteError, match=why) as e: R.RemoteDetector("http://127.0.0.1:1")
+            assert "\n" not in str(e.value) and "/v1/card" in str(e.value)
+        assert "h5_orphan" not in FAMILIES and "h5_bad" not in FAMILIES and FAMILY_PARENTS["gan_inpaint"] == "gen_inpaint"
+    finally:
+        for f in added: FAMILIES.pop(f, None); FAMILY_PARENTS.pop(f, None)

@@ -32,7 +32,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydantic import ValidationError
 
 import forensicslab
-from ..core import FAMILIES, Detection, Detector, ForensicsLabError, Registry, ToolCard, UnknownName, jsonable, register_family
+from ..core import FAMILIES, FAMILY_PARENTS, Detection, Detector, ForensicsLabError, Registry, ToolCard, UnknownName, jsonable, register_family
 from ..imageio import ImageSource, LoadedImage, fit_within, load_image
 
 # %% auto #0
@@ -60,13 +60,34 @@ def available_cards(cards_dir: str | Path | None = None) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 def _card_families(fams, source: str) -> None:
-    "Register the families a card declares (`families: {name: description}` or `{name: {description, parent}}`)."
+    """Register the families a card declares (`families: {name: description}` or `{name: {description, parent}}`),
+    after checking them all (a local card or a remote server's): text fields, a parent that is known or declared in the
+    same card, and no clash with a family already known under another parent. Nothing is registered from a refused card."""
     if not isinstance(fams, dict): raise CardError(f"{source}: `families` must map family names to descriptions")
+    todo = {}
     for name, v in fams.items():
-        desc, parent = (v.get("description", ""), v.get("parent")) if isinstance(v, dict) else (str(v), None)
-        if name in FAMILIES: continue
-        try: register_family(str(name), desc or str(name), parent)
-        except ValueError as e: raise CardError(f"{source}: family {name!r}: {e}") from None
+        if isinstance(v, dict):
+            extra = sorted(set(v) - {"description", "parent"})
+            if extra: raise CardError(f"{source}: family {name!r}: unknown fields {extra} (a family has a description and a parent)")
+            desc, parent = v.get("description", ""), v.get("parent")
+        else: desc, parent = v, None
+        if not isinstance(name, str) or not isinstance(desc, str) or not (parent is None or isinstance(parent, str)):
+            raise CardError(f"{source}: family {name!r}: its name, description and parent must be text")
+        if name in FAMILIES:
+            have = FAMILY_PARENTS.get(name)
+            if parent is not None and parent != have:
+                raise CardError(f"{source}: family {name!r} is already known " + (f"under {have!r}" if have else "as a top-level family")
+                                + f"; the card places it under {parent!r}: name the new family differently")
+            continue
+        if not name.isidentifier(): raise CardError(f"{source}: family {name!r}: a family name must be a Python identifier, e.g. 'gan_face'")
+        if parent is not None and parent not in FAMILIES and parent not in fams:
+            raise CardError(f"{source}: family {name!r}: parent family {parent!r} is neither known nor declared by the card; known: {', '.join(sorted(FAMILIES))}")
+        todo[name] = (desc or name, parent)
+    while todo:   # parents first (a card may declare a family and its refinement)
+        ready = [n for n, (_, p) in todo.items() if p is None or p in FAMILIES]
+        if not ready: raise CardError(f"{source}: families {sorted(todo)} refine each other in a loop")
+        for n in ready:
+            register_family(n, *todo.pop(n))
 
 # %% ../../nbs/04_detectors.pool.ipynb #8b843ca8
 def card_from_dict(data: dict, source: str = "<dict>") -> ToolCard:
