@@ -476,7 +476,7 @@ def test_analyze_exit_codes_and_unwritable_report(tmp_path):
     spec = "openai-compatible:http://127.0.0.1:9/v1#nothing-listens-here"
     r = CliRunner().invoke(app, ["analyze", str(photo), "--config", "complete", "--auditor-backend", spec, "--judge-backend", spec,
                                  "--detectors", "noise,spectral", "--report", str(tmp_path / "r.html")])
-    assert r.exit_code == 1 and "verdict: FAILED" in r.output, r.output
+    assert r.exit_code == 2 and "127.0.0.1:9 does not answer" in r.output and "verdict" not in r.output, r.output  # checked before any image (#47)
     (tmp_path / "afile").write_text("x")
     r = CliRunner().invoke(app, ["analyze", str(photo), "--detectors", "noise", "--report", str(tmp_path / "afile" / "case.html")])
     assert r.exit_code == 1 and "verdict: " in r.output and "could not be written" in r.output and "Traceback" not in r.output
