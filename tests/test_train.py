@@ -247,9 +247,12 @@ def test_shipped_configs_load_and_validate():
     assert not c.vision and not c.extra_train and not c.curriculum          # offline aids are off for a real base
     q = ZoomTrainConfig.from_yaml(shipped_config("quick"))
     assert q == ZoomTrainConfig.quick(notes=q.notes)                        # the YAML is the preset
+    assert (q.data, q.tools, q.survey) == ("manipulations", "detectors", "regions")
+    a = ZoomTrainConfig.from_yaml(shipped_config("quick_artifacts"))        # the paper's task, crop only
+    assert a == ZoomTrainConfig.quick_artifacts(notes=a.notes) and (a.data, a.tools, a.survey) == ("artifacts", "crop", "none")
     from dataclasses import replace
     h = ZoomTrainConfig.from_yaml(shipped_config("quick_heldout"))           # the preset on the held-out design, in curriculum order
-    assert h == replace(ZoomTrainConfig.quick(notes=h.notes), data="artifacts_heldout", trl_sft={"train_sampling_strategy": "sequential"})
+    assert h == replace(ZoomTrainConfig.quick_artifacts(notes=h.notes), data="artifacts_heldout", trl_sft={"train_sampling_strategy": "sequential"})
     with pytest.raises(ZoomConfigError, match="unknown config keys"):
         ZoomTrainConfig.from_yaml("base: tiny\nlearning_rate: 1\n")
     with pytest.raises(ZoomConfigError, match="not divisible"):
@@ -419,7 +422,7 @@ def test_grpo_quick_config_across_seeds_and_threads(tmp_path, monkeypatch, seed,
     held = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        cfg = replace(ZoomTrainConfig.quick(seed=seed), grpo_steps=3, base=str(QUICK_RUN / "base"), max_completion_length=128)
+        cfg = replace(ZoomTrainConfig.quick_artifacts(seed=seed), grpo_steps=3, base=str(QUICK_RUN / "base"), max_completion_length=128)
         train = load_artifacts("train", ensure_artifacts(tmp_path / "data", n_train=8, n_test=2, n_ood=2, seed=0))
         verifier = load_verifier(QUICK_RUN / "verifier", device="cpu")
         model, proc = load_checkpoint(QUICK_RUN / "sft", device="cpu", trainable=True)

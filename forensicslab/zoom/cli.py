@@ -78,10 +78,10 @@ def train_zoom_cmd(config: str = typer.Option(..., help="a ZoomTrainConfig YAML 
     out = out or project_root() / "outputs" / "zoom_train" / path.stem
     res = run_pipeline(cfg, out, [s.strip() for s in stages.split(",") if s.strip()], resume=not fresh,
                        log=lambda m: typer.echo(m, err=True))
-    typer.echo(json.dumps(res, indent=2))
+    typer.echo(json.dumps({k: {n: v for n, v in r.items() if n != "per_sample"} for k, r in res.items()}, indent=2))
     if res.get("grpo") or res.get("sft"):   # the evaluated checkpoints beside their controls, and the targets
-        from forensicslab.zoom.study import CHECKPOINT_LABELS, targets_met, training_table
+        from forensicslab.zoom.study import CHECKPOINT_LABELS, SURVEY_TARGETS, ZOOM_TARGETS, targets_met, training_table
         table = training_table({CHECKPOINT_LABELS[k]: v for k, v in res.items() if k in CHECKPOINT_LABELS}, res.get("controls", {}))
         final = res.get("grpo") or res["sft"]
         typer.echo("\n" + table.to_markdown())
-        typer.echo("targets for the final checkpoint: " + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in targets_met(final).items()))
+        typer.echo("targets for the final checkpoint: " + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in targets_met(final, SURVEY_TARGETS if cfg.survey != "none" else ZOOM_TARGETS).items()))

@@ -162,8 +162,7 @@ class SurveyProposer:
         else:
             pick, ev = entries[0], []
             glob = glob or "The whole image is consistent with a photograph."
-        look = f"The survey points at {pick['tool']} {_where(pick['box'], W, H)}."
-        traj = [TrajStep(bbox=None, thought=look), TrajStep(bbox=box_to_norm(pick["box"], W, H), thought=look)]
+        traj = [TrajStep(bbox=None, thought=f"Zoom on the {pick['tool']} region."), TrajStep(bbox=box_to_norm(pick["box"], W, H), thought="")]
         return Annotation(exploration_trajectory=traj, evidence=[Candidate(bbox=None, text=glob)] + ev,
                           verdict="fake" if sample.label else "real")
 

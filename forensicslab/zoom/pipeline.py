@@ -7,6 +7,8 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.pipeline.html.md"""
 # %% ../../nbs/08m_zoom.pipeline.ipynb #ee68808b
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 
 from ..core import Sample
-from ..runs import WriteAside
+from ..runs import WriteAside, config_hash, project_root
 from .tinyvlm import load_vlm
 from .rules import tool_views
 from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, sample_views,
@@ -27,13 +29,13 @@ from accelerate import PartialState
 from ..imageio import load_image
 from .records import ZoomInputError, norm_to_box
 from .construct import RuleProposer, SurveyProposer, construct, grounding_negatives, load_trajectories
-from .data import DESIGNS, extra_train, load_study_data, strongest_first
-from .study import evaluate_policy, instrument_controls, survey_controls
+from .data import DESIGNS, artifacts_root, ensure_artifacts, extra_train, load_study_data, strongest_first
+from .study import evaluate_policy, instrument_controls, per_sample, survey_controls
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
-__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'groundfake_training', 'pipeline_data', 'episode_views',
-           'evaluate_checkpoint', 'run_pipeline']
+__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'PINNED', 'groundfake_training', 'pipeline_data',
+           'episode_views', 'evaluate_checkpoint', 'run_pipeline', 'run_key', 'shared_run', 'pin_run', 'unpin_run']
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #6d03267d
 GROUNDFAKE_TRAJECTORIES, GROUNDFAKE_VERIFICATION = "trajectories.jsonl", "verification.jsonl"
@@ -144,6 +146,7 @@ def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: Zoom
                        views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed), survey=cfg.survey != "none")
     ev = evaluate_policy(pol, samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1)
     res = ev.pop("results")
+    ev["per_sample"] = per_sample(res, samples)   # for paired tests between checkpoints
     ev["first_try_valid"] = float(np.mean([r.valid and not r.reasked for r in res])) if res else float("nan")
     return ev
 
@@ -185,6 +188,8 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
             if _is_main(): save_checkpoint(grpo.model, proc, work / "grpo", base_path, cfg, {"stage": "grpo"})
         log(f"grpo: {grpo.state.global_step} steps, reward calls {reward.calls}")
     result = {}
+    if "eval" in stages and resume and (out / "eval.json").exists():   # evaluated before: the same numbers, not a second pass
+        return json.loads((out / "eval.json").read_text())
     if "eval" in stages and _is_main():
         for stage in ("sft", "grpo"):
             if (out / stage / "zoom_train.json").exists():
@@ -197,3 +202,57 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
                                   if cfg.survey != "none" else instrument_controls(data["pool"], data["eval"], cfg.seed))
         (out / "eval.json").write_text(json.dumps(result, indent=2))
     return result
+
+# %% ../../nbs/08m_zoom.pipeline.ipynb #zshared02
+PINNED = ("base", "sft", "grpo", "verifier")
+"The trained folders of a run that a study pins (the evaluation is recomputed from them)."
+
+def run_key(cfg: ZoomTrainConfig) -> str:
+    "The run's name: the design and a hash of the resolved config and the design's build manifest."
+    design = None
+    if cfg.data in DESIGNS:
+        man = artifacts_root(cfg.data) / "manifest.json"
+        if not man.exists(): ensure_artifacts(design=cfg.data)
+        design = json.loads(man.read_text()).get("config_hash")
+    return f"{cfg.data.split(':')[0]}-{config_hash({'config': cfg.as_dict(), 'design': design})}"
+
+def shared_run(cfg: ZoomTrainConfig, root: str | Path | None = None, log: Callable = print) -> tuple[Path, dict]:
+    "`(folder, evaluation)` of `cfg`'s run under `root` (default `data/zoom_runs`), trained and evaluated once (see above)."
+    folder = Path(root or project_root() / "data" / "zoom_runs") / run_key(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # a second table asking for the same run waits, then reuses it
+        try: return folder, run_pipeline(cfg, folder, log=log)
+        finally: fcntl.flock(lock, fcntl.LOCK_UN)
+
+def _files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for d in PINNED if (folder / d).is_dir() for p in sorted((folder / d).rglob("*")) if p.is_file()}
+
+def pin_run(run: str | Path, dest: str | Path) -> dict[str, str]:
+    "Copy `run`'s trained folders into `dest` and write `dest/pinned.json` (relative path -> sha256); returns it."
+    run, dest = Path(run), Path(dest)
+    for d in PINNED:
+        if (run / d).is_dir():
+            shutil.rmtree(dest / d, ignore_errors=True)
+            shutil.copytree(run / d, dest / d)
+    pins = _files(dest)
+    (dest / "pinned.json").write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n")
+    return pins
+
+def unpin_run(pinned: str | Path, run: str | Path) -> bool:
+    """Put a study's pinned files into the run folder `run` when it has no finished training (so `run_pipeline` evaluates
+    them instead of training); a file whose sha256 differs from `pinned.json` is an error. False when nothing is pinned."""
+    pinned, run = Path(pinned), Path(run)
+    if not (pinned / "pinned.json").exists(): return False
+    want = json.loads((pinned / "pinned.json").read_text())
+    have = _files(pinned)
+    bad = sorted(k for k in want if have.get(k) != want[k])
+    if bad: raise ZoomConfigError(f"{pinned}: {len(bad)} pinned file(s) differ from pinned.json, e.g. {bad[0]}; re-pin or restore them")
+    if (run / "grpo" / "zoom_train.json").exists(): return True
+    for d in PINNED:
+        if (pinned / d).is_dir():
+            shutil.rmtree(run / d, ignore_errors=True)
+            shutil.copytree(pinned / d, run / d)
+    (run / "eval.json").unlink(missing_ok=True)
+    return True

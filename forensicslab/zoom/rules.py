@@ -461,10 +461,12 @@ def survey(views: ForensicViews) -> list[dict]:
         out.append(dict(tool=name, score=round(views.scores.get(k, c), 3), box=box, contrast=c))
     return sorted(out, key=lambda e: (-e["score"], e["tool"]))
 
-def survey_text(entries: Sequence[dict]) -> str:
-    "The survey as the short text the policy reads in its first turn."
-    lines = ["Survey of the whole image (tool: score; its strongest region, contrast):"]
-    lines += [f"{e['tool']}: {e['score']:.2f}; {e['box']}, {e['contrast']:+.2f}" for e in entries]
+def survey_text(entries: Sequence[dict], top: int = 3, threshold: float = 0.5) -> str:
+    """The survey as the short text the policy reads in its first turn: the `top` entries, each tool saying whether it
+    fires (score above its `threshold`) and its strongest region written as the crop tool takes a box."""
+    lines = [f"Survey of the whole image by {len(entries)} tools, the {min(top, len(entries))} highest scores:"]
+    lines += [f"{e['tool']} {'fires' if e['score'] > threshold else 'quiet'} {e['score']:.2f} "
+              f"{json.dumps({'bbox': e['box']})}" for e in entries[:top]]
     return "\n".join(lines)
 
 # %% ../../nbs/08b_zoom.rules.ipynb #zsurvey05

@@ -39,9 +39,9 @@ from ..runs import resolve_portable
 
 # %% auto #0
 __all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'run_policy', 'table1_metrics',
-           'class_metrics', 'evaluate_policy', 'perturb_image', 'throughput', 'fitted_thresholds', 'make_policy',
-           'instrument_baseline', 'instrument_controls', 'training_table', 'targets_met', 'survey_of',
-           'survey_controls']
+           'class_metrics', 'per_sample', 'paired_iou', 'evaluate_policy', 'perturb_image', 'throughput',
+           'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls', 'training_table',
+           'targets_met', 'survey_of', 'survey_controls']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
@@ -94,6 +94,28 @@ def class_metrics(results: Sequence[ZoomResult], samples: Sequence[Sample]) -> d
     m = binary_metrics(y, p)
     return dict(real_acc=float((p[y == 0] == 0).mean()) if (y == 0).any() else float("nan"),
                 fake_acc=float((p[y == 1] == 1).mean()) if (y == 1).any() else float("nan"), acc=m["accuracy"], f1=m["f1"], n=len(y))
+
+# %% ../../nbs/08k_zoom.study.ipynb #zpaired02
+def per_sample(results: Sequence[ZoomResult], samples: Sequence[Sample]) -> list[dict]:
+    "`{id, label, correct, iou}` per result (IoU on fakes with a reference box, else None; an invalid answer is wrong, IoU 0)."
+    by, out = {s.id: s for s in samples}, []
+    for r in results:
+        s = by[r.sample_id]
+        pred = r.answer.key_items if (r.valid and r.answer.verdict == "fake") else []
+        out.append(dict(id=s.id, label=s.label, correct=bool(r.valid and r.prediction == s.label),
+                        iou=union_iou(pred, _key(s)) if s.label == 1 and _key(s) else None))
+    return out
+
+def paired_iou(a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, seed: int = 0) -> dict:
+    "Mean IoU of `b` minus `a` over the fakes both hold (`per_sample` rows), its 95 % bootstrap interval and Wilcoxon p."
+    from scipy.stats import wilcoxon
+    ia, ib = {r["id"]: r["iou"] for r in a if r["iou"] is not None}, {r["id"]: r["iou"] for r in b if r["iou"] is not None}
+    ids = sorted(set(ia) & set(ib))
+    if not ids: raise ZoomInputError("no fake image holds an IoU in both evaluations")
+    d = np.array([ib[i] - ia[i] for i in ids])
+    boots = np.random.default_rng(seed).choice(d, (n_boot, len(d))).mean(1)
+    p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+    return dict(diff=float(d.mean()), lo=float(np.quantile(boots, 0.025)), hi=float(np.quantile(boots, 0.975)), p=p, n=len(d))
 
 # %% ../../nbs/08k_zoom.study.ipynb #bd4823b7
 def evaluate_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6,
@@ -212,9 +234,9 @@ def training_table(policy: dict[str, dict], controls: dict[str, dict]) -> pd.Dat
     t["n"] = t["n"].astype(int)
     return t
 
-def targets_met(row) -> dict[str, bool]:
-    "Which of `ZOOM_TARGETS` a checkpoint's row (a dict or table row) reaches (a missing figure is not met)."
-    return {k: bool(float(row.get(k, float("nan"))) >= v) for k, v in ZOOM_TARGETS.items()}
+def targets_met(row, targets: dict | None = None) -> dict[str, bool]:
+    "Which `targets` (default `ZOOM_TARGETS`) a checkpoint's row (a dict or table row) reaches (a missing figure is not met)."
+    return {k: bool(float(row.get(k, float("nan"))) >= v) for k, v in (targets or ZOOM_TARGETS).items()}
 
 # %% ../../nbs/08k_zoom.study.ipynb #zsurvctl2
 SURVEY_TARGETS = {"acc": 0.85, "f1": 0.85, "iou": 0.4, "valid": 0.95}
