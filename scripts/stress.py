@@ -143,10 +143,12 @@ def tiny_study(path: Path) -> Path:
 def grid_long_prefix(tmp: Path, short: bool):
     "Issue 32 high 3: two backbones sharing a 40-character prefix must be two cells, two runs, two summary rows."
     study = tiny_study(tmp / "tiny.ipynb")
-    long = "openai-compatible:http://127.0.0.1:8000/v1#qwen2.5-vl-instruct-"
+    srv = Loopback(lambda *a: None)   # a listening port: batch checks that a backend's server accepts connections first
+    long = f"openai-compatible:http://127.0.0.1:{srv.port}/v1#qwen2.5-vl-instruct-"
     grid = tmp / "grid.yaml"
     grid.write_text(f"study: {study}\nout: {tmp / 'out'}\ngrid:\n  backbone: ['{long}7b', '{long}72b']\nsummary: t.csv\n")
-    code, out, err, _ = cli("batch", grid, "--no-progress")
+    try: code, out, err, _ = cli("batch", grid, "--no-progress")
+    finally: srv.close()
     folders = [p for p in (tmp / "out").iterdir() if p.is_dir()] if (tmp / "out").is_dir() else []
     rows = list(csv.DictReader(open(tmp / "out" / "summary.csv"))) if (tmp / "out" / "summary.csv").is_file() else []
     got = sorted(r.get("backbone", "")[-3:] for r in rows)
