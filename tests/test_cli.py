@@ -302,3 +302,14 @@ def test_detect_list_fits_the_terminal_and_wide_or_json_keep_everything(capsys, 
     code, js, _ = run_main(capsys, "detect", "--list", "--json")
     rows = {r["id"]: r for r in json.loads(js)}
     assert code == 0 and rows["adq"]["name"] in wide and "adq" in out and rows["adq"]["name"] not in out
+
+
+def test_reproduce_checks_backends_before_the_first_study(capsys, monkeypatch):
+    "#47 item 3 for `reproduce`: a -p backbone without its key stops before any study runs (exit 2, one line)."
+    import forensicslab.studies as studies
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    ran = []
+    monkeypatch.setattr(studies, "run_study", lambda *a, **k: ran.append(a))
+    code, out, err = run_main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table3", "-p", "backbone", "openai:gpt-4o",
+                              "--quick")
+    assert code == 2 and err.count("\n") == 1 and "OPENAI_API_KEY" in err and ran == [], (code, err)
