@@ -356,3 +356,20 @@ def test_signal_mid_run_writes_the_finished_rows(tmp_path, sig, code):
     import csv
     assert 2 <= finished < 40 and len(list(csv.DictReader(open(out / "results.csv", encoding="utf-8")))) == finished
     assert "The run stopped early" in (out / "index.html").read_text() and "run the same command again to resume" in err
+
+
+def test_a_backend_that_stops_answering_stops_the_run(tmp_path):
+    "#47 item 3 mid-run: after a case fails, the backend is checked again; a server that is gone stops the run (index written), not one failure per image."
+    import socket
+    from forensicslab.chat.models import ModelControls
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    dead = f"openai-compatible:http://127.0.0.1:{port}/v1#gone"
+    src = tmp_path / "in"
+    for i in range(5): _small(src / f"p{i}.png", i)
+    out = tmp_path / "out"
+    with pytest.raises(tcli.BackendLost, match=f"127.0.0.1:{port} does not answer"):
+        tcli.analyze_batch([src], out, config="complete", auditor_backend=dead, judge_backend=dead, detectors=["noise"], progress=False,
+                           provenance=False, cache=False, controls=ModelControls.of({"attempts": 1, "cache": "off"}))
+    assert len(list((out / "runs").rglob("rows.jsonl"))) <= 1 and "The run stopped early" in (out / "index.html").read_text()
+    assert sum(len(f.read_text().splitlines()) for f in (out / "runs").rglob("rows.jsonl")) == 0   # the failed image is retried on resume

@@ -26,7 +26,7 @@ from urllib.parse import quote
 import typer
 from PIL import Image
 
-from ..chat.cli import model_options, preflight, register_check_role
+from ..chat.cli import BackendUnavailable, model_options, preflight, register_check_role
 from .records import AuditVerdict, Verdict
 from ..chat.models import chat_context
 from ..core import ForensicsLabError
@@ -37,7 +37,7 @@ from ..detectors.paper.pool import paper_sources, runnable
 from ..imageio import ImageError, fit_within, load_image
 from ..provenance.duplicates import ReferenceIndex
 from ..provenance.evidence import evidence_json, gather, provenance_flags
-from ..runs import Case, Run, config_hash
+from ..runs import Case, Run, StopRun, config_hash
 from .report import OFFLINE_NOTE, file_facts, write_case_report
 from .data import Evidence, stage0, study_samples
 from .configs import build_config, preset
@@ -50,9 +50,9 @@ __all__ = ['OFFLINE_LINE', 'MANIFEST', 'MASK_PATTERNS', 'OWN_OUTPUT', 'MASK_SKIP
            'FORMULA_START', 'trust_app', 'AnalyzeError', 'pool_cards', 'check_detectors', 'analyze_config',
            'load_store', 'analyze_image', 'case_provenance', 'stage0_line', 'verdict_lines', 'Inputs', 'is_mask_name',
            'is_run_folder', 'collect_inputs', 'expand_inputs', 'report_name', 'index_rows', 'csv_cell', 'write_index',
-           'run_identity', 'input_list', 'check_out', 'analyze_batch', 'skipped_lines', 'Terminated', 'stop_on_sigterm',
-           'default_out', 'report_owner', 'report_path', 'analyze_cmd', 'fit_store', 'reliability_text',
-           'trust_fit_cmd', 'trust_show_cmd']
+           'run_identity', 'input_list', 'check_out', 'BackendLost', 'analyze_batch', 'skipped_lines', 'Terminated',
+           'stop_on_sigterm', 'default_out', 'report_owner', 'report_path', 'analyze_cmd', 'fit_store',
+           'reliability_text', 'trust_fit_cmd', 'trust_show_cmd']
 
 # %% ../../nbs/06g_triage.cli.ipynb #a635319f
 register_check_role("triage.auditor", AuditVerdict, "A detector with id noise scored 0.71 (it fired) on this image. Decide "
@@ -441,6 +441,9 @@ def check_out(out: Path, inputs: list[str] | None = None) -> None:
         if o == Path(i) or Path(i).is_relative_to(o):
             raise AnalyzeError(f"--out {out} holds the input {i}: name a folder outside the inputs (or a new folder inside one, which the walk leaves out)")
 
+class BackendLost(StopRun, ForensicsLabError):
+    "A model backend stopped answering during a folder run: the run stops (finished images indexed) instead of failing every image left."
+
 def _claim_out(out: Path, ident: str, label: str, inputs: list[str] | None = None):
     """Record the run identity and the inputs of `out` in its manifest (`MANIFEST`), or refuse (an `AnalyzeError`): a folder
     that is not empty and holds no manifest (`check_out`), or one holding the results of another configuration or of other
@@ -492,8 +495,13 @@ def analyze_batch(paths: list[str | Path], out: str | Path, config: str = "rules
                  provenance=("off" if not provenance else "Content Credentials (offline" + (", trust list given" if trust else ", no trust list")
                              + "), metadata, JPEG history" + (f", near-duplicates in {Path(reference).name} ({len(ref_index)} images)" if ref_index else "")),
                  offline=cfg.offline, offline_note=OFFLINE_NOTE, skipped=inputs.skipped, identity=ident)
-    fn = lambda a: _case_row(a[0], a[1], a[2], out, config, backends, detectors, cache, model_cache, history, max_attempts, controls,
-                             ref_index, trust, provenance, trust_store)
+    def fn(a):
+        row = _case_row(a[0], a[1], a[2], out, config, backends, detectors, cache, model_cache, history, max_attempts, controls,
+                        ref_index, trust, provenance, trust_store)
+        if row.get("failure") and not row["failure"].startswith("ImageError") and not cfg.offline:
+            try: preflight(cfg.backends.values(), cache=None if controls is None else controls.cache)   # still there?
+            except BackendUnavailable as e: raise BackendLost(f"{e} (it stopped answering during the run, at {a[1]})") from None
+        return row
     title = f"forensicslab analyze: {cfg.label}"
     try: rows = run.execute(cases, fn, workers=1, desc="analyze", progress=progress)
     except BaseException as err:            # a spent budget, Ctrl-C, a crash: the finished rows still get their index
