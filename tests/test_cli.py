@@ -313,3 +313,20 @@ def test_reproduce_checks_backends_before_the_first_study(capsys, monkeypatch):
     code, out, err = run_main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table3", "-p", "backbone", "openai:gpt-4o",
                               "--quick")
     assert code == 2 and err.count("\n") == 1 and "OPENAI_API_KEY" in err and ran == [], (code, err)
+
+
+def test_batch_checks_only_the_cells_still_to_run(capsys, monkeypatch, tmp_path):
+    "A resumed grid: a finished cell's backend (here gpt-4o without a key) is not checked again; the unfinished cells' are."
+    import json
+    from forensicslab.studies import grid_cells, load_grid
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(cli, "run_batch", lambda *a, **k: (_ for _ in ()).throw(SystemExit(0)))
+    dead = f"openai-compatible:http://127.0.0.1:{_dead_port()}/v1#gemma"
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"study: triage_table4\nout: {tmp_path / 'out'}\ngrid:\n  backbone: ['{dead}', 'openai:gpt-4o']\n")
+    for study, name, params in grid_cells(load_grid(grid)):
+        if params["backbone"] == "openai:gpt-4o":
+            (tmp_path / "out" / name).mkdir(parents=True)
+            (tmp_path / "out" / name / "cell.json").write_text(json.dumps(dict(status="ok", params=params)))
+    code, out, err = run_main(capsys, "batch", str(grid))
+    assert code == 2 and "does not answer" in err and "OPENAI_API_KEY" not in err, err
