@@ -26,8 +26,13 @@ listed as skipped, with the reason. On the 1024x768 JPEG it reports each detecto
 after a warm-up that loads every model once (the pool keeps them); and how many distinct CLIP backbones the
 process holds (adapters whose backbone tensors hash the same share one, and one forward pass per image).
 
+With `--paper` every detector with installed weights uses them (`forensicslab weights list`), the others full-size
+seeded random stand-ins; each detector alone is reported with its wall and CPU seconds and the growth of the process's
+resident memory during the call (sampled every 5 ms), and the process's peak. `--big` then runs the pool once on a
+12 MP JPEG (4000x3000) and reports seconds and peak memory (issue 48: <= 8 GB). `--detector ID` limits either.
+
 Usage: python scripts/bench_stage0.py [--repeat 3] [--detector ID ...] [--json out.json] [--real-size-only]
-       python scripts/bench_stage0.py --paper [--repeat 1] [--json out.json]
+       python scripts/bench_stage0.py --paper [--big] [--detector ID ...] [--repeat 1] [--json out.json]
 """
 from __future__ import annotations
 
@@ -99,22 +104,54 @@ def real_size(names: list[str], repeat: int, timeout: float, folder: Path) -> di
             "wall_ratio": wall_ratio, "cpu_ratio": cpu_ratio, "ok": ok}
 
 
-def paper_pool_detectors(seed: int = 0) -> tuple[list[str], dict[str, str]]:
-    "Register the paper pool for timing: installed weights, else seeded random weights where the adapter builds them; returns (ids, how each was loaded or why skipped)."
+class PeakRSS:
+    "Context manager sampling this process's resident memory every 5 ms: `.before`, `.peak` (GB) and `.growth` (peak - before)."
+    def __init__(self): self.before = self.peak = 0.0
+    @staticmethod
+    def now() -> float:
+        with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    def __enter__(self):
+        import threading
+        self.before = self.peak = self.now()
+        self._stop = threading.Event()
+        def watch():
+            while not self._stop.wait(0.005): self.peak = max(self.peak, self.now())
+        self._t = threading.Thread(target=watch, daemon=True); self._t.start()
+        return self
+    def __exit__(self, *exc):
+        self._stop.set(); self._t.join()
+        self.peak = max(self.peak, self.now())
+    @property
+    def growth(self) -> float: return self.peak - self.before
+
+
+def max_rss_gb() -> float:
+    "Peak resident memory of this process so far (GB)."
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def paper_pool_detectors(seed: int = 0, only: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """Register the paper pool for timing: every detector with installed weights uses them (all seven weight sources are
+    loaded first, so each installed set is seen), else seeded random weights of the full published size where the adapter
+    builds them (`random_init`); returns (ids, how each was loaded or why skipped)."""
     import inspect
-    from forensicslab.detectors.paper.pool import PAPER_POOL, load_adapters
+    from forensicslab.detectors.paper.pool import PAPER_POOL, load_adapters, paper_sources
     from forensicslab.detectors.pool import _FACTORIES, get_detector, register
-    from forensicslab.detectors.weights import installed
+    from forensicslab.detectors.weights import installed, weights_record
     errors = load_adapters()
+    paper_sources()
     names, how = [], {}
     for i in PAPER_POOL:
+        if only and i not in only: continue
         if i not in _FACTORIES:
             how[i] = f"skipped: {errors.get(i, 'not registered')}"; continue
         cls = _FACTORIES[i]
         try: have = installed(i) is not None
         except Exception: have = False
         if have:
-            get_detector(i); names.append(i); how[i] = "installed weights"; continue
+            get_detector(i); names.append(i)
+            how[i] = f"installed weights ({'verified' if weights_record(i)['verified'] else 'unverified'})"; continue
         if isinstance(cls, type) and "random_init" in inspect.signature(cls.__init__).parameters:
             det = cls(random_init=seed)
             register(i, replace=True)(lambda det=det: det)
@@ -123,45 +160,62 @@ def paper_pool_detectors(seed: int = 0) -> tuple[list[str], dict[str, str]]:
     return names, how
 
 
-def paper_stage0(repeat: int, timeout: float, folder: Path) -> dict:
-    "The paper pool's Stage 0 on the 1024x768 JPEG: each detector alone, their sum, the pool concurrently."
+def paper_stage0(repeat: int, timeout: float, folder: Path, only: list[str] | None = None, big: bool = False) -> dict:
+    """The paper pool's Stage 0 on the 1024x768 JPEG: each detector alone (wall, CPU and memory growth), their sum, the
+    pool concurrently; with `big`, then the whole pool once on a 12 MP (4000x3000) JPEG."""
     from forensicslab.detectors.paper.backbones import shared_backbones
-    names, how = paper_pool_detectors()
-    print("paper pool:")
+    t0 = time.perf_counter()
+    with PeakRSS() as load_mem: names, how = paper_pool_detectors(only=only)
+    print(f"paper pool (models built in {time.perf_counter() - t0:.1f} s, +{load_mem.growth:.2f} GB):")
     for i, h in how.items(): print(f"  {i:<18}{h}")
     if not names:
         print("no paper-pool detector can run here"); return {"how": how}
     p = make_jpeg(*TARGET_SIZE, folder)
     t0 = time.perf_counter()
-    timed_pool(p, names, timeout)   # warm-up: the pool loads and keeps each model once
-    print(f"warm-up (first calls) {time.perf_counter() - t0:.1f} s")
+    with PeakRSS() as warm_mem: timed_pool(p, names, timeout)   # warm-up: the pool loads and keeps each model once
+    print(f"warm-up (first calls) {time.perf_counter() - t0:.1f} s, peak {warm_mem.peak:.2f} GB")
     def forget():   # the backbones remember recent inputs; every timed run must pay its own forward passes
         for v in shared_backbones().values(): v.clear()
-    single, status = {}, {}
+    single, cpu, mem, status = {}, {}, {}, {}
     for n in names:
-        ts = []
+        ts, cs, ms = [], [], []
         for _ in range(repeat):
             forget()
-            dt, _, res = timed_pool(p, [n], timeout); ts.append(dt); status[n] = res[n].status
-        single[n] = statistics.median(ts)
-    pool_ts = []
+            with PeakRSS() as m: dt, c, res = timed_pool(p, [n], timeout)
+            ts.append(dt); cs.append(c); ms.append(m.growth); status[n] = res[n].status
+        single[n], cpu[n], mem[n] = statistics.median(ts), statistics.median(cs), max(ms)
+    pool_ts, pool_cs, pool_mem = [], [], 0.0
     for _ in range(repeat):
         forget()
-        dt, _, res = timed_pool(p, names, timeout); pool_ts.append(dt)
+        with PeakRSS() as pm: dt, c, res = timed_pool(p, names, timeout)
+        pool_ts.append(dt); pool_cs.append(c); pool_mem = max(pool_mem, pm.growth)
     pool = statistics.median(pool_ts)
     vits = shared_backbones()
-    print(f"== paper pool, {TARGET_SIZE[0]}x{TARGET_SIZE[1]} JPEG, median of {repeat} (load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores)")
+    print(f"== paper pool, {TARGET_SIZE[0]}x{TARGET_SIZE[1]} JPEG, warm, median of {repeat} (load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores: other processes share them, compare ratios within one run)")
+    print(f"{'detector':<18}{'alone (s)':>10}{'CPU (s)':>9}{'in pool (s)':>12}{'mem +GB':>9}  status")
     for n in names:
-        print(f"{n:<18}{single[n]:>8.2f} s alone   {res[n].runtime_s:>8.2f} s in pool   {status[n]}"
+        print(f"{n:<18}{single[n]:>10.2f}{cpu[n]:>9.2f}{res[n].runtime_s:>12.2f}{mem[n]:>9.2f}  {status[n]}"
               + ("" if res[n].status == "ok" else f": {(res[n].error or '')[:80]}"))
-    print(f"sum of detectors run separately: {sum(single.values()):.2f} s per image")
-    print(f"whole pool, Stage 0 (concurrent, one image): {pool:.2f} s per image")
+    print(f"sum of detectors run separately: {sum(single.values()):.2f} s per image ({sum(cpu.values()):.2f} s CPU)")
+    print(f"whole pool, Stage 0 (concurrent, one image): {pool:.2f} s per image, {statistics.median(pool_cs):.2f} s CPU "
+          f"(target <= 10 s warm on 2 cores); memory +{pool_mem:.2f} GB during it, process peak {max_rss_gb():.2f} GB")
     print(f"forward passes run by the backbones: {sum(v.forwards for v in vits.values())}")
     print(f"CLIP backbones held by the process: {len(vits)} for {sum(1 for n in names if n in ('clipsid', 'd3', 'effort', 'forensicsadapter'))} "
           f"CLIP-based detectors (shared when their tensors hash the same)")
-    return {"how": how, "single_s": single, "sum_s": sum(single.values()), "pool_s": pool, "pool_runs_s": pool_ts,
-            "status": {n: res[n].status for n in names}, "clip_backbones": len(vits)}
+    out = {"how": how, "single_s": single, "single_cpu_s": cpu, "single_mem_growth_gb": mem, "sum_s": sum(single.values()),
+           "pool_s": pool, "pool_runs_s": pool_ts, "pool_cpu_s": pool_cs, "status": {n: res[n].status for n in names},
+           "pool_mem_growth_gb": pool_mem, "clip_backbones": len(vits), "loadavg": os.getloadavg()[0], "peak_gb": max_rss_gb()}
+    if big:
+        q = make_jpeg(*REAL_SIZES[1], folder)
+        forget()
+        with PeakRSS() as bm: dt, c, res = timed_pool(q, names, max(timeout, 3600))
+        print(f"== paper pool, 12 MP {REAL_SIZES[1][0]}x{REAL_SIZES[1][1]} JPEG, once: {dt:.1f} s wall, {c:.1f} s CPU; "
+              f"memory {bm.before:.2f} GB before, peak {bm.peak:.2f} GB (+{bm.growth:.2f} GB; target <= 8 GB)")
+        for n in names: print(f"  {n:<18}{res[n].runtime_s:>8.1f} s  {res[n].status}" + ("" if res[n].status == "ok" else f": {(res[n].error or '')[:80]}"))
+        out["12mp"] = {"wall_s": dt, "cpu_s": c, "before_gb": bm.before, "peak_gb": bm.peak, "growth_gb": bm.growth,
+                       "runtime_s": {n: res[n].runtime_s for n in names}, "status": {n: res[n].status for n in names}}
+    return out
 
 
 def main(argv=None) -> int:
@@ -171,11 +225,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="per-detector timeout in seconds")
     ap.add_argument("--json", type=Path, help="also write the measurements as JSON here")
     ap.add_argument("--real-size-only", action="store_true", help="only the 1 MP vs 12 MP comparison")
-    ap.add_argument("--paper", action="store_true", help="time the triage paper's pool (random weights where none are installed)")
+    ap.add_argument("--paper", action="store_true", help="time the triage paper's pool (installed weights, else full-size random ones)")
+    ap.add_argument("--big", action="store_true", help="with --paper: also run the pool once on a 12 MP JPEG (seconds, peak memory)")
     a = ap.parse_args(argv)
     if a.paper:
         with tempfile.TemporaryDirectory() as tmp:
-            out = {"paper": paper_stage0(a.repeat, a.timeout, Path(tmp)), "repeat": a.repeat, "cpu_count": os.cpu_count()}
+            out = {"paper": paper_stage0(a.repeat, a.timeout, Path(tmp), a.detector, a.big), "repeat": a.repeat,
+                   "cpu_count": os.cpu_count()}
         if a.json: a.json.write_text(json.dumps(out, indent=1)); print(f"wrote {a.json}")
         return 0
 

@@ -7,6 +7,7 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.paper.forensicsadapt
 # %% ../../../nbs/04u_detectors.paper.forensicsadapter.ipynb #7b241fe4
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,8 +209,10 @@ def check_weights(path: str | Path) -> None:
     split(unwrap(read_checkpoint(path, "forensicsadapter", _LAYOUT, PAGE), "forensicsadapter", _LAYOUT, PAGE))
 
 # %% ../../../nbs/04u_detectors.paper.forensicsadapter.ipynb #bc135bda
+@functools.lru_cache(maxsize=8)
 def fusion_convs(clip_width: int, seed: int, adapter_width: int = ADAPTER_WIDTH) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    "The (weight, bias) of the three fusion 1x1 convolutions the authors' forward pass draws after `torch.manual_seed(seed)`."
+    """The (weight, bias) of the three fusion 1x1 convolutions the authors' forward pass draws after `torch.manual_seed(seed)`;
+    the same seed draws the same tensors, so they are drawn once per (width, seed) and kept (read-only), not on every image."""
     g = torch.Generator().manual_seed(int(seed))
     out = []
     for _ in FUSION:

@@ -24,7 +24,7 @@ from ...imageio import LoadedImage
 
 # %% auto #0
 __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'PROTOCOLS', 'PAGE', 'WEIGHTS_URL', 'WEIGHTS_MD5', 'CARD_DIR', 'LICENCE', 'SOURCE',
-           'TruForNet', 'trufor_input', 'trufor_forward', 'load_trufor', 'TruFor']
+           'workers', 'TruForNet', 'trufor_input', 'trufor_forward', 'load_trufor', 'TruFor']
 
 # %% ../../../nbs/04o_detectors.paper.trufor.ipynb #3128daed
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -63,8 +63,8 @@ class _ReducedAttention(nn.Module):
         q = self.q(x).view(b, n, self.heads, d).transpose(1, 2)
         src = self.norm(_tokens(self.sr(_grid(x, h, w)))) if self.sr_ratio > 1 else x
         k, v = self.kv(src).view(b, -1, 2, self.heads, d).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-2, -1) * d ** -0.5).softmax(-1)
-        return self.proj((att @ v).transpose(1, 2).reshape(b, n, c))
+        # softmax(q k^T / sqrt(d)) v, fused: the (n x keys) matrix is never held whole (35 GB at 12 MP in stage 1)
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
 
 class _Block(nn.Module):
     def __init__(self, dim, heads, sr, mlp_ratio=4):
@@ -169,8 +169,9 @@ class _DualMiT(nn.Module):
 
     def forward(self, rgb, noise):
         outs = []
-        for i in range(4):
-            rgb, noise = self.FRMs[i](self._stage("", i + 1, rgb), self._stage("extra_", i + 1, noise))
+        for i in range(4):   # the two streams of a stage are independent: one thread each when cores allow
+            a, e = _parallel([lambda: self._stage("", i + 1, rgb), lambda: self._stage("extra_", i + 1, noise)])
+            rgb, noise = self.FRMs[i](a, e)
             outs.append(self.FFMs[i](rgb, noise))
         return outs
 
@@ -188,11 +189,84 @@ class _Decoder(nn.Module):
         for i, d in enumerate(dims): setattr(self, f"linear_c{i + 1}", _Linear2d(d, embed))
         self.linear_fuse = nn.Sequential(nn.Conv2d(4 * embed, embed, 1), nn.BatchNorm2d(embed, eps=bn_eps), nn.ReLU())
         self.linear_pred = nn.Conv2d(embed, classes, 1)
-    def forward(self, feats):
+    def forward(self, feats, band: Optional[int] = None):
+        """Logits at 1/4 resolution. `band`: compute them `band` rows at a time (each row only needs two rows of each
+        coarser scale, so a band reads only those): the same numbers, without the (4 x embed)-channel map of the whole
+        image (6 GB at 12 MP)."""
         size = feats[0].shape[2:]
-        up = [getattr(self, f"linear_c{i + 1}")(f) for i, f in enumerate(feats)]
-        up = [u if i == 0 else F.interpolate(u, size=size, mode="bilinear", align_corners=False) for i, u in enumerate(up)]
-        return self.linear_pred(self.linear_fuse(torch.cat(up[::-1], 1)))
+        if band is None or band >= size[0]: return self._rows(feats, 0, size[0])
+        return torch.cat([self._rows(feats, r, min(r + band, size[0])) for r in range(0, size[0], band)], 2)
+
+    def _fold(self):
+        """`linear_fuse`'s 1x1 convolution over the concatenation, split by scale and folded into each scale's
+        projection: `W [up(L_1 c_1); ...] + b = sum_i up(W_i L_i c_i) + (b + sum_i W_i b_i)`, since bilinear upsampling is
+        linear and keeps constants. The same function with a 512-wide product at each scale's own resolution instead of
+        a 2048-wide one at 1/4 resolution (about a sixth of TruFor's arithmetic at 1024x768). Kept until a weight changes."""
+        conv, lins = self.linear_fuse[0], [getattr(self, f"linear_c{i + 1}").proj for i in range(4)]
+        key = tuple((p.data_ptr(), p._version) for p in (conv.weight, conv.bias, *(q for lin in lins for q in (lin.weight, lin.bias))))
+        if getattr(self, "_folded", (None,))[0] != key:
+            with torch.no_grad():
+                E, wf = conv.out_channels, conv.weight[:, :, 0, 0]
+                parts = [wf[:, (3 - i) * E:(4 - i) * E] for i in range(4)]   # the concatenation runs coarsest first
+                ms = [(p @ lin.weight)[:, :, None, None].contiguous() for p, lin in zip(parts, lins)]
+                bias = conv.bias + sum(p @ lin.bias for p, lin in zip(parts, lins))
+            self._folded = (key, ms, bias.view(1, -1, 1, 1))
+        return self._folded[1:]
+
+    def _rows(self, feats, r0: int, r1: int):
+        "Logits of rows `r0:r1` of the 1/4-resolution grid."
+        H, W = feats[0].shape[2:]
+        whole, acc = (r0, r1) == (0, H), None
+        ms, bias = self._fold()
+        for i, f in enumerate(feats):
+            if i == 0: u = F.conv2d(f if whole else f[:, :, r0:r1], ms[0])
+            elif whole: u = F.interpolate(F.conv2d(f, ms[i]), size=(H, W), mode="bilinear", align_corners=False)
+            else:   # resize along W on the few input rows the band reads, then blend its two rows per output row
+                lo, hi, i0, i1, lam = _bilinear_rows(f.shape[2], H, r0, r1)
+                v = F.interpolate(F.conv2d(f[:, :, lo:hi], ms[i]), size=(hi - lo, W), mode="bilinear", align_corners=False)
+                u = v[:, :, i0 - lo] * (1 - lam) + v[:, :, i1 - lo] * lam
+            acc = u if acc is None else acc + u
+        return self.linear_pred(self.linear_fuse[2](self.linear_fuse[1](acc + bias)))
+
+def _bilinear_rows(h_in: int, h_out: int, r0: int, r1: int):
+    """For output rows `r0:r1` of a bilinear resize (align_corners=False) from `h_in` to `h_out` rows: the input rows
+    read (`lo:hi`), each output row's two input rows and the weight of the second, as torch computes them."""
+    y = torch.arange(r0, r1, dtype=torch.float32)
+    src = ((y + 0.5) * (h_in / h_out) - 0.5).clamp(min=0)
+    i0 = src.floor().long().clamp(max=h_in - 1)
+    i1 = (i0 + 1).clamp(max=h_in - 1)
+    lam = (src - i0).view(1, 1, -1, 1)
+    return int(i0.min()), int(i1.max()) + 1, i0, i1, lam
+
+def _banded(seq: nn.Sequential, x: torch.Tensor, band: int, halo: int) -> torch.Tensor:
+    """`seq(x)` computed `band` rows at a time, each band read with `halo` rows of context on both sides (at least
+    the stack's receptive radius): the same numbers, with activations of one band instead of the whole image."""
+    H = x.shape[2]
+    if band >= H: return seq(x)
+    def one(r):
+        lo, hi = max(0, r - halo), min(H, r + band + halo)
+        return seq(x[:, :, lo:hi])[:, :, r - lo:min(H, r + band) - lo]
+    return torch.cat(_parallel([lambda r=r: one(r) for r in range(0, H, band)]), 2)
+
+_POOL: dict = {}
+
+def workers() -> int:
+    "Threads TruFor splits its independent work across (the cores this process may use; `FORENSICSLAB_TRUFOR_THREADS` overrides)."
+    import os
+    env = os.environ.get("FORENSICSLAB_TRUFOR_THREADS")
+    if env: return max(1, int(env))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+def _parallel(fns: list) -> list:
+    """Run independent pieces of one forward pass (bands, the two streams, the two decoders) on a small thread pool,
+    each in inference mode (torch releases the GIL in its kernels); in order, and serially with one worker."""
+    n = min(workers(), len(fns))
+    if n <= 1: return [f() for f in fns]
+    from concurrent.futures import ThreadPoolExecutor
+    ex = _POOL.get(n) or _POOL.setdefault(n, ThreadPoolExecutor(n, thread_name_prefix="trufor"))
+    def run(f):
+        with torch.inference_mode(): return f()
+    return list(ex.map(run, fns))
 
 def _noiseprint(levels: int = 17, width: int = 64) -> nn.Sequential:
     "Noiseprint++: `levels` 3x3 convolutions (batch norm on the inner ones, ReLU but after the last), RGB -> one residual."
@@ -220,12 +294,22 @@ class TruForNet(nn.Module):
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
+    band_pixels: int = 1 << 20
+    "Images above this many pixels run Noiseprint++ and the decoders in bands of rows (same outputs, bounded memory)."
+
     def forward(self, x):
-        noise = self.dncnn(x).repeat(1, 3, 1, 1)             # Noiseprint++ sees the raw pixels, tiled to 3 channels
+        big = x.shape[2] * x.shape[3] > self.band_pixels
+        band = max(16, self.band_pixels // x.shape[3]) if big else x.shape[2]
+        n = workers()
+        if n > 1 and x.shape[2] >= 64 * n: band = min(band, -(-x.shape[2] // n))   # at least one band per worker
+        xc = x.contiguous(memory_format=torch.channels_last)   # the convolutions' fastest layout on CPU
+        noise = _banded(self.dncnn, xc, band, halo=len([m for m in self.dncnn if isinstance(m, nn.Conv2d)]))
+        noise = noise.contiguous().repeat(1, 3, 1, 1)         # Noiseprint++ sees the raw pixels, tiled to 3 channels
         feats = self.backbone((x - self.mean) / self.std, noise)
-        size = x.shape[2:]
-        out = F.interpolate(self.decode_head(feats), size=size, mode="bilinear", align_corners=False)
-        conf = F.interpolate(self.decode_head_conf(feats), size=size, mode="bilinear", align_corners=False)
+        size, dband = x.shape[2:], (max(4, band // 4) if big else None)
+        out, conf = _parallel([lambda: self.decode_head(feats, dband), lambda: self.decode_head_conf(feats, dband)])
+        out = F.interpolate(out, size=size, mode="bilinear", align_corners=False)
+        conf = F.interpolate(conf, size=size, mode="bilinear", align_corners=False)
         det = self.detection(torch.cat([_pooled_stats(conf), _pooled_stats(out[:, 1:2] - out[:, :1], F.logsigmoid(conf))], 1))
         return out, conf, det
 
@@ -283,17 +367,26 @@ class TruFor:
     max_side: Optional[int] = None
 
     def __init__(self, checkpoint: str | Path | None = None, max_side: Optional[int] = None, protocol: Optional[str] = None,
-                 arch: Optional[dict] = None):
-        if checkpoint is None:
-            files = installed("trufor")
-            if files is None: raise WeightsError(missing_message("trufor"))
-            checkpoint, verified = files["trufor.pth.tar"], weights_record("trufor")["verified"]
-        else: verified = False
-        self.net, self.layout = load_trufor(checkpoint, arch)
-        self.weights_id = files_identity([checkpoint])
+                 arch: Optional[dict] = None, random_init: Optional[int] = None):
+        "The installed weights (or `checkpoint`), or with `random_init` a full-size network of seeded random weights (timing only)."
+        if random_init is not None:
+            with torch.random.fork_rng():
+                torch.manual_seed(random_init)
+                self.net, self.layout = TruForNet(**(arch or {})).eval(), "random"
+            self.weights_id, verified = f"random-init-{random_init}", False
+        else:
+            if checkpoint is None:
+                files = installed("trufor")
+                if files is None: raise WeightsError(missing_message("trufor"))
+                checkpoint, verified = files["trufor.pth.tar"], weights_record("trufor")["verified"]
+            else: verified = False
+            self.net, self.layout = load_trufor(checkpoint, arch)
+            self.weights_id = files_identity([checkpoint])
         self.protocol = protocol or ("imdlbenco" if self.layout == "imdlbenco" else "official")
         self.max_side, self.verified = max_side, verified
-        if not verified:
+        if random_init is not None:
+            self.card = self.card.model_copy(update=dict(name=self.card.name + " with RANDOM weights", version=f"random-init-{random_init}"))
+        elif not verified:
             self.card = self.card.model_copy(update=dict(name=self.card.name + " (UNVERIFIED weights: not the published file)",
                                                          version=f"{self.card.version}-unverified"))
 
