@@ -319,8 +319,13 @@ IIDNET_LAYOUT = """  <root>/<method>/images/*.png   inpainted images   (also 'im
 IIDNET_URL = "https://github.com/HighwayWu/InpaintingForensics (IID-Net code and data links)"
 _IMG_DIRS, _MASK_DIRS, _REAL_DIRS = ("images", "image", "img", "input"), ("masks", "mask", "gt", "label"), ("real", "original", "authentic")
 
-def load_iidnet(root: str | Path, methods: Optional[Iterable[str]] = None) -> list[Sample]:
-    "Load the IID-Net inpainting set: one folder per inpainting method with images and masks."
+def load_iidnet(root: str | Path, methods: Optional[Iterable[str]] = None, family: str | dict = "gen_inpaint") -> list[Sample]:
+    """Load the IID-Net inpainting set: one folder per inpainting method with images and masks. `family` labels the
+    inpaintings: one family for all (default `gen_inpaint`), or `{method: family}` for the paper's split (e.g. its six
+    GAN inpainters as `gan_inpaint`); a method the mapping does not name keeps `gen_inpaint`."""
+    fams = family if isinstance(family, dict) else {}
+    for f in ([family] if isinstance(family, str) else list(family.values())):
+        if f not in FAMILIES: raise DatasetError(f"IID-Net: unknown family {f!r}; known: {', '.join(sorted(FAMILIES))}")
     root = _need(root, "IID-Net", IIDNET_LAYOUT, IIDNET_URL)
     out = []
     mdirs = [d for d in sorted(root.iterdir()) if d.is_dir() and d.name not in _REAL_DIRS and not d.name.startswith(("_", "."))]
@@ -336,7 +341,7 @@ def load_iidnet(root: str | Path, methods: Optional[Iterable[str]] = None) -> li
         masks = {p.stem: p for p in _images(msk)}
         for p in _images(img):
             if p.stem not in masks: raise MissingData(msk / f"{p.stem}.png", "IID-Net", IIDNET_LAYOUT, IIDNET_URL)
-            s = _sample("iidnet", p, 1, "gen_inpaint", masks[p.stem], method=d.name)
+            s = _sample("iidnet", p, 1, fams.get(d.name, "gen_inpaint") if fams else family, masks[p.stem], method=d.name)
             out.append(s.model_copy(update={"id": f"iidnet/{d.name}/{p.stem}"}))
     for n in _REAL_DIRS:
         if (root / n).is_dir():
