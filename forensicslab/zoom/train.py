@@ -164,7 +164,7 @@ class ZoomTrainConfig:
                  data="manipulations", tools="detectors", survey="regions", box_grid=16, device="cpu", max_zooms=1,
                  max_tool_calls=1, lora_modules_to_save=["lm_head", "embed_tokens"], lora_dropout=0.0, sft_epochs=6,
                  sft_batch_size=8, sft_lr=5e-3, grpo_steps=30, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8,
-                 temperature=0.7, max_completion_length=200, reward=dict(alpha_m=0.0), logging_steps=1)
+                 temperature=0.7, max_completion_length=384, reward=dict(alpha_m=0.0), logging_steps=1)
         return cls(**{**d, **kw})
 
     @classmethod
