@@ -22,8 +22,9 @@ Dry run on CPU (float32; checks the script itself, its numbers say nothing about
 
     python scripts/gpu_check_zoom.py --device cpu
 
-It trains on the toy square task of `forensicslab.zoom.data.smoke_task` (written to a temp folder), uses a
-constant stand-in verifier, and prints one JSON object: device, dtype, parameter counts, per-stage mean
+It trains on 8 images of the manipulation design with the built-in detectors' survey in the first turn (the offline
+quick config's task; `--no-survey`: the toy square task of `forensicslab.zoom.data.smoke_task`, crop only), written to a
+temp folder, with a policy-sized verifier (or a constant stand-in, `--no-verifier`), and prints one JSON object: device, dtype, parameter counts, per-stage mean
 and median step time (first step excluded when there are more than two), peak CUDA memory, final SFT
 loss, GRPO tool-call frequency, and total wall time (also on one last line prefixed `GPU_CHECK_REPORT`).
 Exit status 0 when both stages ran.
@@ -150,6 +151,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default=None, choices=["tiny", "8b"],
                     help="model shape built from a config with random weights (default: 8b on cuda, tiny on cpu)")
     ap.add_argument("--config-json", default=None, help="a Qwen3-VL config.json whose sizes to use for --shape 8b")
+    ap.add_argument("--survey", action=argparse.BooleanOptionalAction, default=True,
+                    help="the offline quick config's task: 8 images of the manipulation design, the built-in detectors as tools "
+                         "and their survey in the first turn (default); --no-survey: the toy square task, crop only")
     a = ap.parse_args(argv)
     shape = a.shape or ("8b" if a.device.startswith("cuda") and a.base == "tiny" else "tiny")
 
@@ -177,8 +181,25 @@ def main(argv=None) -> int:
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() and a.device != "cpu" else None}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
-        trajs, samples = smoke_task(d + "/data", n=4, size=a.image_size)
-        model, proc = load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]],
+        if a.survey:                      # the survey task (zoom.data "manipulations", tools "detectors", survey "regions")
+            from dataclasses import replace
+            from forensicslab.zoom.construct import SurveyProposer, construct
+            from forensicslab.zoom.data import ensure_artifacts, load_artifacts
+            from forensicslab.zoom.records import ZoomStep
+            from forensicslab.zoom.rules import ForensicViews, tool_views
+            cfg = replace(cfg, tools="detectors", survey="regions", box_grid=16)
+            samples = load_artifacts("train", ensure_artifacts(d + "/data", n_train=8, n_test=2, n_ood=2, design="manipulations"), "manipulations")
+            views_of = lambda s: ForensicViews(s.image, tool_views("detectors"))
+            by_id = {s.id: s for s in samples}
+            trajs = [{**t, "steps": [ZoomStep(**st) for st in t["steps"]], "sample": by_id[t["sample_id"]].model_dump_json()}
+                     for t in construct(samples, SurveyProposer(views_of), variants=("o3",)).trajectories]
+            a.image_size = 256                                     # the design's image side (the forced call's box)
+            extra = [views_of(s).survey_text() for s in samples]
+        else:
+            trajs, samples = smoke_task(d + "/data", n=4, size=a.image_size)
+            extra = []
+        report["task"] = "manipulations + survey" if a.survey else "toy squares, crop only"
+        model, proc = load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]] + extra,
                                   save_to=d + "/base" if a.base == "tiny" else None)
         if a.base == "tiny" and shape == "8b":
             model = build_8b_shape(proc, a.config_json, a.device, dtype)   # in memory only: nothing here reads a saved copy
@@ -200,7 +221,7 @@ def main(argv=None) -> int:
         else:                                         # a verifier of the policy's shape: own backbone, LoRA, head, bf16
             from forensicslab.zoom.verifier import EvidenceVerifier, Verifier, add_lora
             vb = build_8b_shape(proc, a.config_json, a.device, dtype) if shape == "8b" and a.base == "tiny" else \
-                load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]])[0] if a.base == "tiny" else \
+                load_policy(cfg, texts=[s.text for t in trajs for s in t["steps"]] + extra)[0] if a.base == "tiny" else \
                 load_policy(cfg)[0]
             verifier = Verifier(add_lora(EvidenceVerifier.from_vlm(vb)), proc)
             report["verifier_params"] = sum(p.numel() for p in verifier.model.parameters())
