@@ -268,3 +268,14 @@ def test_debate_pair_cache_off_bypasses_the_retrieval_cache(tmp_path):
     off = run(idx["B"], "--cache", "off")
     assert "https://example.org/B" in json.dumps(off["sources"]) and "example.org/A" not in json.dumps(off["sources"])
     assert sorted((tmp_path / "cache").rglob("retrieval/*.json")) == cached      # --cache off wrote nothing there
+
+def test_debate_study_retriever_with_the_cache_off(tmp_path):
+    "The debate study's retriever with the model cache off (`llm_rows` passes the models' cache mode) reads and writes no retrieval cache."
+    from forensicslab.debate.study import study_retriever
+    photo, idx = _two_indexes(tmp_path)
+    r = study_retriever(f"local:{idx['A']}", None, tmp_path / "cache", use_cache=False)
+    assert r.cache_dir is None and [p.url for p in r.retrieve(photo).pages] == ["https://example.org/A"]
+    assert not (tmp_path / "cache").exists()
+    on = study_retriever(f"local:{idx['A']}", None, tmp_path / "cache")
+    on.retrieve(photo)
+    assert on.retrieve(photo).cached

@@ -99,8 +99,9 @@ def run_llm_setup(ds, models: Sequence[ChatModel] | ChatModel, config: DebateCon
     return run.execute([Case(s.id, s) for s in samples], fn, workers=workers, desc=config.label, progress=False)
 
 # %% ../../nbs/07f_debate.study.ipynb #7083855a
-def study_retriever(spec: str, ds, cache_dir: str | Path, chat: Optional[ChatModel] = None):
-    "A retriever for a study: `none`, `source-index` (built from `ds`), `teaching`, `local:<index.json>`, `google[@url]`, `bing[@url]`."
+def study_retriever(spec: str, ds, cache_dir: str | Path, chat: Optional[ChatModel] = None, use_cache: bool = True):
+    """A retriever for a study: `none`, `source-index` (built from `ds`), `teaching`, `local:<index.json>`, `google[@url]`,
+    `bing[@url]`; `use_cache=False` (the model cache off): no retrieval cache read or written."""
     cache_dir = Path(cache_dir)
     if spec == "source-index":
         path = cache_dir / f"source-index-{ds.name}-{len(ds)}.json"
@@ -108,7 +109,7 @@ def study_retriever(spec: str, ds, cache_dir: str | Path, chat: Optional[ChatMod
         spec = f"local:{path}"
     elif spec == "teaching":
         spec = f"local:{ds.info['index']}"
-    return make_retriever(spec, cache_dir=cache_dir / "retrieval", chat=chat)
+    return make_retriever(spec, cache_dir=cache_dir / "retrieval" if use_cache else None, chat=chat)
 
 # %% ../../nbs/07f_debate.study.ipynb #2bf57484
 def results_row(setup: dict, rows: Sequence[dict], paper=None, n_boot: int = 1000) -> dict:
@@ -187,7 +188,8 @@ def llm_rows(backend: str, ds, setups: Sequence[tuple], runs_dir: str | Path, ca
     why = backend_status(backend, ds)
     if why is not None: return [], why
     models = models_from_spec(backend, 1, controls)  # one budget for the whole study: every row shares these models
-    retriever = study_retriever(retrieval_spec, ds, cache_dir, chat=models[0]) if retrieval_spec != "none" else None
+    retriever = (study_retriever(retrieval_spec, ds, cache_dir, chat=models[0], use_cache=getattr(models[0], "cache_mode", "rw") != "off")
+                 if retrieval_spec != "none" else None)
     out = []
     for name, cfg in setups:
         if cfg.retrieval and retriever is None:
