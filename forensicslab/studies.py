@@ -568,6 +568,10 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
         "Print a line above the bar (which is redrawn below it)."
         if bar.disable: return echo(line)
         with tqdm.external_write_mode(file=sys.stdout): echo(line)
+    if not quick:
+        unknown = sum(s["expected"] is None for s in todo)
+        say(f"{profile} profile: {len(todo)} of {len(plan)} studies to run, expected {_duration(left)}"
+            + (f" and {unknown} never measured" if unknown else "") + (f"; {len(plan) - len(todo)} finished earlier" if len(todo) < len(plan) else ""))
     results, folders, interrupted = [], [], False
     for i, s in enumerate(plan, 1):
         n, label = s["name"], Path(s["name"]).stem

@@ -205,6 +205,7 @@ def test_the_demo_regenerates_and_the_full_profile_resumes(project, capsys):
     calls.clear()
     code, got = _main(capsys, "reproduce", "--profile", "full", "--out", str(out))  # everything finished: nothing runs
     assert code == 0 and not calls and got.out.count("finished earlier with these parameters") == 5
+    assert "full profile: 0 of 5 studies to run, expected 0 s; 5 finished earlier" in got.out
     code, got = _main(capsys, "reproduce", "--profile", "full", "--out", str(out), "-p", "seed", "7")   # other parameters: rerun
     assert code == 0 and [c["params"]["seed"] for c in calls] == [7, 7, 7]
     calls.clear()
@@ -232,7 +233,30 @@ def test_the_list_and_the_eta_come_from_the_run_records(project, capsys):
     assert S.expected_seconds("zoom_table1", "full", out) == 5400 and S.expected_seconds("triage_table4", "demo", out) == 330
     code, got = _main(capsys, "reproduce", "--only", "triage_table4", "--only", "zoom_table1", "--out", str(out))
     assert code == 0, got.err
+    assert "demo profile: 2 of 2 studies to run, expected 5.5 min and 1 never measured" in got.out
     assert "== [1/2] triage_table4 (expected 5.5 min; all 5.5 min left, done by ~" in got.out
     assert "== [2/2] zoom_table1 (expected time unknown)" in got.out
     code, got = _main(capsys, "reproduce", "--list", "--only", "nope")
     assert code == 2 and "unknown study 'nope'" in got.err
+
+
+def test_the_committed_outputs_are_the_demo_profiles():
+    """Issue 47 item 1: `make demo` regenerates outputs/ as committed, so every committed study folder holds a finished run
+    with exactly its demo profile's parameters (a new parameter, a changed default or a profile line that is not
+    what made the folder shows up here: regenerate it with `forensicslab reproduce --only NAME`)."""
+    from forensicslab.runs import checkout_root, shown_text
+    out = S.project_root() / "outputs"
+    bad = []
+    for name, prof in S.study_profiles().items():
+        folder = out / name
+        if not (folder / "run.json").is_file(): continue            # not committed (yet): nothing to regenerate
+        params = prof.params("demo", out)
+        if S.finished_run(name, params, folder) is not None: continue
+        rec = json.loads((folder / "run.json").read_text())
+        v = S.study_variant(name)
+        want = shown_text(S._recorded_parameters(S.study_path(name), v.apply(params) if v else params), checkout_root() or S.project_root())
+        got = rec.get("parameters") or {}
+        diff = sorted(k for k in set(want) | set(got) if want.get(k, "<absent>") != got.get(k, "<absent>"))
+        bad.append(f"{name}: status {rec.get('status')}; parameters that differ: "
+                   + ", ".join(f"{k} (demo {want.get(k, '<absent>')!r}, run.json {got.get(k, '<absent>')!r})" for k in diff))
+    assert not bad, "committed outputs not made by their demo profile:\n" + "\n".join(bad)
