@@ -101,3 +101,20 @@ def test_a_reasked_turn_samples_from_the_episode_not_the_global_rng(manip, tmp_p
         outs.append(pol.respond(ep))
     assert outs[0] == outs[1]
     ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=manip["test"][2].id, feedback={"text": "x", "error": "y"})
+
+
+def test_pinned_run_files_return_to_the_run_folder_and_a_changed_file_is_refused(tmp_path):
+    from forensicslab.zoom.pipeline import pin_run, unpin_run
+    run, study, fresh = tmp_path / "run", tmp_path / "study", tmp_path / "fresh"
+    for d, body in (("base", b"base weights"), ("sft", b"sft adapter"), ("grpo", b"grpo adapter")):
+        (run / d).mkdir(parents=True)
+        (run / d / "w.safetensors").write_bytes(body)
+    (run / "grpo" / "zoom_train.json").write_text("{}")
+    (run / "eval.json").write_text("{}")
+    pins = pin_run(run, study)
+    assert sorted(pins) == ["base/w.safetensors", "grpo/w.safetensors", "grpo/zoom_train.json", "sft/w.safetensors"]
+    assert not unpin_run(tmp_path / "nothing_pinned", fresh)
+    assert unpin_run(study, fresh) and (fresh / "grpo" / "w.safetensors").read_bytes() == b"grpo adapter"
+    assert not (fresh / "eval.json").exists()              # evaluated again from the pinned weights
+    (study / "sft" / "w.safetensors").write_bytes(b"tampered")
+    with pytest.raises(ZoomConfigError, match="differ from pinned.json"): unpin_run(study, tmp_path / "other")
