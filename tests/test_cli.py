@@ -243,7 +243,7 @@ def test_train_zoom_prints_checkpoints_beside_controls_and_targets(capsys, monke
     "`forensicslab train zoom` ends with the training table (each checkpoint under its study label, then the controls) and the targets."
     import forensicslab.zoom.pipeline as pipeline
     row = lambda acc: {"acc": acc, "f1": 0.5, "iou": 0.1, "valid": 1.0, "n": 100}
-    res = {"sft": row(0.6), "grpo": row(0.8), "grpo_shuffled_views": row(0.5),
+    res = {"sft": row(0.6), "grpo": row(0.9), "grpo_shuffled_views": row(0.5),   # quick reads a survey: SURVEY_TARGETS apply
            "controls": {"instrument-only (LR over forensic readouts)": {"acc": 0.63, "f1": 0.6, "auc": 0.62, "n": 100}}}
     monkeypatch.setattr(pipeline, "run_pipeline", lambda cfg, out, stages, resume, log: res)
     code, out, err = run_main(capsys, "train", "zoom", "--config", "quick", "--out", str(tmp_path))
