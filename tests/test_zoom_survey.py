@@ -11,7 +11,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from forensicslab.imageio import load_image  # noqa: E402
 from forensicslab.zoom.agents import Episode, parse_action  # noqa: E402
-from forensicslab.zoom.construct import SurveyProposer, _iou  # noqa: E402
+from forensicslab.zoom.construct import SurveyProposer  # noqa: E402
+from forensicslab.zoom.rewards import union_iou  # noqa: E402
 from forensicslab.zoom.data import ensure_artifacts, load_artifacts, mask_box  # noqa: E402
 from forensicslab.zoom.pipeline import episode_views  # noqa: E402
 from forensicslab.zoom.records import ZoomConfigError  # noqa: E402
@@ -77,8 +78,8 @@ def test_survey_teacher_zooms_on_the_region_nearest_the_truth_and_the_rule_answe
         box = norm_to_box(crop[0].bbox, W, H).as_list()
         if s.label:
             truth = [b.box.as_list() for b in s.boxes if b.box is not None][0]
-            assert _iou(box, truth) == pytest.approx(max(_iou(e["box"], truth) for e in entries), abs=0.03)
-        else: assert _iou(box, entries[0]["box"]) > 0.9
+            assert union_iou([box], [truth]) == pytest.approx(max(union_iou([e["box"]], [truth]) for e in entries), abs=0.03)
+        else: assert union_iou([box], [entries[0]["box"]]) > 0.9
     s = manip["test"][1]
     ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=s.id)
     top = survey(views_for(s))[0]

@@ -22,6 +22,7 @@ from ..core import ChatMessage, EvidenceItem, Sample
 from ..imageio import load_image
 from .records import ZoomInputError, ZoomAnswer, ZoomStep, box_to_norm, norm_to_box, pixel_box
 from .agents import render_turn
+from .rewards import union_iou
 from .rules import survey
 from .records import where_phrase
 
@@ -136,11 +137,6 @@ class RuleProposer:
         return Annotation(exploration_trajectory=traj, evidence=ev, verdict="fake" if sample.label else "real")
 
 # %% ../../nbs/08e_zoom.construct.ipynb #zsurvprop2
-def _iou(a, b) -> float:
-    ix, iy = max(0, min(a[2], b[2]) - max(a[0], b[0])), max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - ix * iy
-    return ix * iy / u if u > 0 else 0.0
-
 class SurveyProposer:
     "Offline teacher for a policy that reads a survey: one crop on a surveyed region, then the answer (see above)."
     def __init__(self, views_for: Callable, seed: int = 0):
@@ -156,7 +152,7 @@ class SurveyProposer:
         glob = next((b.text for b in sample.boxes if b.box is None), None)
         if sample.label == 1 and refs:
             truth = refs[0].box.as_list()
-            pick = max(entries, key=lambda e: (_iou(e["box"], truth), e["score"]))
+            pick = max(entries, key=lambda e: (union_iou([e["box"]], [truth]), e["score"]))
             ev = [Candidate(bbox=box_to_norm(pick["box"], W, H), text=place_text(refs[0].text, pick["box"], W, H, "own"), truth="valid")]
             glob = glob or "The image looks photographic overall, but one region was edited."
         else:

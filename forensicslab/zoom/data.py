@@ -418,7 +418,6 @@ def _build_manipulations(root: Path, split: str, n: int, seed: int, design: str)
         sid = f"{design}-{split}-{i:04d}"
         rel = f"{split}/images/{sid}.{'jpg' if m.fmt == 'JPEG' else 'png'}"
         Image.fromarray(m.rgb).save(root / rel, **({"quality": m.quality} if m.fmt == "JPEG" else {}))
-        W, H = d.size, d.size
         prov = dict(group=group, recipe=m.recipe, photo=m.sources[0]["photo"], params=json.loads(json.dumps(m.params, default=str)))
         items, mask_rel = [EvidenceItem(text=_M_GLOBAL[1 - label], box=None)], None
         if label:

@@ -229,13 +229,16 @@ def _files(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for d in PINNED if (folder / d).is_dir() for p in sorted((folder / d).rglob("*")) if p.is_file()}
 
+def _copy_trained(src: Path, dst: Path) -> None:
+    for d in PINNED:
+        if (src / d).is_dir():
+            shutil.rmtree(dst / d, ignore_errors=True)
+            shutil.copytree(src / d, dst / d)
+
 def pin_run(run: str | Path, dest: str | Path) -> dict[str, str]:
     "Copy `run`'s trained folders into `dest` and write `dest/pinned.json` (relative path -> sha256); returns it."
     run, dest = Path(run), Path(dest)
-    for d in PINNED:
-        if (run / d).is_dir():
-            shutil.rmtree(dest / d, ignore_errors=True)
-            shutil.copytree(run / d, dest / d)
+    _copy_trained(run, dest)
     pins = _files(dest)
     (dest / "pinned.json").write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n")
     return pins
@@ -250,9 +253,6 @@ def unpin_run(pinned: str | Path, run: str | Path) -> bool:
     bad = sorted(k for k in want if have.get(k) != want[k])
     if bad: raise ZoomConfigError(f"{pinned}: {len(bad)} pinned file(s) differ from pinned.json, e.g. {bad[0]}; re-pin or restore them")
     if (run / "grpo" / "zoom_train.json").exists(): return True
-    for d in PINNED:
-        if (pinned / d).is_dir():
-            shutil.rmtree(run / d, ignore_errors=True)
-            shutil.copytree(pinned / d, run / d)
+    _copy_trained(pinned, run)
     (run / "eval.json").unlink(missing_ok=True)
     return True

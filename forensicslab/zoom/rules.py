@@ -25,9 +25,9 @@ from .agents import Episode, render_turn, run_zoom
 
 # %% auto #0
 __all__ = ['CUES', 'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'VIEW_NAMES', 'TOOL_SETS', 'POOL_VIEWS',
-           'SURVEY_DETECTORS', 'SURVEYS', 'SURVEY_RULE_NOTE', 'cue_scores', 'duplicate_regions', 'candidates',
-           'region_cue', 'fit_rule_thresholds', 'RulePolicy', 'tool_views', 'ForensicViews', 'instrument_features',
-           'best_window', 'survey', 'survey_text', 'SurveyRulePolicy', 'specificity', 'RuleEvidenceJudge']
+           'SURVEY_DETECTORS', 'SURVEYS', 'cue_scores', 'duplicate_regions', 'candidates', 'region_cue',
+           'fit_rule_thresholds', 'RulePolicy', 'tool_views', 'ForensicViews', 'instrument_features', 'best_window',
+           'survey', 'survey_text', 'SurveyRulePolicy', 'specificity', 'RuleEvidenceJudge']
 
 # %% ../../nbs/08b_zoom.rules.ipynb #8c026f10
 CUES = ("dup", "smooth", "light", "text")
@@ -470,8 +470,6 @@ def survey_text(entries: Sequence[dict], top: int = 3, threshold: float = 0.5) -
     return "\n".join(lines)
 
 # %% ../../nbs/08b_zoom.rules.ipynb #zsurvey05
-SURVEY_RULE_NOTE = "instrument-only control: answers with the survey's highest-scoring region, fake when its score > 0.5"
-
 class SurveyRulePolicy:
     "The survey's top region as the answer, without a zoom (see above); `survey_for(episode)` gives the episode's `survey` entries."
     def __init__(self, survey_for: Callable, threshold: float = 0.5):
