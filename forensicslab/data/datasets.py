@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import re
 import struct
 import sys
@@ -23,17 +24,19 @@ from PIL import Image
 from ..core import FAMILIES, ForensicsLabError, Registry, Sample
 from .bench import COLLECTIONS, COMPOSITE, load_bench
 from ..imageio import MAX_PIXELS
+from ..runs import project_root
 
 
 # %% auto #0
 __all__ = ['IMAGE_EXTS', 'CASIA2_LAYOUT', 'CASIA2_URL', 'COVERAGE_LAYOUT', 'COVERAGE_URL', 'COLUMBIA_LAYOUT', 'COLUMBIA_URL',
            'NOSO_LAYOUT', 'NOSO_URL', 'CELEBDF_LAYOUT', 'CELEBDF_URL', 'COMFOR_LAYOUT', 'COMFOR_URL', 'IIDNET_LAYOUT',
-           'IIDNET_URL', 'FOLDER_LAYOUTS', 'FOLDER_LAYOUT', 'DATASET_KINDS', 'MissingData', 'DatasetError',
+           'IIDNET_URL', 'INPAINTERS', 'PAPER_ID_GROUPS', 'PAPER_ID_LAYOUT', 'PAPER_ID_URL', 'FIREFLY_LAYOUT',
+           'FIREFLY_URL', 'FOLDER_LAYOUTS', 'FOLDER_LAYOUT', 'DATASET_KINDS', 'MissingData', 'DatasetError',
            'MissingFile', 'Samples', 'image_problem', 'readable_samples', 'load_casia2', 'load_coverage',
-           'load_columbia', 'load_noso', 'extract_frames', 'load_celebdf', 'load_community_forensics', 'load_iidnet',
-           'load_pscc_samples', 'load_folder', 'load_manifest', 'sample_families', 'family_masks', 'is_composite',
-           'DatasetSpec', 'parse_dataset_spec', 'load_dataset', 'dataset_key', 'has_families', 'describe_dataset',
-           'stratified_draw']
+           'load_columbia', 'load_noso', 'extract_frames', 'load_celebdf', 'load_community_forensics',
+           'inpainter_family', 'load_iidnet', 'paper_data_root', 'load_paper_id', 'load_firefly', 'load_pscc_samples',
+           'load_folder', 'load_manifest', 'sample_families', 'family_masks', 'is_composite', 'DatasetSpec',
+           'parse_dataset_spec', 'load_dataset', 'dataset_key', 'has_families', 'describe_dataset', 'stratified_draw']
 
 # %% ../../nbs/03a_data.datasets.ipynb #61bf4301
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".webp")
@@ -319,12 +322,31 @@ IIDNET_LAYOUT = """  <root>/<method>/images/*.png   inpainted images   (also 'im
 IIDNET_URL = "https://github.com/HighwayWu/InpaintingForensics (IID-Net code and data links)"
 _IMG_DIRS, _MASK_DIRS, _REAL_DIRS = ("images", "image", "img", "input"), ("masks", "mask", "gt", "label"), ("real", "original", "authentic")
 
-def load_iidnet(root: str | Path, methods: Optional[Iterable[str]] = None, family: str | dict = "gen_inpaint") -> list[Sample]:
-    """Load the IID-Net inpainting set: one folder per inpainting method with images and masks. `family` labels the
-    inpaintings: one family for all (default `gen_inpaint`), or `{method: family}` for the paper's split (e.g. its six
-    GAN inpainters as `gan_inpaint`); a method the mapping does not name keeps `gen_inpaint`."""
+def _norm_name(name: str) -> str: return re.sub(r"[^a-z0-9]+", "", str(name).lower())
+
+INPAINTERS: Registry = Registry("inpainter", {
+    **{m: "gan_inpaint" for m in ("ca", "gc", "sh", "ec", "lb", "rn")},        # IID-Net's six GAN inpainters
+    **{m: "classic_inpaint" for m in ("te", "ns", "pm", "sg")},                # IID-Net's four traditional methods
+    **{m: "gan_inpaint" for m in ("lama", "mat", "deepfill", "deepfillv1", "deepfillv2", "gatedconv", "comodgan", "aotgan",
+                                  "migan", "lbam", "edgeconnect", "shiftnet", "crfill", "zits", "fcf")},
+    **{m: "diffusion_inpaint" for m in ("firefly", "adobefirefly", "sd", "sd15", "sd2", "sdxl", "stablediffusion", "flux",
+                                        "dalle2", "glide", "ldm", "repaint", "blendeddiffusion", "controlnet", "kandinsky",
+                                        "paintbyexample", "brushnet", "powerpaint")},
+}, error=DatasetError)
+"Inpainter name (lower case, letters and digits only: `SD-2` is `sd2`) -> the paper's family split: `diffusion_inpaint`, `gan_inpaint` (a GAN or other non-diffusion network), or `classic_inpaint`."
+
+def inpainter_family(name: str) -> Optional[str]:
+    "The family of the inpainter `name` (`INPAINTERS`, case and punctuation ignored: `LaMa`, `SD-XL`), or None when it is not known."
+    n = _norm_name(name)
+    return next((f for k, f in INPAINTERS.items() if _norm_name(k) == n), None)
+
+def load_iidnet(root: str | Path, methods: Optional[Iterable[str]] = None, family: str | dict | None = None) -> list[Sample]:
+    """Load the IID-Net inpainting set: one folder per inpainting method with images and masks. By default each
+    inpainting gets the paper's split from its method's folder name (`inpainter_family`: the six GAN inpainters CA, GC,
+    SH, EC, LB, RN as `gan_inpaint`, the traditional TE, NS, PM, SG as `classic_inpaint`); a method it does not know is
+    `gen_inpaint`. `family` overrides it: one family for all, or `{method: family}` (an unnamed method: `gen_inpaint`)."""
     fams = family if isinstance(family, dict) else {}
-    for f in ([family] if isinstance(family, str) else list(family.values())):
+    for f in ([family] if isinstance(family, str) else list(fams.values())):
         if f not in FAMILIES: raise DatasetError(f"IID-Net: unknown family {f!r}; known: {', '.join(sorted(FAMILIES))}")
     root = _need(root, "IID-Net", IIDNET_LAYOUT, IIDNET_URL)
     out = []
@@ -339,13 +361,134 @@ def load_iidnet(root: str | Path, methods: Optional[Iterable[str]] = None, famil
         if img is None: raise MissingData(d / "images", "IID-Net", IIDNET_LAYOUT, IIDNET_URL)
         if msk is None: raise MissingData(d / "masks", "IID-Net", IIDNET_LAYOUT, IIDNET_URL)
         masks = {p.stem: p for p in _images(msk)}
+        fam = (family if isinstance(family, str) else fams.get(d.name, "gen_inpaint") if fams
+               else inpainter_family(d.name) or "gen_inpaint")
         for p in _images(img):
             if p.stem not in masks: raise MissingData(msk / f"{p.stem}.png", "IID-Net", IIDNET_LAYOUT, IIDNET_URL)
-            s = _sample("iidnet", p, 1, fams.get(d.name, "gen_inpaint") if fams else family, masks[p.stem], method=d.name)
+            s = _sample("iidnet", p, 1, fam, masks[p.stem], method=d.name)
             out.append(s.model_copy(update={"id": f"iidnet/{d.name}/{p.stem}"}))
     for n in _REAL_DIRS:
         if (root / n).is_dir():
             out += [_sample("iidnet", p, 0, None).model_copy(update={"id": f"iidnet/real/{p.stem}"}) for p in _images(root / n)]
+    return out
+
+# %% ../../nbs/03a_data.datasets.ipynb #71af45dd
+PAPER_ID_GROUPS: dict[str, tuple[str, ...]] = {
+    "clipsid": ("synthesis",), "d3": ("synthesis",), "effort": ("face",), "forensicsadapter": ("face",),
+    "radar": ("diffusion_inpaint",), "nfavit": ("diffusion_inpaint", "gan_inpaint"),
+    "trufor": ("diffusion_inpaint", "gan_inpaint", "splice"),
+}
+"The in-distribution set's seven detector-keyed groups -> the declared scope of their detector (the paper's Table 1)."
+_GROUP_ALIASES = {"cozzolino": "clipsid", "cozzolinoetal": "clipsid", "clipbased": "clipsid"}
+_FAKE_DIRS, _PRISTINE_DIRS = ("fake", "manipulated", "tampered"), ("real", "authentic", "pristine")
+PAPER_ID_LAYOUT = """  <root>/<detector>/real/*.{png,jpg,...}        authentic images of that detector's benchmark   (also 'authentic', 'pristine')
+  <root>/<detector>/fake/*.{png,jpg,...}        manipulated images   (also 'manipulated', 'tampered')
+  <root>/<detector>/fake/<family or inpainter>/*   a family (e.g. gan_inpaint) or the inpainter that made them (e.g. lama, sdxl)
+  <root>/<detector>/masks/<stem>.png            optional masks, white = edited   (also 'mask', 'gt')
+  <detector>: clipsid (Cozzolino et al.), d3, effort, forensicsadapter, radar, nfavit, trufor"""
+PAPER_ID_URL = ("none public: the triage paper (seed 000, Sec. 4.1) draws 240 images (135 manipulated, 105 authentic) from "
+                "each detector's own evaluation benchmark and does not publish the set; build it from those benchmarks in this layout")
+FIREFLY_LAYOUT = """  <root>/edited/*.{jpg,png,...}     Adobe Firefly edits (generative fill)   (also 'edits', 'fake', 'firefly', 'manipulated')
+  <root>/original/*.{jpg,png,...}   the photographs the edits were made from   (also 'originals', 'real', 'authentic')
+  <root>/masks/<stem>.png           optional: the filled region, white   (also 'mask', 'gt')"""
+FIREFLY_URL = ("none public for the paper's own edits (seed 000, Sec. 4.1, not published); a public set of Firefly "
+               "generative-fill edits with their COCO originals and masks is TGIF: https://github.com/IDLabMedia/tgif-dataset")
+
+def paper_data_root(name: str, root: str | Path | None = None) -> Path:
+    "Where dataset `name` lives: `root`, else `$FORENSICSLAB_<NAME>`, `<checkout>/data/<name>`, `<checkout>/../shared/data/<name>` (the first that exists; else the first of them)."
+    if root is not None: return Path(root).expanduser()
+    env = os.environ.get(f"FORENSICSLAB_{name.upper()}")
+    cands = ([Path(env).expanduser()] if env else []) + [project_root() / "data" / name, project_root().parent / "shared" / "data" / name]
+    return next((c for c in cands if c.is_dir()), cands[0])
+
+def _subdir(d: Path, names: tuple[str, ...]) -> Optional[Path]:
+    return next((d / n for n in names if (d / n).is_dir()), None)
+
+def _mask_index(d: Optional[Path], where: str) -> dict[str, Path]:
+    "Masks of folder `d` by stem (one line naming both files when two masks share a stem)."
+    out: dict[str, Path] = {}
+    for p in (_images(d, recursive=True) if d else []):
+        if p.stem in out: raise DatasetError(f"{where}: two masks for {p.stem!r}: {out[p.stem].name} and {p.relative_to(d)}")
+        out[p.stem] = p
+    return out
+
+def _fake_family(group: str, sub: Optional[str], where: Path) -> tuple[Optional[str], dict]:
+    "The family of a manipulated image of `group` in subfolder `sub` of fake/, and how it was known."
+    if sub is None:
+        scope = PAPER_ID_GROUPS[group]
+        return (scope[0], {"family_from": "detector scope"}) if len(scope) == 1 else (None, {"family_from": "unknown"})
+    if sub in FAMILIES: return sub, {"family_from": "folder name"}
+    if (f := inpainter_family(sub)) is not None: return f, {"family_from": "inpainter", "inpainter": sub}
+    raise DatasetError(f"{where}: folder {sub!r} is neither a family ({', '.join(sorted(FAMILIES))}) nor a known inpainter "
+                       f"(forensicslab.data.datasets.INPAINTERS); rename it or register it with INPAINTERS.register(name, family)")
+
+def load_paper_id(root: str | Path | None = None, groups: Optional[Iterable[str]] = None) -> list[Sample]:
+    """Load the triage paper's in-distribution set: seven detector-keyed groups, each with authentic and manipulated
+    images from the benchmark its detector was evaluated on. A manipulated image's family is its subfolder under
+    `fake/` (a family, or an inpainter `INPAINTERS` knows), else its detector's single declared family (Table 1),
+    else unknown (`nfavit` and `trufor` cover several). `root=None`: `paper_data_root('paper_id')`."""
+    name = "paper in-distribution set"
+    want = None if groups is None else [_GROUP_ALIASES.get(_norm_name(g), _norm_name(g)) for g in groups]
+    if bad := [g for g in want or () if g not in PAPER_ID_GROUPS]:
+        raise DatasetError(f"{name}: unknown group {bad[0]!r}; groups: {', '.join(PAPER_ID_GROUPS)}")
+    root = _need(paper_data_root("paper_id", root), name, PAPER_ID_LAYOUT, PAPER_ID_URL)
+    dirs = [d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(("_", "."))]
+    keyed = {}
+    for d in dirs:
+        g = _norm_name(d.name)
+        g = _GROUP_ALIASES.get(g, g)
+        if g not in PAPER_ID_GROUPS:
+            raise DatasetError(f"{name} at {root}: folder {d.name!r} is not a detector group; expected {', '.join(PAPER_ID_GROUPS)}")
+        if g in keyed: raise DatasetError(f"{name} at {root}: folders {keyed[g].name!r} and {d.name!r} are both group {g!r}")
+        keyed[g] = d
+    if want is not None:
+        miss = [g for g in want if g not in keyed]
+        if miss: raise MissingData(root / miss[0], name, PAPER_ID_LAYOUT, PAPER_ID_URL)
+        keyed = {g: keyed[g] for g in want}
+    out = []
+    for g, d in keyed.items():
+        fake, real = _subdir(d, _FAKE_DIRS), _subdir(d, _PRISTINE_DIRS)
+        if fake is None and real is None:
+            raise DatasetError(f"{name}: {d} holds neither fake/ nor real/ (or manipulated/, tampered/, authentic/, pristine/)")
+        masks = _mask_index(_subdir(d, _MASK_DIRS), f"{name}: {d}")
+        used = set()
+        for p in (_images(fake, recursive=True) if fake else []):
+            rel = p.relative_to(fake)
+            fam, prov = _fake_family(g, rel.parts[0] if len(rel.parts) > 1 else None, fake)
+            mk = masks.get(p.stem)
+            if mk is not None: used.add(p.stem)
+            s = _sample("paper_id", p, 1, fam, mk, group=g, **prov)
+            out.append(s.model_copy(update={"id": f"paper_id/{g}/{rel.with_suffix('').as_posix()}"}))
+        for p in (_images(real, recursive=True) if real else []):
+            s = _sample("paper_id", p, 0, None, group=g)
+            out.append(s.model_copy(update={"id": f"paper_id/{g}/real/{p.relative_to(real).with_suffix('').as_posix()}"}))
+        if stray := sorted(set(masks) - used):
+            raise DatasetError(f"{name}: mask {masks[stray[0]].relative_to(d)} in {d} matches no manipulated image of that group")
+    if not out: raise MissingData(root / "<detector>", name, PAPER_ID_LAYOUT, PAPER_ID_URL)
+    return out
+
+def load_firefly(root: str | Path | None = None) -> list[Sample]:
+    """Load Adobe Firefly edits (the paper's out-of-distribution diffusion inpaintings, `diffusion_inpaint`) and the
+    originals they were made from (authentic). An edit is paired with the original of the same stem, or of the stem
+    before a trailing `_<suffix>` (`cat_1.jpg` -> `cat.jpg`). `root=None`: `paper_data_root('firefly')`."""
+    name = "Firefly edits"
+    root = _need(paper_data_root("firefly", root), name, FIREFLY_LAYOUT, FIREFLY_URL)
+    edited = _subdir(root, ("edited", "edits", "fake", "firefly", "manipulated"))
+    if edited is None: raise MissingData(root / "edited", name, FIREFLY_LAYOUT, FIREFLY_URL)
+    orig_dir = _subdir(root, ("original", "originals", "real", "authentic"))
+    originals = {p.stem: p for p in (_images(orig_dir) if orig_dir else [])}
+    masks = _mask_index(_subdir(root, _MASK_DIRS), f"{name}: {root}")
+    edits = _images(edited)
+    if not edits: raise DatasetError(f"{name}: {edited} holds no image files ({', '.join(IMAGE_EXTS)})")
+    out = []
+    for p in edits:
+        base = p.stem if p.stem in originals else p.stem.rsplit("_", 1)[0] if p.stem.rsplit("_", 1)[0] in originals else None
+        prov = {"inpainter": "firefly", "family_from": "dataset"} | ({"original": str(originals[base].resolve())} if base else {})
+        s = _sample("firefly", p, 1, "diffusion_inpaint", masks.get(p.stem), **prov)
+        out.append(s.model_copy(update={"id": f"firefly/edited/{p.stem}"}))
+    if stray := sorted(set(masks) - {p.stem for p in edits}):
+        raise DatasetError(f"{name}: mask {masks[stray[0]].name} matches no edit in {edited}")
+    out += [_sample("firefly", p, 0, None).model_copy(update={"id": f"firefly/original/{p.stem}"}) for p in originals.values()]
     return out
 
 # %% ../../nbs/03a_data.datasets.ipynb #f997a98f
@@ -476,6 +619,8 @@ DATASET_KINDS: Registry = Registry("dataset spec kind", {
     "columbia": (lambda a: load_columbia(a), "Columbia uncompressed splicing"),
     "noso": (lambda a: load_noso(a), "NoSo copy-move"),
     "iidnet": (lambda a: load_iidnet(a), "IID-Net inpainting"),
+    "paper_id": (lambda a: load_paper_id(a), "the triage paper's in-distribution set (seven detector-keyed groups)"),
+    "firefly": (lambda a: load_firefly(a), "Adobe Firefly edits (diffusion inpainting) and their originals"),
     "celebdf": (lambda a: load_celebdf(a), "Celeb-DF-v2 test frames"),
     "comfor": (lambda a: load_community_forensics(a), "Community Forensics parquet shards"),
     "pscc": (lambda a: load_pscc_samples(a), "PSCC-Net samples"),
