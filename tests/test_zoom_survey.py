@@ -52,13 +52,13 @@ def test_survey_reaches_sft_grpo_and_evaluation_alike_and_shuffling_shows_anothe
     traj = {"image": test[1].image, "sample": test[1].model_dump_json(),
             "steps": __import__("forensicslab.zoom.construct", fromlist=["trajectory_steps"]).trajectory_steps(test[1], proposer.propose(test[1]))}
     first = lambda msgs: [m for m in msgs if m["role"] == "user"][0]["content"][-1]["text"]
-    assert first(sft_dataset([traj], "o3", 1, views=VIEWS, survey=True)[0]["messages"]).endswith(text)
+    assert first(sft_dataset([traj], "o3", 1, views=VIEWS, survey="regions")[0]["messages"]).endswith(text)
     assert text not in first(sft_dataset([traj], "o3", 1, views=VIEWS)[0]["messages"])        # survey: none
-    assert first(grpo_dataset(test, "o3", 1, VIEWS, survey=True)[1]["prompt"]).endswith(text)
+    assert first(grpo_dataset(test, "o3", 1, VIEWS, survey="regions")[1]["prompt"]).endswith(text)
     ep = Episode(image=load_image(test[1].image), variant="o3", max_turns=2, sample_id=test[1].id)
-    assert first(HFZoomPolicy(None, None, views_for=episode_views(test, VIEWS), survey=True).messages(ep)).endswith(text)
+    assert first(HFZoomPolicy(None, None, views_for=episode_views(test, VIEWS), survey="regions").messages(ep)).endswith(text)
     ep2 = Episode(image=load_image(test[1].image), variant="o3", max_turns=2, sample_id=test[1].id)
-    shuffled = first(HFZoomPolicy(None, None, views_for=episode_views(test, VIEWS, shuffle=True), survey=True).messages(ep2))
+    shuffled = first(HFZoomPolicy(None, None, views_for=episode_views(test, VIEWS, shuffle=True), survey="regions").messages(ep2))
     others = [ForensicViews(s.image, VIEWS).survey_text() for s in test if s.id != test[1].id]
     assert any(shuffled.endswith(o) for o in others) and not shuffled.endswith(text)
     with pytest.raises(ZoomConfigError, match="survey"): ZoomTrainConfig.smoke(survey="regions")     # crop only: nothing to survey
@@ -105,7 +105,7 @@ def test_a_reasked_turn_samples_from_the_episode_not_the_global_rng(manip, tmp_p
 
 
 def test_pinned_run_files_return_to_the_run_folder_and_a_changed_file_is_refused(tmp_path):
-    from forensicslab.zoom.pipeline import pin_run, unpin_run
+    from forensicslab.zoom.pipeline import check_pins, pin_files, pin_run, unpin_run
     run, study, fresh = tmp_path / "run", tmp_path / "study", tmp_path / "fresh"
     for d, body in (("base", b"base weights"), ("sft", b"sft adapter"), ("grpo", b"grpo adapter")):
         (run / d).mkdir(parents=True)
@@ -114,8 +114,69 @@ def test_pinned_run_files_return_to_the_run_folder_and_a_changed_file_is_refused
     (run / "eval.json").write_text("{}")
     pins = pin_run(run, study)
     assert sorted(pins) == ["base/w.safetensors", "grpo/w.safetensors", "grpo/zoom_train.json", "sft/w.safetensors"]
-    assert not unpin_run(tmp_path / "nothing_pinned", fresh)
+    assert not unpin_run(tmp_path / "nothing_pinned", fresh) and not check_pins(tmp_path / "nothing_pinned")
+    assert check_pins(study) and pin_files(run) == pins      # weights kept in place (a study folder) pin the same way
     assert unpin_run(study, fresh) and (fresh / "grpo" / "w.safetensors").read_bytes() == b"grpo adapter"
     assert not (fresh / "eval.json").exists()              # evaluated again from the pinned weights
     (study / "sft" / "w.safetensors").write_bytes(b"tampered")
     with pytest.raises(ZoomConfigError, match="differ from pinned.json"): unpin_run(study, tmp_path / "other")
+    with pytest.raises(ZoomConfigError, match="differ from pinned.json"): check_pins(study)
+
+
+def test_a_named_survey_lets_a_box_name_a_listed_region_in_the_crop_the_answer_and_the_teacher(manip):
+    "survey: named: a bbox written as a surveyed tool's name is that tool's region; other names and plain runs refuse it."
+    from forensicslab.zoom.construct import trajectory_steps
+    from forensicslab.zoom.rewards import episode_answer
+    from forensicslab.zoom.train import NamedZoomEnv, crop_tool_schema, name_trajectory
+    s = next(x for x in manip["test"] if x.label)
+    fv = ForensicViews(s.image, VIEWS)
+    regions, top = fv.regions(), survey(fv)
+    assert list(regions.values()) == [e["box"] for e in top] and list(regions)[:2] == ["R1", "R2"] and fv.survey_text(named=True).count("\n") == 7
+    name, box = next(iter(regions.items()))
+    call = '<tool_call>{"name": "crop", "arguments": {"bbox": "%s"}}</tool_call>' % name
+    W, H = load_image(s.image).size
+    assert parse_action(call, "o3", (W, H), regions).bbox.as_list() == box
+    assert parse_action(call, "o3", (W, H)).kind == "invalid"                          # no named regions: refused
+    assert "unknown region" in parse_action(call.replace(name, "oracle"), "o3", (W, H), regions).error
+    ans = '<answer>{"verdict": "fake", "evidence": [{"bbox": null, "text": "edited"}, {"bbox": "%s", "text": "here"}]}</answer>' % name
+    got, why = episode_answer([call, ans], "o3", (W, H), regions)
+    assert why is None and got.key_items[0].box.as_list() == box
+    env = NamedZoomEnv(views=VIEWS)
+    env.reset(image=s.image, sample=s.model_dump_json())
+    env.crop(name)
+    assert env.crops == [box] and "anyOf" in str(crop_tool_schema(True)) and "anyOf" not in str(crop_tool_schema())
+    proposer = SurveyProposer(lambda x: ForensicViews(x.image, VIEWS))
+    traj = {"image": s.image, "steps": [st.model_dump() for st in trajectory_steps(s, proposer.propose(s))]}
+    named = name_trajectory(traj, regions)
+    crop_text, answer_text = named["steps"][0]["text"], named["steps"][-1]["text"]
+    picked = parse_action(traj["steps"][0]["text"], "o3", (W, H)).bbox.as_list()
+    if picked in regions.values():                   # the teacher's region is one of the three listed: it is named
+        assert '"bbox": "' in crop_text and '"bbox": "' in answer_text
+        assert parse_action(crop_text, "o3", (W, H), regions).bbox.as_list() == picked
+    else: assert named["steps"] == traj["steps"]
+
+
+def test_one_checkpoint_gives_the_same_numbers_through_the_training_run_and_a_table(manip, tmp_path):
+    "The run's evaluation (`evaluate_checkpoint`) and a table's (`make_policy('ckpt:...')`) agree whatever ran before."
+    from peft import get_peft_model
+    from forensicslab.zoom.pipeline import evaluate_checkpoint
+    from forensicslab.zoom.study import evaluate_policy, make_policy
+    from forensicslab.zoom.tinyvlm import save_vlm
+    from forensicslab.zoom.train import lora_config, save_checkpoint
+    cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64), tools="detectors", survey="named",
+                                max_completion_length=24, data="manipulations")
+    model, proc = load_policy(cfg, texts=['<answer>{"verdict": "fake"} R1 crop bbox real</answer>'])
+    save_vlm(model, proc, tmp_path / "base")
+    save_checkpoint(get_peft_model(model, lora_config(cfg)), proc, tmp_path / "ckpt", tmp_path / "base", cfg)
+    samples = manip["test"][:4]
+    torch.manual_seed(1)
+    run = evaluate_checkpoint(tmp_path / "ckpt", samples, cfg, device="cpu")
+    tables = []
+    for seed in (2, 3):                                    # tables that ran something else first
+        torch.manual_seed(seed); torch.rand(99)
+        tables.append(evaluate_policy(make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length),
+                                      samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1))
+    results = [t.pop("results") for t in tables]
+    assert any(r.reasked for r in results[0])             # a re-ask samples: what would follow the global RNG
+    assert [[st.text for st in r.rejected + r.steps] for r in results[0]] == [[st.text for st in r.rejected + r.steps] for r in results[1]]
+    assert run["per_sample"] and {k: run[k] for k in tables[0]} == tables[0] == tables[1]

@@ -24,10 +24,10 @@ from .records import (ZoomConfigError, ZoomInputError, JudgeVerdict, Rating, Spl
                                        box_ints, pixel_box, zoom)
 
 # %% auto #0
-__all__ = ['VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Action', 'parse_action', 'render_tool_call', 'render_answer',
-           'render_turn', 'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages', 'tool_result',
-           'to_chat', 'steps_from_plan', 'Episode', 'ZoomPolicy', 'run_zoom', 'turn_pattern', 'LLMZoomPolicy',
-           'evidence_text', 'marked', 'LLMEvidenceJudge', 'split_explanation']
+__all__ = ['VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Action', 'named_box', 'parse_action', 'render_tool_call',
+           'render_answer', 'render_turn', 'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages',
+           'tool_result', 'region_name', 'to_chat', 'steps_from_plan', 'Episode', 'ZoomPolicy', 'run_zoom',
+           'turn_pattern', 'LLMZoomPolicy', 'evidence_text', 'marked', 'LLMEvidenceJudge', 'split_explanation']
 
 # %% ../../nbs/08a_zoom.agents.ipynb #a31cc390
 VARIANTS = ("direct", "cot", "o3")
@@ -76,8 +76,17 @@ def _errmsg(e: Exception) -> str:
         return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'answer'}: {d['msg']}" for d in e.errors())
     return str(e)
 
-def parse_action(text: str, variant: str = "o3", size: tuple[int, int] | None = None) -> Action:
-    "Parse one policy turn strictly; `size` = (width, height) clips boxes to the image."
+def named_box(value, regions: dict | None):
+    """`value` with a region name resolved: a string bbox names one of `regions` (`{name: pixel box}`, the surveyed
+    regions of a `survey: named` episode); anything else is returned as it is. An unknown name raises `ZoomInputError`."""
+    if not isinstance(value, str): return value
+    if not regions: raise ZoomInputError(f"bbox {value!r} names a region, but this episode has no named regions; give [x1, y1, x2, y2]")
+    if value not in regions: raise ZoomInputError(f"unknown region {value!r}; the named regions are {sorted(regions)}")
+    return regions[value]
+
+def parse_action(text: str, variant: str = "o3", size: tuple[int, int] | None = None, regions: dict | None = None) -> Action:
+    """Parse one policy turn strictly; `size` = (width, height) clips boxes to the image; `regions` (`{name: box}`)
+    lets a bbox be written as a region's name (`named_box`)."""
     if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
     if not isinstance(text, str): return _invalid(f"the turn is {type(text).__name__}, not text")
     think = "\n".join(t.strip() for t in _THINK.findall(text)).strip()
@@ -104,11 +113,14 @@ def parse_action(text: str, variant: str = "o3", size: tuple[int, int] | None = 
             if isinstance(args, str): args = _json(args, "the tool arguments", fixed)
             if not isinstance(args, dict) or set(args) != {"bbox"}:
                 raise ZoomInputError(f'the crop tool takes exactly one argument "bbox", got {args!r}')
-            return Action(kind="crop", think=think, bbox=pixel_box(args["bbox"], w, h), repaired=bool(fixed))
+            return Action(kind="crop", think=think, bbox=pixel_box(named_box(args["bbox"], regions), w, h), repaired=bool(fixed))
         except ValueError as e: return _invalid(f"bad tool call: {_errmsg(e)}", think)
     try:
         obj = _json(answers[0], "the answer", fixed)
         if not isinstance(obj, dict): raise ZoomInputError("the answer must be a JSON object")
+        if regions and isinstance(obj.get("evidence"), list):
+            obj["evidence"] = [{**e, "bbox": named_box(e["bbox"], regions)} if isinstance(e, dict) and isinstance(e.get("bbox"), str) else e
+                               for e in obj["evidence"]]
         ans = ZoomAnswer.model_validate(obj)
         if size is not None and len(ans.evidence) > 1:
             ans = ZoomAnswer(verdict=ans.verdict, evidence=[ans.evidence[0]] + [
@@ -167,19 +179,27 @@ def tool_result(crop: ZoomCrop, views=None) -> tuple[list[dict], list]:
         text += "\n" + views.text(crop.box)
     return content + [{"type": "text", "text": text}], images
 
+def region_name(step: ZoomStep) -> str | None:
+    "The region name a crop step's text gives as its bbox (`survey: named`), else None."
+    calls = _TOOL.findall(step.text)
+    try: box = json.loads(calls[0])["arguments"]["bbox"] if calls else None
+    except (ValueError, KeyError, TypeError): return None
+    return box if isinstance(box, str) else None
+
 def to_chat(image, steps: list[ZoomStep], variant: str = "o3", max_zooms: int = 5, structured: bool = True,
-            crop_kw: dict | None = None, views=None, survey: bool = False) -> dict:
+            crop_kw: dict | None = None, views=None, survey: str = "none") -> dict:
     """An episode as `{'messages': [...], 'images': [...]}` for SFT (crops, and forensic `views` when given, regenerated
-    from the steps' boxes); with `survey`, the first turn carries the views' survey of the whole image (`views.survey_text()`)."""
+    from the steps' boxes); with a `survey` mode other than `none`, the first turn carries the views' survey of the whole
+    image (`views.survey_text()`)."""
     img = load_image(image)
-    first = views.survey_text() if survey and views is not None else ""
+    first = views.survey_text(survey == "named") if survey != "none" and views is not None else ""
     msgs, images = prompt_messages(variant, img.width, img.height, max_zooms, first), [img.pil()]
     for i, s in enumerate(steps):
         if s.kind == "invalid": raise ZoomInputError(f"step {i} is invalid ({s.error}); only valid trajectories become chats")
         if s.kind == "crop":
             if variant != "o3": raise ZoomInputError(f"a {variant!r} trajectory cannot hold crop steps")
             c = zoom(img, s.bbox, **(crop_kw or {}))
-            call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"bbox": box_ints(s.bbox)}}}
+            call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"bbox": region_name(s) or box_ints(s.bbox)}}}
             if structured:
                 think = f"<think>{s.think.strip()}</think>" if s.think.strip() else ""
                 msgs.append({"role": "assistant", "content": [{"type": "text", "text": think}], "tool_calls": [call]})
@@ -213,6 +233,7 @@ class Episode:
     usage: dict = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
     scratch: dict = field(default_factory=dict)
     feedback: Optional[dict] = None    # during a re-ask: {"text": the rejected turn, "error": why it was rejected}
+    regions: Optional[dict] = None     # {name: pixel box} a bbox may name (`survey: named`); set by the policy that shows them
 
     @property
     def turn(self) -> int:
@@ -234,7 +255,7 @@ def _ask_turn(policy, ep: Episode, size) -> tuple[str, Action, float]:
     t = time.perf_counter()
     text = policy.respond(ep)
     text = text if isinstance(text, str) else repr(text)
-    return text, parse_action(text, ep.variant, size), time.perf_counter() - t
+    return text, parse_action(text, ep.variant, size, ep.regions), time.perf_counter() - t
 
 # %% ../../nbs/08a_zoom.agents.ipynb #f4fad5eb
 def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,

@@ -23,7 +23,7 @@ from ..core import Sample
 from ..runs import WriteAside, config_hash, project_root
 from .tinyvlm import load_vlm
 from .rules import tool_views
-from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, sample_views,
+from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, name_trajectory, regions_for, sample_views,
                                      load_policy, run_grpo, run_sft, save_checkpoint, snap_trajectory)
 from accelerate import PartialState
 from ..imageio import load_image
@@ -35,7 +35,8 @@ from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_ve
 
 # %% auto #0
 __all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'PINNED', 'groundfake_training', 'pipeline_data',
-           'episode_views', 'evaluate_checkpoint', 'run_pipeline', 'run_key', 'shared_run', 'pin_run', 'unpin_run']
+           'episode_views', 'evaluate_checkpoint', 'run_pipeline', 'run_key', 'shared_run', 'pin_files', 'check_pins',
+           'pin_run', 'unpin_run']
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #6d03267d
 GROUNDFAKE_TRAJECTORIES, GROUNDFAKE_VERIFICATION = "trajectories.jsonl", "verification.jsonl"
@@ -95,6 +96,8 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
     by_id = {s.id: s for s in pool}
     trajs = [{**snap_trajectory(t, cfg.box_grid), "sample": by_id[t["sample_id"]].model_dump_json()}   # the oracle view reads its boxes
              for t in sft.trajectories if t["variant"] == cfg.variant]
+    if (names := regions_for(cfg)) is not None:                 # the teacher names the surveyed region it zooms on
+        trajs = [name_trajectory(t, names(by_id[t["sample_id"]])) for t in trajs]
     if cfg.data in DESIGNS and DESIGNS[cfg.data].strength: trajs = strongest_first(trajs, pool)   # the flaw-strength curriculum (sequential sampling: the config's trl_sft)
     evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
     return dict(train=train, pool=pool, trajectories=trajs, verifier_items=built.verifier_items, eval=evals)
@@ -143,7 +146,7 @@ def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: Zoom
     "Table 1 metrics of a checkpoint on `samples` through the zoom agent (greedy; one re-ask per bad turn), with `cfg.tools`' views (another image's with `shuffle_views`)."
     m, p = load_checkpoint(folder, device=device)
     pol = HFZoomPolicy(m, p, max_new_tokens=cfg.max_completion_length, max_zooms=cfg.max_zooms, name=Path(folder).name,
-                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed), survey=cfg.survey != "none")
+                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed), survey=cfg.survey)
     ev = evaluate_policy(pol, samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1)
     res = ev.pop("results")
     ev["per_sample"] = per_sample(res, samples)   # for paired tests between checkpoints
@@ -182,7 +185,7 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
         log(f"sft: {sft.state.global_step} steps")
     if "grpo" in stages and not (resume and (out / "grpo" / "zoom_train.json").exists()):
         model, proc = load_checkpoint(out / "sft", device=cfg.device, dtype=cfg.dtype, trainable=True)
-        reward = HybridReward(verifier, cfg.reward_config, cfg.variant)
+        reward = HybridReward(verifier, cfg.reward_config, cfg.variant, regions_for(cfg))
         with WriteAside(out, merge=True) as work:
             grpo = run_grpo(run_cfg, model, proc, data["train"], reward, work, trainer_root=out)
             if _is_main(): save_checkpoint(grpo.model, proc, work / "grpo", base_path, cfg, {"stage": "grpo"})
@@ -235,23 +238,32 @@ def _copy_trained(src: Path, dst: Path) -> None:
             shutil.rmtree(dst / d, ignore_errors=True)
             shutil.copytree(src / d, dst / d)
 
-def pin_run(run: str | Path, dest: str | Path) -> dict[str, str]:
-    "Copy `run`'s trained folders into `dest` and write `dest/pinned.json` (relative path -> sha256); returns it."
-    run, dest = Path(run), Path(dest)
-    _copy_trained(run, dest)
-    pins = _files(dest)
-    (dest / "pinned.json").write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n")
+def pin_files(folder: str | Path) -> dict[str, str]:
+    "Write `folder/pinned.json` (relative path -> sha256 of every file in its trained folders, `PINNED`); returns it."
+    folder = Path(folder)
+    pins = _files(folder)
+    (folder / "pinned.json").write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n")
     return pins
+
+def check_pins(folder: str | Path) -> bool:
+    "True when `folder` pins its trained files and each matches `pinned.json`; False when nothing is pinned; a changed file is an error."
+    folder = Path(folder)
+    if not (folder / "pinned.json").exists(): return False
+    want, have = json.loads((folder / "pinned.json").read_text()), _files(folder)
+    bad = sorted(k for k in want if have.get(k) != want[k])
+    if bad: raise ZoomConfigError(f"{folder}: {len(bad)} pinned file(s) differ from pinned.json, e.g. {bad[0]}; re-pin or restore them")
+    return True
+
+def pin_run(run: str | Path, dest: str | Path) -> dict[str, str]:
+    "Copy `run`'s trained folders into `dest` and pin them there (`pin_files`); returns the pins."
+    _copy_trained(Path(run), Path(dest))
+    return pin_files(dest)
 
 def unpin_run(pinned: str | Path, run: str | Path) -> bool:
     """Put a study's pinned files into the run folder `run` when it has no finished training (so `run_pipeline` evaluates
     them instead of training); a file whose sha256 differs from `pinned.json` is an error. False when nothing is pinned."""
     pinned, run = Path(pinned), Path(run)
-    if not (pinned / "pinned.json").exists(): return False
-    want = json.loads((pinned / "pinned.json").read_text())
-    have = _files(pinned)
-    bad = sorted(k for k in want if have.get(k) != want[k])
-    if bad: raise ZoomConfigError(f"{pinned}: {len(bad)} pinned file(s) differ from pinned.json, e.g. {bad[0]}; re-pin or restore them")
+    if not check_pins(pinned): return False
     if (run / "grpo" / "zoom_train.json").exists(): return True
     _copy_trained(pinned, run)
     (run / "eval.json").unlink(missing_ok=True)

@@ -165,11 +165,12 @@ def zoom_reward(answer: Optional[ZoomAnswer], label: int, reference: Sequence[Ev
                            iou=iou, bleu2=b2, scores=scores, item_rewards=rewards)
 
 # %% ../../nbs/08f_zoom.rewards.ipynb #795c0be0
-def episode_answer(turns: Sequence[str], variant: str = "o3", size: tuple[int, int] | None = None) -> tuple[Optional[ZoomAnswer], Optional[str]]:
-    "Parse the assistant turns of an episode: `(answer, None)` or `(None, reason)` for an invalid format."
+def episode_answer(turns: Sequence[str], variant: str = "o3", size: tuple[int, int] | None = None,
+                   regions: dict | None = None) -> tuple[Optional[ZoomAnswer], Optional[str]]:
+    "Parse the assistant turns of an episode (a bbox may name one of `regions`): `(answer, None)` or `(None, reason)` for an invalid format."
     if not turns: return None, "no assistant turn"
     for i, t in enumerate(turns):
-        act = parse_action(t, variant, size)
+        act = parse_action(t, variant, size, regions)
         if act.kind == "invalid": return None, f"turn {i}: {act.error}"
         if act.kind == "answer":
             if i != len(turns) - 1: return None, f"turn {i} answers but the episode goes on"

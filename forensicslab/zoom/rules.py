@@ -27,7 +27,7 @@ from .agents import Episode, render_turn, run_zoom
 __all__ = ['CUES', 'DEFAULT_THRESHOLDS', 'MIN_RULE_SIDE', 'RULE_POLICY_NOTE', 'VIEW_NAMES', 'TOOL_SETS', 'POOL_VIEWS',
            'SURVEY_DETECTORS', 'SURVEYS', 'cue_scores', 'duplicate_regions', 'candidates', 'region_cue',
            'fit_rule_thresholds', 'RulePolicy', 'tool_views', 'ForensicViews', 'instrument_features', 'best_window',
-           'survey', 'survey_text', 'SurveyRulePolicy', 'specificity', 'RuleEvidenceJudge']
+           'survey_regions', 'survey', 'survey_text', 'SurveyRulePolicy', 'specificity', 'RuleEvidenceJudge']
 
 # %% ../../nbs/08b_zoom.rules.ipynb #8c026f10
 CUES = ("dup", "smooth", "light", "text")
@@ -393,9 +393,13 @@ class ForensicViews:
         if "oracle" in r: lines.append(f"ORACLE true flaw share of the crop: {r['oracle']:.2f}")
         return "\n".join(lines)
 
-    def survey_text(self) -> str:
+    def survey_text(self, named: bool = False) -> str:
         "The survey of the whole image as the policy reads it in its first turn (`survey`, `survey_text` below)."
-        return survey_text(survey(self))
+        return survey_text(survey(self), named=named)
+
+    def regions(self) -> dict[str, list[int]]:
+        "The surveyed regions a `named` survey lets a bbox name (`survey_regions`)."
+        return survey_regions(survey(self))
 
     def picture(self, box) -> Optional[Image.Image]:
         "The maps of `box` side by side (one `tile`-pixel square each), or None when no view has a map."
@@ -424,8 +428,9 @@ def instrument_features(image, views: Sequence[str] = TOOL_SETS["forensic"], fla
 
 
 # %% ../../nbs/08b_zoom.rules.ipynb #zsurvey02
-SURVEYS = ("none", "regions")
-"Survey modes: `none` (the paper's agent sees pixels only before its first crop) or `regions` (each map's score and strongest window)."
+SURVEYS = ("none", "regions", "named")
+"""Survey modes: `none` (the paper's agent sees pixels only before its first crop), `regions` (each map's score and
+strongest window) or `named` (the same, and a bbox may be written as a listed tool's name: that tool's region)."""
 
 def best_window(heat: np.ndarray, box=None, cells: int = 16, sides: Sequence[int] = (2, 3, 4, 5, 6)) -> tuple[list[int], float]:
     """`(pixel box, contrast)` of the window of `heat` (inside `box`, default the whole map) whose mean most exceeds the
@@ -451,6 +456,10 @@ def best_window(heat: np.ndarray, box=None, cells: int = 16, sides: Sequence[int
             best = (c[j] * np.sqrt(w * h), [int(X[j]), int(Y[j]), int(X[j]) + w, int(Y[j]) + h], float(c[j]))
     return best[1], round(best[2], 3)
 
+def survey_regions(entries: Sequence[dict]) -> dict[str, list[int]]:
+    "`{label: box}` of the surveyed regions, highest score first (`R1`, `R2`, ...): the names a `named` survey lets a bbox take."
+    return {f"R{i + 1}": list(e["box"]) for i, e in enumerate(entries)}
+
 def survey(views: ForensicViews) -> list[dict]:
     "Each map's `{tool, score, box, contrast}` over the whole image, highest score first (score: the detector's, else the contrast)."
     out = []
@@ -461,12 +470,15 @@ def survey(views: ForensicViews) -> list[dict]:
         out.append(dict(tool=name, score=round(views.scores.get(k, c), 3), box=box, contrast=c))
     return sorted(out, key=lambda e: (-e["score"], e["tool"]))
 
-def survey_text(entries: Sequence[dict], top: int = 3, threshold: float = 0.5) -> str:
+def survey_text(entries: Sequence[dict], top: int = 3, threshold: float = 0.5, named: bool = False) -> str:
     """The survey as the short text the policy reads in its first turn: the `top` entries, each tool saying whether it
-    fires (score above its `threshold`) and its strongest region written as the crop tool takes a box."""
+    fires (score above its `threshold`) and its strongest region written as the crop tool takes a box; `named` lists
+    every tool, each line labelled (`R1` the highest), and adds that a bbox may be a label instead (`survey_regions`)."""
+    top = len(entries) if named else top
     lines = [f"Survey of the whole image by {len(entries)} tools, the {min(top, len(entries))} highest scores:"]
-    lines += [f"{e['tool']} {'fires' if e['score'] > threshold else 'quiet'} {e['score']:.2f} "
-              f"{json.dumps({'bbox': e['box']})}" for e in entries[:top]]
+    if named: lines.append('A bbox may also be a line\'s label, meaning its region: {"bbox": "R1"}.')
+    lines += [f"{f'R{i + 1} ' if named else ''}{e['tool']} {'fires' if e['score'] > threshold else 'quiet'} {e['score']:.2f} "
+              f"{json.dumps({'bbox': e['box']})}" for i, e in enumerate(entries[:top])]
     return "\n".join(lines)
 
 # %% ../../nbs/08b_zoom.rules.ipynb #zsurvey05

@@ -165,8 +165,11 @@ def fitted_thresholds(n_fit: int = 60, seed: int = 0) -> dict[str, float]:
 
 
 def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, max_new_tokens: int = 512, controls=None):
-    "A zoom policy from a spec: `rules`, `ckpt:<folder>`, or a chat-backend spec for `get_model` (run with `controls`, a `ModelControls` or dict; default: cache off)."
+    """A zoom policy from a spec: `rules` (the artifact-cue rules), `survey` (the survey's top region, the instrument-only
+    control of a survey policy), `ckpt:<folder>`, or a chat-backend spec for `get_model` (run with `controls`, a
+    `ModelControls` or dict; default: cache off)."""
     if spec == "rules": return RulePolicy(thresholds)
+    if spec == "survey": return SurveyRulePolicy(lambda ep: survey(ForensicViews(ep.image, TOOL_SETS["detectors"])))
     if spec.startswith("ckpt:"):
         from forensicslab.zoom.train import HFZoomPolicy, load_checkpoint, sample_views   # the one lazy import: the `train` extra (transformers, trl, peft) loads only for a checkpoint
         folder = Path(spec[5:])
@@ -177,7 +180,7 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
         model, proc = load_checkpoint(folder)
         stamp = f"{folder.resolve()}|{(folder / 'zoom_train.json').stat().st_mtime_ns}"     # unique per checkpoint and save
         return HFZoomPolicy(model, proc, max_new_tokens=max_new_tokens, max_zooms=info["config"].get("max_zooms", max_zooms),
-                            survey=info["config"].get("survey", "none") != "none",
+                            survey=info["config"].get("survey", "none"),
                             views_for=(lambda ep, v=tool_views(info["config"].get("tools", "crop")): sample_views(ep.image, v)),
                             name=f"{folder.name}@{zlib.crc32(stamp.encode()):08x}")
     return LLMZoomPolicy(get_model(spec, controls))

@@ -35,7 +35,7 @@ from ..core import Sample
 from ..imageio import load_image
 from ..runs import portable_path, resolve_portable
 from .records import ZoomInputError, BoxError, ZoomAnswer, ZoomConfigError, ZoomStep, zoom
-from .agents import (TOOL_NAME, Episode, parse_action, prompt_messages, render_turn, to_chat,
+from .agents import (TOOL_NAME, Episode, named_box, parse_action, prompt_messages, render_turn, to_chat,
                                       tool_result)
 from .rules import SURVEYS, ForensicViews, tool_views
 from .rewards import RewardConfig, episode_answer, zoom_reward
@@ -45,11 +45,12 @@ from .vision import VisionPretrainConfig, pretrain_vision
 from .verifier import TEXT_LORA_TARGETS, VerifierTrainConfig
 
 # %% auto #0
-__all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_views', 'ZoomEnv', 'zoom_env_factory',
-           'crop_tool_schema', 'fill_images', 'sft_dataset', 'snap_box', 'snap_trajectory', 'ToolVLMCollator',
-           'CSVLogger', 'read_curves', 'plot_curves', 'world_size', 'run_sft', 'turn_texts', 'HybridReward',
-           'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset', 'run_grpo', 'save_checkpoint', 'load_checkpoint',
-           'episode_seed', 'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
+__all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_views', 'ZoomEnv', 'NamedZoomEnv',
+           'zoom_env_factory', 'crop_tool_schema', 'regions_for', 'fill_images', 'sft_dataset', 'snap_box',
+           'name_trajectory', 'snap_trajectory', 'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves',
+           'world_size', 'run_sft', 'turn_texts', 'HybridReward', 'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset',
+           'run_grpo', 'save_checkpoint', 'load_checkpoint', 'episode_seed', 'HFZoomPolicy', 'grpo_phase_means',
+           'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
 _LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}}
@@ -280,13 +281,30 @@ class ZoomEnv:
         it = iter(images)
         return [{**p, "image": next(it)} if p["type"] == "image" else p for p in content]
 
-def zoom_env_factory(views: Sequence[str] = (), crop_kw: dict | None = None) -> Callable[[], ZoomEnv]:
-    "An `environment_factory` for TRL (called with no arguments) whose environments show `views` (not a method: TRL turns an environment's public methods into tools)."
-    return lambda: ZoomEnv(crop_kw, views)
+class NamedZoomEnv(ZoomEnv):
+    "A `ZoomEnv` whose crop also takes a surveyed region's name (`survey: named`)."
+    def crop(self, bbox: list[int] | str) -> list:
+        """Cut a region out of the full image and return it magnified.
 
-def crop_tool_schema() -> dict:
-    "The JSON schema TRL derives from `ZoomEnv.crop` (used verbatim in SFT and evaluation prompts)."
-    return get_json_schema(ZoomEnv().crop)
+        Args:
+            bbox: Pixel box [x1, y1, x2, y2] in the full image, or the name of a tool in the survey (its region).
+        """
+        return super().crop(named_box(bbox, self.fv.regions() if self.fv is not None else None))
+
+def zoom_env_factory(views: Sequence[str] = (), crop_kw: dict | None = None, named: bool = False) -> Callable[[], ZoomEnv]:
+    "An `environment_factory` for TRL (called with no arguments) whose environments show `views` (not a method: TRL turns an environment's public methods into tools)."
+    env = NamedZoomEnv if named else ZoomEnv
+    return lambda: env(crop_kw, views)
+
+def crop_tool_schema(named: bool = False) -> dict:
+    "The JSON schema TRL derives from the environment's `crop` (used verbatim in SFT and evaluation prompts)."
+    return get_json_schema((NamedZoomEnv if named else ZoomEnv)().crop)
+
+def regions_for(cfg) -> Optional[Callable]:
+    "`regions(sample)` (`{name: box}` a bbox may name) under a `survey: named` config, else None."
+    if cfg.survey != "named": return None
+    views = tool_views(cfg.tools)
+    return lambda s: sample_views(s.image, views, s).regions()
 
 # %% ../../nbs/08l_zoom.train.ipynb #ebcb5564
 def fill_images(messages: list[dict], images: Sequence) -> list[dict]:
@@ -308,7 +326,7 @@ def fill_images(messages: list[dict], images: Sequence) -> list[dict]:
     return out
 
 def sft_dataset(trajectories: Sequence[dict], variant: str = "o3", max_zooms: int = 5, views: Sequence[str] = (),
-                survey: bool = False):
+                survey: str = "none"):
     "A `datasets.Dataset` of chats built lazily from `[{'image': ..., 'steps': [ZoomStep, ...]}, ...]`; tool turns show the forensic `views` (an optional `sample` key gives the oracle view its boxes)."
     trajs = list(trajectories)
     if not trajs: raise ZoomInputError("no trajectories to train on")
@@ -334,6 +352,15 @@ def snap_box(box, grid: int, width: int, height: int) -> list[int]:
         return int(max(0, lo)), int(hi)
     (x1, x2), (y1, y2) = side(x1, x2, width), side(y1, y2, height)
     return [x1, y1, x2, y2]
+
+def name_trajectory(traj: dict, regions: dict) -> dict:
+    """A copy of `traj` whose crop and evidence boxes that equal one of `regions` (`{name: box}`, highest-ranked first)
+    are written as that region's name (the teacher of a `survey: named` policy)."""
+    named = {json.dumps(list(b)): json.dumps(n) for n, b in reversed(list(regions.items()))}
+    def rename(text):
+        for box, name in named.items(): text = text.replace(f'"bbox": {box}', f'"bbox": {name}')
+        return text
+    return {**traj, "steps": [{**(s := ZoomStep.model_validate(st).model_dump()), "text": rename(s["text"])} for st in traj["steps"]]}
 
 def snap_trajectory(traj: dict, grid: int) -> dict:
     "A copy of `traj` (`{'image', 'steps', ...}`) with every crop and evidence box snapped by `snap_box` and the turns re-rendered."
@@ -459,12 +486,12 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
                   learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0, max_length=None,
                   assistant_only_loss=True, dataset_kwargs={"skip_prepare_dataset": True})
     args = SFTConfig(**{**recipe, **_common_args(cfg), **save_kw, **cfg.trl_sft})   # the config's own TRL fields win
-    ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools), survey=cfg.survey != "none")
+    ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools), survey=cfg.survey)
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                          peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft", append=resume is not None), *callbacks])
     trainer.data_collator = ToolVLMCollator(processor=processor, max_length=None, completion_only_loss=False,
                                             assistant_only_loss=True, chat_template=trainer.chat_template,
-                                            tools=[crop_tool_schema()])
+                                            tools=[crop_tool_schema(cfg.survey == "named")])
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -489,9 +516,12 @@ class HybridReward:
     "GRPO reward: R_total of seed 001 (format, classification, rule + verifier evidence) for each rollout."
     __name__ = "hybrid"
 
-    def __init__(self, verifier: Optional[Callable] = None, cfg: RewardConfig = RewardConfig(), variant: str = "o3"):
+    def __init__(self, verifier: Optional[Callable] = None, cfg: RewardConfig = RewardConfig(), variant: str = "o3",
+                 regions_for: Optional[Callable] = None):
+        "`regions_for(sample)`: the `{name: box}` a rollout's bbox may name (`regions_for(cfg)` under `survey: named`)."
         if verifier is None and cfg.alpha_m > 0: raise ZoomInputError("alpha_m > 0 needs a verifier; pass one or set alpha_m=0")
         self.verifier, self.cfg, self.variant, self.calls, self.verifier_calls = verifier, cfg, variant, 0, 0
+        self.regions_for = regions_for
 
     def bind(self, trainer) -> "HybridReward":
         "Move the verifier to the trainer's device, in bf16 on a GPU (it only scores: an 8B verifier kept in fp32 holds about 35 GB)."
@@ -539,7 +569,7 @@ class HybridReward:
         for comp, img, s in zip(completions, images, sample):
             smp = Sample.model_validate_json(s) if isinstance(s, str) else Sample.model_validate(s)
             im = load_image(img if img is not None else smp.image)
-            answer, _ = episode_answer(turn_texts(comp), self.variant, im.size)
+            answer, _ = episode_answer(turn_texts(comp), self.variant, im.size, self.regions_for(smp) if self.regions_for else None)
             b = zoom_reward(answer, smp.label, smp.boxes, image=im,
                             verifier=self._counting_verifier if self.verifier is not None else None, cfg=self.cfg)
             n_crops = sum(len(m.get("tool_calls") or []) for m in comp if isinstance(m, dict) and m.get("role") == "assistant")
@@ -583,12 +613,12 @@ class ZoomGRPOTrainer(GRPOTrainer):
 
 # %% ../../nbs/08l_zoom.train.ipynb #c5af0748
 def grpo_dataset(samples: Sequence[Sample], variant: str = "o3", max_zooms: int = 5, views: Sequence[str] = (),
-                 survey: bool = False):
+                 survey: str = "none"):
     """A `datasets.Dataset` with `prompt`, `image` (PIL) and `sample` (JSON) columns for GRPO (the zoom environment reads
-    `image` and `sample`); with `survey`, each prompt carries the survey of its image by `views`."""
+    `image` and `sample`); with a `survey` mode other than `none`, each prompt carries the survey of its image by `views`."""
     if not samples: raise ZoomConfigError("no samples for GRPO")
     imgs = [load_image(s.image).pil() for s in samples]
-    first = [sample_views(s.image, views, s).survey_text() if survey else "" for s in samples]
+    first = [sample_views(s.image, views, s).survey_text(survey == "named") if survey != "none" else "" for s in samples]
     return Dataset.from_dict({"prompt": [prompt_messages(variant, im.width, im.height, max_zooms, f) for im, f in zip(imgs, first)],
                               "image": imgs, "sample": [s.model_dump_json() for s in samples]})
 
@@ -615,8 +645,8 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
     if split: args.reward_weights = reward.weights()   # one named reward function per component, weighted as R_total
     peft_config = None if hasattr(model, "peft_config") else lora_config(cfg)
     trainer = ZoomGRPOTrainer(model=model, reward_funcs=reward.funcs() if split else [reward], args=args, processing_class=processor,
-                              train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms, tool_views(cfg.tools), cfg.survey != "none"),
-                              environment_factory=env_factory or zoom_env_factory(tool_views(cfg.tools)),
+                              train_dataset=grpo_dataset(samples, cfg.variant, cfg.max_zooms, tool_views(cfg.tools), cfg.survey),
+                              environment_factory=env_factory or zoom_env_factory(tool_views(cfg.tools), named=cfg.survey == "named"),
                               peft_config=peft_config,
                               callbacks=[CSVLogger(out_dir / "grpo_log.csv", "grpo", append=resume is not None), *callbacks])
     reward.bind(trainer)
@@ -664,19 +694,21 @@ def episode_seed(ep: Episode) -> int:
 class HFZoomPolicy:
     "A `ZoomPolicy` backed by a local transformers model and its processor (greedy by default)."
     def __init__(self, model, processor, max_new_tokens: int = 256, max_zooms: int = 5, name: str = "hf",
-                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None, survey: bool = False):
+                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None, survey: str = "none"):
         """`views_for(episode)` gives the episode's `ForensicViews` (None: the crop-only tool), as the training tool set did;
-        with `survey`, the first turn carries their survey of the whole image."""
+        with a `survey` mode other than `none`, the first turn carries their survey of the whole image (and under `named`
+        the episode's bbox may name its surveyed regions)."""
         self.model, self.processor, self.max_new_tokens, self.max_zooms = model, processor, max_new_tokens, max_zooms
         self.views_for, self.survey = views_for, survey
         self.do_sample, self.temperature, self.policy_id = do_sample, temperature, f"hf:{name}"
-        self.tools = [crop_tool_schema()]
+        self.tools = [crop_tool_schema(survey == "named")]
 
     def messages(self, ep: Episode) -> list[dict]:
         "The chat for the episode's next turn, in the training format."
         if self.views_for is not None and "views" not in ep.scratch: ep.scratch["views"] = self.views_for(ep)
         fv = ep.scratch.get("views")
-        first = fv.survey_text() if self.survey and fv is not None else ""
+        first = fv.survey_text(self.survey == "named") if self.survey != "none" and fv is not None else ""
+        if self.survey == "named" and fv is not None: ep.regions = fv.regions()
         msgs = fill_images(prompt_messages(ep.variant, ep.image.width, ep.image.height, self.max_zooms, first), [ep.image.pil()])
         crops = iter(ep.crops)
         for s in ep.steps:
@@ -737,7 +769,7 @@ def train_zoom(cfg: ZoomTrainConfig, trajectories: Sequence[dict], grpo_samples:
         out = {"base": base_path, "sft": run / "sft", "sft_seconds": t_sft, "sft_steps": sft.state.global_step,
                "sft_log": run / "sft_log.csv"}
         if not skip_grpo:
-            reward = HybridReward(verifier, cfg.reward_config, cfg.variant)
+            reward = HybridReward(verifier, cfg.reward_config, cfg.variant, regions_for(cfg))
             t0 = time.perf_counter()
             grpo = run_grpo(cfg, sft.model, proc, grpo_samples, reward, run, trainer_root=out_dir)
             t_grpo = time.perf_counter() - t0
