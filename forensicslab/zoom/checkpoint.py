@@ -7,13 +7,15 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.checkpoint.html.md"""
 # %% ../../nbs/08g_zoom.checkpoint.ipynb #ceb16778
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
-from ..runs import project_root
+from ..runs import project_root, shown_path
 
 # %% auto #0
-__all__ = ['find_checkpoints', 'checkpoint_info', 'checkpoint_label', 'policy_label', 'study_checkpoints']
+__all__ = ['CHECKPOINTS_RUN', 'PAPER_TASK_RUN', 'PAPER_TASK', 'CEILING_ROW', 'find_checkpoints', 'checkpoint_info',
+           'checkpoint_label', 'policy_label', 'study_checkpoints', 'paper_task_checkpoint']
 
 # %% ../../nbs/08g_zoom.checkpoint.ipynb #20b1e9f9
 def find_checkpoints(root: str | Path) -> dict[str, Path]:
@@ -37,18 +39,57 @@ def checkpoint_label(name: str, info: dict) -> str:
     return f"{Path(str(cfg.get('base', '?'))).name}, {stage}"
 
 def policy_label(spec: str) -> str:
-    "Row label of a policy spec: `rules` is the rule policy (offline baseline); a chat backend keeps its spec."
-    return "rule policy (offline baseline)" if spec == "rules" else spec
+    "Row label of a policy spec: `rules` is the rule policy (offline baseline), `survey` the survey rule; a chat backend keeps its spec."
+    return {"rules": "rule policy (offline baseline)", "survey": "survey's top region (instrument-only rule)"}.get(spec, spec)
 
 # %% ../../nbs/08g_zoom.checkpoint.ipynb #7fa5e823
+CHECKPOINTS_RUN = "zoom_grounding"
+"The training study whose checkpoints the tables evaluate by default (under `outputs/`): the survey run on the manipulation design."
+PAPER_TASK_RUN = "zoom_training"
+"The training study of the paper's task (the artifact design), whose final checkpoint is each table's paper's-task row."
+PAPER_TASK = "paper's task (artifact design)"
+"Label of the paper's-task rows."
+CEILING_ROW = "instrument only: logistic regression over the forensic readouts"
+"The paper's-task run's row that says what its instruments can see (its AUC is the task's instrument ceiling offline)."
+
 def study_checkpoints(checkpoints_root: str = "", quick: bool = True) -> dict[str, dict]:
     """The checkpoints a study notebook evaluates: `name -> {folder, variant, label, info}`.
 
-    `checkpoints_root` "none" = none; "" = `outputs/zoom_training` for a full run and none in a quick run."""
+    `checkpoints_root` "none" = none; "" = `outputs/zoom_grounding` (`CHECKPOINTS_RUN`, the survey run on the manipulation
+    design) for a full run and none in a quick run."""
     if checkpoints_root == "none" or (quick and not checkpoints_root): return {}
-    root = Path(checkpoints_root) if checkpoints_root else project_root() / "outputs" / "zoom_training"
+    root = Path(checkpoints_root) if checkpoints_root else project_root() / "outputs" / CHECKPOINTS_RUN
     out = {}
     for name, folder in find_checkpoints(root).items():
         info = checkpoint_info(folder)
         out[name] = dict(folder=folder, variant=info["config"].get("variant", "o3"), label=checkpoint_label(name, info), info=info)
     return out
+
+# %% ../../nbs/08g_zoom.checkpoint.ipynb #zpaper01
+def _ceiling(run: Path) -> str:
+    "The run's instrument-only readout (`CEILING_ROW`) from a table it wrote, as caption text; '' when none is there."
+    for table in sorted(run.glob("*.csv")):
+        with table.open(newline="") as f:
+            for row in csv.DictReader(f):
+                if next(iter(row.values()), None) == CEILING_ROW and row.get("auc"):
+                    return f"a logistic regression over its forensic readouts reaches AUC {float(row['auc']):.3f} on its test split of {row.get('n', '?')} images"
+    return ""
+
+def paper_task_checkpoint(root: str = "", quick: bool = True) -> dict:
+    """The paper's-task row of a table: the final (GRPO) checkpoint of the artifact design's training run under `root`
+    (default `outputs/zoom_training`, `PAPER_TASK_RUN`; "none", or a quick run without `root`: skipped) as a
+    `study_checkpoints` entry labelled `PAPER_TASK`, with `ceiling` (what the run's instruments see on that task) and
+    `note` (the caption's sentence); `folder` is None when skipped or when no GRPO checkpoint is there."""
+    if root == "none" or (quick and not root):
+        why = "none given" if root == "none" else "a quick run; pass the artifact design's training run folder to add it"
+        return dict(folder=None, label=PAPER_TASK, ceiling="", note=f"{PAPER_TASK}: skipped ({why})")
+    run = Path(root) if root else project_root() / "outputs" / PAPER_TASK_RUN
+    cks = study_checkpoints(str(run), quick=False)
+    name = "grpo" if "grpo" in cks else next((n for n, c in sorted(cks.items()) if c["info"].get("stage") == "grpo"), None)
+    if name is None:
+        return dict(folder=None, label=PAPER_TASK, ceiling="", note=f"{PAPER_TASK}: not run, no GRPO checkpoint under {shown_path(run)}")
+    ck, ceiling = cks[name], _ceiling(run)
+    note = (f"{PAPER_TASK}: the final checkpoint of the artifact design's training run ({shown_path(ck['folder'])}) on the "
+            "artifact design's same split, the task whose semantic flaws the offline instruments barely see"
+            + (f" ({ceiling})" if ceiling else ""))
+    return dict(ck, name=name, label=f"{PAPER_TASK}: {ck['label']}", ceiling=ceiling, note=note)
