@@ -247,7 +247,7 @@ def test_shipped_configs_load_and_validate():
     assert not c.vision and not c.extra_train and not c.curriculum          # offline aids are off for a real base
     q = ZoomTrainConfig.from_yaml(shipped_config("quick"))
     assert q == ZoomTrainConfig.quick(notes=q.notes)                        # the YAML is the preset
-    assert (q.data, q.tools, q.survey) == ("manipulations", "detectors", "regions")
+    assert (q.data, q.tools, q.survey) == ("manipulations", "detectors", "named")
     a = ZoomTrainConfig.from_yaml(shipped_config("quick_artifacts"))        # the paper's task, crop only
     assert a == ZoomTrainConfig.quick_artifacts(notes=a.notes) and (a.data, a.tools, a.survey) == ("artifacts", "crop", "none")
     from dataclasses import replace

@@ -106,7 +106,7 @@ def test_a_reasked_turn_samples_from_the_episode_not_the_global_rng(manip, tmp_p
 
 def test_pinned_run_files_return_to_the_run_folder_and_a_changed_file_is_refused(tmp_path):
     from forensicslab.zoom.pipeline import check_pins, pin_files, pin_run, unpin_run
-    run, study, fresh = tmp_path / "run", tmp_path / "study", tmp_path / "fresh"
+    run, study, fresh = tmp_path / "run", tmp_path / "study", tmp_path / "fresh" / "run"     # same run key, another machine
     for d, body in (("base", b"base weights"), ("sft", b"sft adapter"), ("grpo", b"grpo adapter")):
         (run / d).mkdir(parents=True)
         (run / d / "w.safetensors").write_bytes(body)
@@ -114,12 +114,14 @@ def test_pinned_run_files_return_to_the_run_folder_and_a_changed_file_is_refused
     (run / "eval.json").write_text("{}")
     pins = pin_run(run, study)
     assert sorted(pins) == ["base/w.safetensors", "grpo/w.safetensors", "grpo/zoom_train.json", "sft/w.safetensors"]
+    assert __import__("json").loads((study / "grpo" / "zoom_train.json").read_text()) == {"base_path": "../base"}   # loads from the study folder
     assert not unpin_run(tmp_path / "nothing_pinned", fresh) and not check_pins(tmp_path / "nothing_pinned")
-    assert check_pins(study) and pin_files(run) == pins      # weights kept in place (a study folder) pin the same way
+    assert check_pins(study) and set(pin_files(run)) == set(pins)     # weights kept in place (a study folder) pin the same way
+    assert not unpin_run(study, tmp_path / "fresh" / "other-key")       # pins of another configuration: that one trains
     assert unpin_run(study, fresh) and (fresh / "grpo" / "w.safetensors").read_bytes() == b"grpo adapter"
     assert not (fresh / "eval.json").exists()              # evaluated again from the pinned weights
     (study / "sft" / "w.safetensors").write_bytes(b"tampered")
-    with pytest.raises(ZoomConfigError, match="differ from pinned.json"): unpin_run(study, tmp_path / "other")
+    with pytest.raises(ZoomConfigError, match="differ from pinned.json"): unpin_run(study, tmp_path / "other" / "run")
     with pytest.raises(ZoomConfigError, match="differ from pinned.json"): check_pins(study)
 
 

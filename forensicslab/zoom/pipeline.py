@@ -207,8 +207,8 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     return result
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #zshared02
-PINNED = ("base", "sft", "grpo", "verifier")
-"The trained folders of a run that a study pins (the evaluation is recomputed from them)."
+PINNED = ("base", "sft", "grpo", "verifier", "sft_log.csv", "grpo_log.csv")
+"The trained folders of a run and its training logs, which a study pins (the evaluation is recomputed from them)."
 
 def run_key(cfg: ZoomTrainConfig) -> str:
     "The run's name: the design and a hash of the resolved config and the design's build manifest."
@@ -229,41 +229,53 @@ def shared_run(cfg: ZoomTrainConfig, root: str | Path | None = None, log: Callab
         finally: fcntl.flock(lock, fcntl.LOCK_UN)
 
 def _files(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for d in PINNED if (folder / d).is_dir() for p in sorted((folder / d).rglob("*")) if p.is_file()}
+    paths = [p for d in PINNED for p in ([folder / d] if (folder / d).is_file() else sorted((folder / d).rglob("*")))]
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
 
 def _copy_trained(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
     for d in PINNED:
-        if (src / d).is_dir():
+        if (src / d).is_file(): shutil.copy2(src / d, dst / d)
+        elif (src / d).is_dir():
             shutil.rmtree(dst / d, ignore_errors=True)
             shutil.copytree(src / d, dst / d)
 
-def pin_files(folder: str | Path) -> dict[str, str]:
-    "Write `folder/pinned.json` (relative path -> sha256 of every file in its trained folders, `PINNED`); returns it."
+def pin_files(folder: str | Path, run: str | None = None) -> dict[str, str]:
+    """Write `folder/pinned.json`: the `run` key the files come from (None: trained in place) and each file of the
+    trained folders (`PINNED`) with its sha256; returns the files' pins."""
     folder = Path(folder)
     pins = _files(folder)
-    (folder / "pinned.json").write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n")
+    (folder / "pinned.json").write_text(json.dumps({"run": run, "files": pins}, indent=1, sort_keys=True) + "\n")
     return pins
 
-def check_pins(folder: str | Path) -> bool:
-    "True when `folder` pins its trained files and each matches `pinned.json`; False when nothing is pinned; a changed file is an error."
+def check_pins(folder: str | Path, run: str | None = None) -> bool:
+    """True when `folder` pins its trained files (from the run named `run`, when given) and each matches `pinned.json`;
+    False when nothing is pinned or the pins are another run's; a changed file is an error."""
     folder = Path(folder)
     if not (folder / "pinned.json").exists(): return False
-    want, have = json.loads((folder / "pinned.json").read_text()), _files(folder)
+    meta = json.loads((folder / "pinned.json").read_text())
+    if run is not None and meta.get("run") != run: return False     # pinned by another configuration: train this one
+    want, have = meta["files"], _files(folder)
     bad = sorted(k for k in want if have.get(k) != want[k])
     if bad: raise ZoomConfigError(f"{folder}: {len(bad)} pinned file(s) differ from pinned.json, e.g. {bad[0]}; re-pin or restore them")
     return True
 
 def pin_run(run: str | Path, dest: str | Path) -> dict[str, str]:
-    "Copy `run`'s trained folders into `dest` and pin them there (`pin_files`); returns the pins."
-    _copy_trained(Path(run), Path(dest))
-    return pin_files(dest)
+    """Copy `run`'s trained folders into `dest` and pin them there under the run's key (`pin_files`); returns the pins.
+    The copied checkpoints name their base as the sibling `../base`, so they load from `dest` (and back in a run folder)."""
+    dest = Path(dest)
+    _copy_trained(Path(run), dest)
+    for meta in (dest / d / "zoom_train.json" for d in ("sft", "grpo")):
+        if meta.exists() and (dest / "base").is_dir():
+            meta.write_text(json.dumps({**json.loads(meta.read_text()), "base_path": "../base"}, indent=2))
+    return pin_files(dest, Path(run).name)
 
 def unpin_run(pinned: str | Path, run: str | Path) -> bool:
     """Put a study's pinned files into the run folder `run` when it has no finished training (so `run_pipeline` evaluates
-    them instead of training); a file whose sha256 differs from `pinned.json` is an error. False when nothing is pinned."""
+    them instead of training); a file whose sha256 differs from `pinned.json` is an error. False when nothing is pinned
+    or the pins come from another run key (a changed configuration trains again)."""
     pinned, run = Path(pinned), Path(run)
-    if not check_pins(pinned): return False
+    if not check_pins(pinned, run.name): return False
     if (run / "grpo" / "zoom_train.json").exists(): return True
     _copy_trained(pinned, run)
     (run / "eval.json").unlink(missing_ok=True)

@@ -159,12 +159,13 @@ class ZoomTrainConfig:
     @classmethod
     def quick(cls, **kw) -> "ZoomTrainConfig":
         """The offline quick configuration: the tiny model reads the survey of the built-in detectors on the manipulation
-        design (`data: manipulations`, `tools: detectors`, `survey: regions`), one zoom, CPU, minutes."""
+        design (`data: manipulations`, `tools: detectors`, `survey: named`: a box may be a surveyed region's label), one
+        zoom, CPU, minutes."""
         d = dict(base="tiny", tiny=dict(vocab_size=2048, max_pixels=64 * 64, split_digits=False, hidden_size=96,
                                         intermediate_size=192),
-                 data="manipulations", tools="detectors", survey="regions", box_grid=16, device="cpu", max_zooms=1,
+                 data="manipulations", tools="detectors", survey="named", box_grid=16, device="cpu", max_zooms=1,
                  max_tool_calls=1, lora_modules_to_save=["lm_head", "embed_tokens"], lora_dropout=0.0, sft_epochs=6,
-                 sft_batch_size=8, sft_lr=5e-3, grpo_steps=30, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8,
+                 sft_batch_size=8, sft_lr=5e-3, grpo_steps=60, grpo_lr=1e-4, num_generations=4, grpo_batch_size=8,
                  temperature=0.7, max_completion_length=384, reward=dict(alpha_m=0.0), logging_steps=1)
         return cls(**{**d, **kw})
 
