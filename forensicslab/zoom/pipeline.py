@@ -271,12 +271,12 @@ def pin_run(run: str | Path, dest: str | Path) -> dict[str, str]:
     return pin_files(dest, Path(run).name)
 
 def unpin_run(pinned: str | Path, run: str | Path) -> bool:
-    """Put a study's pinned files into the run folder `run` when it has no finished training (so `run_pipeline` evaluates
-    them instead of training); a file whose sha256 differs from `pinned.json` is an error. False when nothing is pinned
-    or the pins come from another run key (a changed configuration trains again)."""
+    """Put a study's pinned files into the run folder `run` unless it holds exactly them (then its cached evaluation
+    stands), so `run_pipeline` evaluates them instead of training; a file whose sha256 differs from `pinned.json` is an
+    error. False when nothing is pinned or the pins come from another run key (a changed configuration trains again)."""
     pinned, run = Path(pinned), Path(run)
     if not check_pins(pinned, run.name): return False
-    if (run / "grpo" / "zoom_train.json").exists(): return True
+    if _files(run) == _files(pinned): return True
     _copy_trained(pinned, run)
     (run / "eval.json").unlink(missing_ok=True)
     return True
