@@ -313,7 +313,7 @@ def test_zoom_cli_rule_output_says_what_it_is(tmp_path):
     from forensicslab.cli import app
     img = tmp_path / "x.png"
     Image.fromarray(_texture()).save(img)
-    r = CliRunner().invoke(app, ["zoom", str(img)])
+    r = CliRunner().invoke(app, ["zoom", str(img), "--policy", "rules"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["answer"]["verdict"] == "real"                  # the shipped (fitted) thresholds: no false alarm here

@@ -20,15 +20,19 @@ from ..chat.cli import register_check_role
 from .agents import turn_pattern
 from .records import JudgeVerdict, ZoomConfigError
 from .study import make_policy
+from .rules import SURVEY_DETECTORS
 from ..runs import project_root
 from importlib import resources
 
 # %% auto #0
-__all__ = ['train_app', 'zoom_cmd', 'shipped_rule_thresholds', 'shipped_config', 'train_zoom_cmd']
+__all__ = ['POLICY_NOTES', 'train_app', 'zoom_cmd', 'shipped_rule_thresholds', 'shipped_config', 'train_zoom_cmd']
 
 # %% ../../nbs/08n_zoom.cli.ipynb #edee4c6e
+POLICY_NOTES = {"survey": "rule-based offline baseline, not a trained model: the built-in detectors (" + ", ".join(SURVEY_DETECTORS) + ") survey the whole image, and the answer is fake, with the top detector's strongest region, when a detector scores above 0.5, else real; it does not zoom. It sees only what those detectors localise (copy-move, splicing traces, inpainting, face blending) and misses generation flaws. For the artifact-cue rules use --policy rules; for a learned verdict --policy ckpt:<folder> or a chat backend (--policy openai:gpt-4o, hf:/path/to/model)."}
+"What `forensicslab zoom` prints as `about` for a policy spec whose policy carries no note of its own."
+
 def zoom_cmd(image: Path = typer.Argument(..., help="image file to analyse"),
-             policy: str = typer.Option("rules", help="rules | ckpt:<folder> | a chat-backend spec (openai:gpt-4o, hf:/path, ...)"),
+             policy: str = typer.Option("survey", help="survey (the built-in detectors over the whole image) | rules (the artifact-cue rules) | ckpt:<folder> | a chat-backend spec (openai:gpt-4o, hf:/path, ...)"),
              variant: str = typer.Option("o3", help="direct | cot | o3"),
              max_turns: int = typer.Option(6, help="assistant turns (zooms + answer)")):
     "Run the zoom agent on IMAGE and print the result (verdict, evidence, trajectory) as JSON."
@@ -37,7 +41,7 @@ def zoom_cmd(image: Path = typer.Argument(..., help="image file to analyse"),
     except ImageError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    note = getattr(pol, "note", None)
+    note = getattr(pol, "note", None) or POLICY_NOTES.get(policy)
     out = res.model_dump(mode="json")
     typer.echo(json.dumps({"about": note, **out} if note else out, indent=2))
     if note: typer.echo(f"note: {note}", err=True)
