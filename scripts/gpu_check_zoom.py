@@ -181,20 +181,22 @@ def main(argv=None) -> int:
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() and a.device != "cpu" else None}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
-        if a.survey:                      # the survey task (zoom.data "manipulations", tools "detectors", survey "regions")
+        if a.survey:                      # the survey task (zoom.data "manipulations", tools "detectors", survey "named")
             from dataclasses import replace
             from forensicslab.zoom.construct import SurveyProposer, construct
             from forensicslab.zoom.data import ensure_artifacts, load_artifacts
             from forensicslab.zoom.records import ZoomStep
             from forensicslab.zoom.rules import ForensicViews, tool_views
-            cfg = replace(cfg, tools="detectors", survey="regions", box_grid=16)
+            from forensicslab.zoom.train import name_trajectory
+            cfg = replace(cfg, tools="detectors", survey="named", box_grid=16)
             samples = load_artifacts("train", ensure_artifacts(d + "/data", n_train=8, n_test=2, n_ood=2, design="manipulations"), "manipulations")
             views_of = lambda s: ForensicViews(s.image, tool_views("detectors"))
             by_id = {s.id: s for s in samples}
-            trajs = [{**t, "steps": [ZoomStep(**st) for st in t["steps"]], "sample": by_id[t["sample_id"]].model_dump_json()}
+            trajs = [name_trajectory(t, views_of(by_id[t["sample_id"]]).regions())     # the teacher names its region (R1..R6)
                      for t in construct(samples, SurveyProposer(views_of), variants=("o3",)).trajectories]
+            trajs = [{**t, "steps": [ZoomStep(**st) for st in t["steps"]], "sample": by_id[t["sample_id"]].model_dump_json()} for t in trajs]
             a.image_size = 256                                     # the design's image side (the forced call's box)
-            extra = [views_of(s).survey_text() for s in samples]
+            extra = [views_of(s).survey_text(named=True) for s in samples]
         else:
             trajs, samples = smoke_task(d + "/data", n=4, size=a.image_size)
             extra = []
