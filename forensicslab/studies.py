@@ -242,7 +242,8 @@ STAGE_MARK = ".parameters.json"
 def _open_stage(stage: Path, final: Path, record: dict) -> None:
     """The folder a study runs in: a killed attempt with the same parameters is resumed as it is; otherwise a fresh
     folder that starts with the finished runs of `final`, so a re-run or a kill -9 redoes no finished case, and with
-    all of `final` when it pins trained weights (`pinned.json`: the study evaluates them, with their logs, instead of training)."""
+    all of `final` when it pins trained weights (a `pinned.json` in it or a sub-folder: the study evaluates them, with
+    their logs, instead of training)."""
     key = json.dumps(record, sort_keys=True, default=str)
     mark = stage / STAGE_MARK
     if mark.is_file() and mark.read_text(encoding="utf-8") == key: return
@@ -250,7 +251,7 @@ def _open_stage(stage: Path, final: Path, record: dict) -> None:
     stage.mkdir(parents=True)
     for sub in RESUMABLE:
         if (final / sub).is_dir(): shutil.copytree(final / sub, stage / sub)
-    if (final / "pinned.json").is_file(): shutil.copytree(final, stage, dirs_exist_ok=True)
+    if next(final.rglob("pinned.json"), None): shutil.copytree(final, stage, dirs_exist_ok=True)
     mark.write_text(key, encoding="utf-8")
 
 def _study_lock(final: Path) -> FolderLock:

@@ -16,6 +16,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def run_quick_study(nb: str, tmp_path: Path, **params) -> Path:
+    "Execute study notebook `nb` (nbs/studies) in its quick configuration with `params` into `tmp_path/out`; returns that folder."
+    pm = pytest.importorskip("papermill")
+    studies, out = REPO / "nbs" / "studies", tmp_path / "out"
+    pm.execute_notebook(str(studies / f"{nb}.ipynb"), str(tmp_path / f"{nb}.ipynb"), cwd=str(studies), progress_bar=False,
+                        kernel_name="python3", language="python", parameters={"quick": True, "out_dir": str(out), **params})
+    return out
+
+
 def pytest_runtest_logstart(nodeid, location):
     "The test now running, in `.pytest_cache/current-test`: when the run dies of a signal, `make test` names it."
     d = REPO / ".pytest_cache"

@@ -7,20 +7,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import run_quick_study
 from PIL import Image
 
 from forensicslab.metrics import paper_numbers
-
-ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ROOT / "nbs" / "studies"
-
-
-def _run(nb: str, tmp_path: Path, **params) -> Path:
-    pm = pytest.importorskip("papermill")
-    out = tmp_path / "out"
-    pm.execute_notebook(str(STUDIES / f"{nb}.ipynb"), str(tmp_path / f"{nb}.ipynb"), cwd=str(STUDIES), progress_bar=False,
-                        kernel_name="python3", language="python", parameters={"quick": True, "out_dir": str(out), **params})
-    return out
 
 
 def _made_up_set(root: Path, n: int = 2) -> Path:
@@ -33,10 +23,10 @@ def _made_up_set(root: Path, n: int = 2) -> Path:
     return root
 
 
-def test_table4_scores_a_given_folder_and_names_the_sets_not_run(tmp_path):
+def test_table4_scores_a_given_folder_and_names_the_sets_notrun_quick_study(tmp_path):
     folder = _made_up_set(tmp_path / "aigi_now_MADE_UP")
     missing = tmp_path / "no_such_evalgen"
-    out = _run("zoom_table4", tmp_path, aigi_now=str(folder), evalgen=str(missing), mnw="")
+    out = run_quick_study("zoom_table4", tmp_path, aigi_now=str(folder), evalgen=str(missing), mnw="")
     t = pd.read_csv(out / "table4.csv")
     assert t["set"].tolist() == ["AIGI-Now", "EvalGEN", "MNW"]
     ran = t[t["set"] == "AIGI-Now"].iloc[0]
@@ -51,10 +41,10 @@ def test_table4_scores_a_given_folder_and_names_the_sets_not_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nb,table", [("zoom_tableS3", "tableS3"), ("zoom_tableS5", "tableS5"), ("zoom_figureS1", "figureS1")])
-def test_without_a_training_run_the_table_says_not_run(tmp_path, nb, table):
+def test_without_a_training_run_the_table_says_notrun_quick_study(tmp_path, nb, table):
     empty = tmp_path / "no_training_run"
     empty.mkdir()
-    out = _run(nb, tmp_path, checkpoints_root=str(empty))
+    out = run_quick_study(nb, tmp_path, checkpoints_root=str(empty))
     t = pd.read_csv(out / f"{table}.csv")
     text = " ".join(str(v) for v in t.to_numpy().ravel())
     assert "not run" in text and "no_training_run" in text

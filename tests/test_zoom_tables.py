@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_quick_study
 
 import forensicslab.zoom.checkpoint as C
 
@@ -52,7 +53,7 @@ def test_the_paper_task_is_the_artifact_runs_grpo_labelled_with_its_ceiling(proj
     assert C.paper_task_checkpoint("none", quick=False)["folder"] is None
 
 
-def test_without_a_grpo_checkpoint_the_paper_task_says_not_run(project):
+def test_without_a_grpo_checkpoint_the_paper_task_says_notrun_quick_study(project):
     only_sft = project / "sft_only"
     _ckpt(only_sft / "sft", "sft", "artifacts")
     pt = C.paper_task_checkpoint(str(only_sft), quick=False)
@@ -79,16 +80,8 @@ def test_tables_default_to_the_manipulation_design_with_the_survey_and_the_paper
     assert "default outputs/zoom_grounding" in line and "zoom_training" not in line
 
 
-def _run(nb: str, tmp_path: Path, **params) -> Path:
-    pm = pytest.importorskip("papermill")
-    out = tmp_path / "out"
-    pm.execute_notebook(str(STUDIES / f"{nb}.ipynb"), str(tmp_path / f"{nb}.ipynb"), cwd=str(STUDIES), progress_bar=False,
-                        kernel_name="python3", language="python", parameters={"quick": True, "out_dir": str(out), **params})
-    return out
-
-
 def test_table1_quick_has_the_survey_row_and_names_its_design(tmp_path):
-    out = _run("zoom_table1", tmp_path, n_samples=4)
+    out = run_quick_study("zoom_table1", tmp_path, n_samples=4)
     t = pd.read_csv(out / "table1.csv")
     survey = t[t["method"].str.startswith("survey's top region")]
     assert len(survey) == 1 and survey.iloc[0]["variant"] == "o3" and survey.iloc[0]["zooms"] == 0   # one row: no zoom
@@ -101,7 +94,7 @@ def test_table1_quick_has_the_survey_row_and_names_its_design(tmp_path):
 def test_table1_adds_the_papers_task_on_the_artifact_design(tmp_path):
     run = ROOT / "outputs" / "zoom_training"
     if not (run / "grpo" / "zoom_train.json").exists(): pytest.skip(f"no artifact-design GRPO checkpoint under {run}")
-    out = _run("zoom_table1", tmp_path, n_samples=2, variants="o3", checkpoints_root="none", paper_checkpoints=str(run))
+    out = run_quick_study("zoom_table1", tmp_path, n_samples=2, variants="o3", checkpoints_root="none", paper_checkpoints=str(run))
     t = pd.read_csv(out / "table1.csv")
     paper = t[t["method"].str.startswith("paper's task (artifact design): ")]
     assert len(paper) == 1 and paper.iloc[0]["data"].startswith("artifacts/test, 2 images")

@@ -207,8 +207,8 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     return result
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #zshared02
-PINNED = ("base", "sft", "grpo", "verifier", "sft_log.csv", "grpo_log.csv")
-"The trained folders of a run and its training logs, which a study pins (the evaluation is recomputed from them)."
+PINNED = ("base", "sft", "grpo", "verifier", "verifier_base", "sft_log.csv", "grpo_log.csv")
+"The trained folders of a run (a verifier study's base too) and its training logs, which a study pins (the evaluation is recomputed from them)."
 
 def run_key(cfg: ZoomTrainConfig) -> str:
     "The run's name: the design and a hash of the resolved config and the design's build manifest."
@@ -276,7 +276,7 @@ def unpin_run(pinned: str | Path, run: str | Path) -> bool:
     error. False when nothing is pinned or the pins come from another run key (a changed configuration trains again)."""
     pinned, run = Path(pinned), Path(run)
     if not check_pins(pinned, run.name): return False
-    if _files(run) == _files(pinned): return True
+    if _files(run) == json.loads((pinned / "pinned.json").read_text())["files"]: return True
     _copy_trained(pinned, run)
     (run / "eval.json").unlink(missing_ok=True)
     return True

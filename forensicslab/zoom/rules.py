@@ -11,6 +11,7 @@ import io
 import json
 import re
 import zlib
+from functools import cached_property
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -393,13 +394,18 @@ class ForensicViews:
         if "oracle" in r: lines.append(f"ORACLE true flaw share of the crop: {r['oracle']:.2f}")
         return "\n".join(lines)
 
+    @cached_property
+    def surveyed(self) -> list[dict]:
+        "`survey(self)`, measured once: every turn, SFT row and reward of this image reads the same entries."
+        return survey(self)
+
     def survey_text(self, named: bool = False) -> str:
         "The survey of the whole image as the policy reads it in its first turn (`survey`, `survey_text` below)."
-        return survey_text(survey(self), named=named)
+        return survey_text(self.surveyed, named=named)
 
     def regions(self) -> dict[str, list[int]]:
         "The surveyed regions a `named` survey lets a bbox name (`survey_regions`)."
-        return survey_regions(survey(self))
+        return survey_regions(self.surveyed)
 
     def picture(self, box) -> Optional[Image.Image]:
         "The maps of `box` side by side (one `tile`-pixel square each), or None when no view has a map."
@@ -430,7 +436,7 @@ def instrument_features(image, views: Sequence[str] = TOOL_SETS["forensic"], fla
 # %% ../../nbs/08b_zoom.rules.ipynb #zsurvey02
 SURVEYS = ("none", "regions", "named")
 """Survey modes: `none` (the paper's agent sees pixels only before its first crop), `regions` (each map's score and
-strongest window) or `named` (the same, and a bbox may be written as a listed tool's name: that tool's region)."""
+strongest window) or `named` (every tool listed, each line labelled `R1`.., and a bbox may be a label: that line's region)."""
 
 def best_window(heat: np.ndarray, box=None, cells: int = 16, sides: Sequence[int] = (2, 3, 4, 5, 6)) -> tuple[list[int], float]:
     """`(pixel box, contrast)` of the window of `heat` (inside `box`, default the whole map) whose mean most exceeds the
