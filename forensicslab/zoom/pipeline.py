@@ -34,9 +34,9 @@ from .study import evaluate_policy, instrument_controls, per_sample, survey_cont
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
-__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'PINNED', 'groundfake_training', 'pipeline_data',
-           'episode_views', 'evaluate_checkpoint', 'run_pipeline', 'run_key', 'shared_run', 'pin_files', 'check_pins',
-           'pin_run', 'unpin_run']
+__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'PINNED', 'groundfake_training', 'sft_trajectories',
+           'pipeline_data', 'episode_views', 'evaluate_checkpoint', 'run_pipeline', 'run_key', 'shared_run',
+           'pin_files', 'check_pins', 'pin_run', 'unpin_run']
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #6d03267d
 GROUNDFAKE_TRAJECTORIES, GROUNDFAKE_VERIFICATION = "trajectories.jsonl", "verification.jsonl"
@@ -75,6 +75,16 @@ def groundfake_training(root: str | Path, samples: Sequence[Sample], variant: st
     if not items: raise ZoomInputError(f"{root / GROUNDFAKE_VERIFICATION} holds no item of a train-split sample")
     return trajs, items
 
+def sft_trajectories(cfg: ZoomTrainConfig, pool: Sequence[Sample], built) -> list[dict]:
+    """The SFT rows of `built` (`construct`'s result on `pool`) for `cfg`: its variant's trajectories snapped to the box
+    grid, each carrying its sample (the oracle view reads its boxes) and, under `survey: named`, every box that is a
+    surveyed region written as that region's label (the teacher names the region it zooms on)."""
+    by_id = {s.id: s for s in pool}
+    trajs = [{**snap_trajectory(t, cfg.box_grid), "sample": by_id[t["sample_id"]].model_dump_json()}
+             for t in built.trajectories if t["variant"] == cfg.variant]
+    if (names := regions_for(cfg)) is not None: trajs = [name_trajectory(t, names(by_id[t["sample_id"]])) for t in trajs]
+    return trajs
+
 def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
     """Training samples, SFT trajectories, verifier records and evaluation samples for `cfg` (deterministic). With
     `data: groundfake:<folder>` the trajectories and verifier labels are GroundFake's own (`groundfake_training`);
@@ -93,11 +103,7 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
         sft = construct(pool, SurveyProposer(lambda s: sample_views(s.image, views, s), seed), variants=(cfg.variant,), seed=seed)
     elif cfg.curriculum: sft = construct(pool, RuleProposer(seed, n_invalid_p=(1.0,)), variants=(cfg.variant,), seed=seed)
     else: sft = built
-    by_id = {s.id: s for s in pool}
-    trajs = [{**snap_trajectory(t, cfg.box_grid), "sample": by_id[t["sample_id"]].model_dump_json()}   # the oracle view reads its boxes
-             for t in sft.trajectories if t["variant"] == cfg.variant]
-    if (names := regions_for(cfg)) is not None:                 # the teacher names the surveyed region it zooms on
-        trajs = [name_trajectory(t, names(by_id[t["sample_id"]])) for t in trajs]
+    trajs = sft_trajectories(cfg, pool, sft)
     if cfg.data in DESIGNS and DESIGNS[cfg.data].strength: trajs = strongest_first(trajs, pool)   # the flaw-strength curriculum (sequential sampling: the config's trl_sft)
     evals = load_study_data(cfg.data, cfg.eval_split, n=cfg.n_eval, seed=seed)
     return dict(train=train, pool=pool, trajectories=trajs, verifier_items=built.verifier_items, eval=evals)
