@@ -29,14 +29,15 @@ from .tinyvlm import load_vlm
 from .records import ZoomInputError, box_ints, where_phrase
 from ..imageio import load_image, luma
 from peft import LoraConfig, inject_adapter_in_model
-from .rules import CUES, ForensicViews, RuleEvidenceJudge
+from .rules import CUES, SURVEY_DETECTORS, ForensicViews, RuleEvidenceJudge, tool_views
 from sklearn.linear_model import LogisticRegression
 
 # %% auto #0
-__all__ = ['TEXT_LORA_TARGETS', 'READOUT_VIEWS', 'ANOMALY_MAPS', 'INSTRUMENTS', 'to_pil', 'VerifierItem', 'verifier_crop',
-           'verifier_messages', 'items_from_records', 'location_agreement', 'last_token_index', 'EvidenceVerifier',
-           'add_lora', 'BoxInstruments', 'box_cues', 'fit_box_instruments', 'collate_items', 'soft_bce',
-           'VerifierTrainConfig', 'train_verifier', 'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
+__all__ = ['TEXT_LORA_TARGETS', 'READOUT_VIEWS', 'ANOMALY_MAPS', 'INSTRUMENTS', 'DETECTOR_READINGS', 'DETECTOR_INSTRUMENTS',
+           'INSTRUMENT_SETS', 'to_pil', 'VerifierItem', 'verifier_crop', 'verifier_messages', 'items_from_records',
+           'location_agreement', 'last_token_index', 'EvidenceVerifier', 'add_lora', 'instrument_set', 'BoxInstruments',
+           'box_cues', 'fit_box_instruments', 'collate_items', 'soft_bce', 'VerifierTrainConfig', 'train_verifier',
+           'Verifier', 'new_verifier', 'save_verifier', 'load_verifier']
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #b1d4b52d
 def to_pil(image) -> Image.Image:
@@ -127,19 +128,20 @@ class EvidenceVerifier(nn.Module):
 
     With `grounding`, the head also reads what lies under the box: the vision tower's tokens of the crop
     (mean- and max-pooled) and whether the location the text names agrees with the box (`location_agreement`).
-    With `instrument`, it also reads what instruments measure inside the box (`box_cues`: rule cues, forensic
-    readouts and anomaly z-scores), not words.
+    With `instrument`, it also reads what instruments measure inside the box (`box_cues`), not words: `True` or
+    `"cues"` the rule cues, forensic readouts and anomaly z-scores (`INSTRUMENTS`), `"detectors"` the built-in
+    detectors' heatmaps under the box (`DETECTOR_INSTRUMENTS`).
     The location agreement is the head's last input."""
-    def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False, instrument: bool = False):
+    def __init__(self, backbone: nn.Module, hidden_size: int, grounding: bool = False, instrument: bool | str = False):
         super().__init__()
-        self.grounding, self.instrument = grounding, instrument
-        n_in = hidden_size * (3 if grounding else 1) + len(INSTRUMENTS) * int(instrument) + int(grounding)
+        self.grounding, self.instrument = grounding, instrument_set(instrument)   # None or a name of INSTRUMENT_SETS
+        n_in = hidden_size * (3 if grounding else 1) + len(INSTRUMENT_SETS.get(self.instrument, ())) + int(grounding)
         self.backbone, self.score = backbone, nn.Linear(n_in, 1)
         nn.init.normal_(self.score.weight, std=0.02)
         nn.init.zeros_(self.score.bias)
 
     @classmethod
-    def from_vlm(cls, vlm, grounding: bool = False, instrument: bool = False) -> "EvidenceVerifier":
+    def from_vlm(cls, vlm, grounding: bool = False, instrument: bool | str = False) -> "EvidenceVerifier":
         "Build from an image-text-to-text model (its `.model` is the backbone) or from a bare backbone."
         backbone = getattr(vlm, "model", vlm)
         hidden = backbone.config.get_text_config().hidden_size
@@ -190,25 +192,51 @@ ANOMALY_MAPS = ("residual", "ela", "brightness", "gradient", "detail", "chroma")
 INSTRUMENTS = CUES + READOUT_VIEWS + tuple(f"{m}_anomaly" for m in ANOMALY_MAPS)
 """What an instrument verifier reads about a box: the rule cues (`zoom.rules.CUES`), the readouts of three forensic views
 (`zoom.rules.ForensicViews`) and how unusual six per-pixel maps are inside the box among same-size windows of its image."""
+DETECTOR_READINGS = ("read", "z", "survey_iou", "score_iou", "score", "score_read")
+DETECTOR_INSTRUMENTS = tuple(f"{d}_{k}" for d in SURVEY_DETECTORS for k in DETECTOR_READINGS)
+"""What a detector-instrument verifier reads about a box, per built-in detector of the zoom rules' `detectors` view
+(`zoom.rules.SURVEY_DETECTORS`, the same `ForensicViews` readouts the policy's zoom tool shows): its heatmap inside the box
+minus the image (`read`), the box's z-score among same-size windows (`z`), the IoU of the box with the detector's surveyed
+window (`survey_iou`, `zoom.rules.survey`), that IoU and `read` times the detector's image score, and the score itself."""
+INSTRUMENT_SETS = {"cues": INSTRUMENTS, "detectors": DETECTOR_INSTRUMENTS}
+"The instrument sets a verifier may read: `cues` (the artifact design's) and `detectors` (the manipulation design's)."
+
+def instrument_set(instrument) -> Optional[str]:
+    "The name of the instrument set a setting means: None for False/None/\"\", `cues` for True (the first version's flag), else a name of `INSTRUMENT_SETS`."
+    if not instrument: return None
+    if instrument is True: return "cues"
+    if instrument not in INSTRUMENT_SETS: raise ZoomInputError(f"unknown instrument set {instrument!r}; use one of {sorted(INSTRUMENT_SETS)}")
+    return instrument
+
+def _box_iou(a, b) -> float:
+    i = max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - i
+    return i / u if u > 0 else 0.0
 
 class BoxInstruments:
-    """The `INSTRUMENTS` of one image, measured inside any box. Maps are computed once per image; each anomaly map is
-    kept as a summed-area table, so a box's mean and those of all its comparison windows cost a few lookups."""
-    def __init__(self, image):
-        self.image = load_image(image)
-        self.views, self.judge = ForensicViews(self.image, READOUT_VIEWS), RuleEvidenceJudge()
-        rgb, g = self.image.rgb.astype(np.float32), luma(self.image.rgb)
-        gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
-        maps = {"residual": self.views.maps["residual"], "ela": self.views.maps["ela"], "brightness": g,
-                "gradient": np.hypot(gx, gy), "detail": np.abs(ndi.laplace(g)), "chroma": rgb.max(2) - rgb.min(2)}
-        self.sums = {k: np.pad(np.asarray(maps[k], np.float64).cumsum(0).cumsum(1), ((1, 0), (1, 0))) for k in ANOMALY_MAPS}
+    """The instruments of one image (`tools`: `cues` the `INSTRUMENTS`, `detectors` the `DETECTOR_INSTRUMENTS`), measured
+    inside any box. Maps are computed once per image (the detectors' through `ForensicViews`, whose pool run is cached);
+    each anomaly map is kept as a summed-area table, so a box's mean and those of all its comparison windows cost a few lookups."""
+    def __init__(self, image, tools: str = "cues"):
+        self.image, self.tools = load_image(image), instrument_set(tools)
+        if self.tools == "detectors":
+            self.views = ForensicViews(self.image, tool_views("detectors"))
+            self.regions = {e["tool"]: e["box"] for e in self.views.surveyed}
+            maps = {k: v for k, v in self.views.maps.items() if k.startswith("det_")}
+        else:
+            self.views, self.judge = ForensicViews(self.image, READOUT_VIEWS), RuleEvidenceJudge()
+            rgb, g = self.image.rgb.astype(np.float32), luma(self.image.rgb)
+            gy, gx = np.gradient(ndi.gaussian_filter(g, 1.5))
+            maps = {"residual": self.views.maps["residual"], "ela": self.views.maps["ela"], "brightness": g,
+                    "gradient": np.hypot(gx, gy), "detail": np.abs(ndi.laplace(g)), "chroma": rgb.max(2) - rgb.min(2)}
+        self.sums = {k: np.pad(np.asarray(m, np.float64).cumsum(0).cumsum(1), ((1, 0), (1, 0))) for k, m in maps.items()}
 
     def _means(self, k: str, x, y, w: int, h: int):
         S = self.sums[k]
         return (S[y + h, x + w] - S[y, x + w] - S[y + h, x] + S[y, x]) / (w * h)
 
-    def anomaly(self, box) -> tuple:
-        """Each of `ANOMALY_MAPS` averaged inside `box`, as a z-score against the same-size windows on a 7 x 7 grid over the
+    def anomaly(self, box, maps: Sequence[str] = ANOMALY_MAPS) -> tuple:
+        """Each of `maps` averaged inside `box`, as a z-score against the same-size windows on a 7 x 7 grid over the
         image (a floor of 5 % of their mean on the spread; clipped to [-4, 4]): how unusual the box is in its own image."""
         H, W = self.image.height, self.image.width
         x1, y1, x2, y2 = box_ints(box)
@@ -216,52 +244,62 @@ class BoxInstruments:
         w, h = min(W, max(x2, x1 + 1)) - x1, min(H, max(y2, y1 + 1)) - y1
         gx, gy = np.meshgrid(np.linspace(0, W - w, 7).astype(int), np.linspace(0, H - h, 7).astype(int))
         out = []
-        for k in ANOMALY_MAPS:
+        for k in maps:
             ref = self._means(k, gx.ravel(), gy.ravel(), w, h)
             z = (self._means(k, x1, y1, w, h) - ref.mean()) / (ref.std() + 1e-3 + 0.05 * abs(ref.mean()))
             out.append(round(float(np.clip(z, -4.0, 4.0)), 3) + 0.0)   # + 0.0: no negative zero
         return tuple(out)
 
     def measure(self, box) -> tuple:
-        "The `INSTRUMENTS` inside `box` (pixel `[x1, y1, x2, y2]`), in their order."
+        "The instruments inside `box` (pixel `[x1, y1, x2, y2]`), in their set's order (`INSTRUMENT_SETS[self.tools]`)."
         b = Box.from_list(list(box))
+        if self.tools == "detectors":
+            read, z = self.views.readouts(b.as_list()), self.anomaly(b.as_list(), [f"det_{d}" for d in SURVEY_DETECTORS])
+            out = []
+            for d, zd in zip(SURVEY_DETECTORS, z):
+                r, s, iou = read[f"det_{d}"], self.views.scores[f"det_{d}"], _box_iou(b.as_list(), self.regions[d])
+                out += [r, zd, iou, s * iou, s, s * r]
+            return tuple(round(float(v), 4) + 0.0 for v in out)
         cues = self.judge.cues(self.image, b)
         read = self.views.readouts(b.as_list())
         return (tuple(cues.values()) + tuple(float(np.clip(read[v], -2.0, 2.0)) for v in READOUT_VIEWS)
                 + self.anomaly(b.as_list()))
 
 @lru_cache(maxsize=4)   # full-size maps: a few images at a time (each box's readings are cached below)
-def _file_instruments(path: str) -> BoxInstruments: return BoxInstruments(path)
+def _file_instruments(path: str, tools: str = "cues") -> BoxInstruments: return BoxInstruments(path, tools)
 
 @lru_cache(maxsize=8192)
-def _file_box_cues(path: str, box: tuple) -> tuple: return _file_instruments(path).measure(box)
+def _file_box_cues(path: str, box: tuple, tools: str = "cues") -> tuple: return _file_instruments(path, tools).measure(box)
 
-def box_cues(image, box) -> list[float]:
-    """The `INSTRUMENTS` measured inside `box`: each rule cue relative to its threshold (capped at 2), the noise-residual
-    and error-level log ratios of the box against the image and the copy-move share (each clipped to [-2, 2]), then the
-    box's anomaly z-scores (`BoxInstruments.anomaly`). An image file's maps are computed once."""
-    if isinstance(image, (str, Path)): return list(_file_box_cues(str(image), tuple(float(v) for v in box)))
-    return list(BoxInstruments(image).measure(box))
+def box_cues(image, box, tools: str = "cues") -> list[float]:
+    """The instruments of set `tools` measured inside `box`. `cues` (`INSTRUMENTS`): each rule cue relative to its
+    threshold (capped at 2), the noise-residual and error-level log ratios of the box against the image and the copy-move
+    share (each clipped to [-2, 2]), then the box's anomaly z-scores (`BoxInstruments.anomaly`). `detectors`
+    (`DETECTOR_INSTRUMENTS`): the built-in detectors' heatmaps under the box. An image file's maps are computed once."""
+    tools = instrument_set(tools) or "cues"
+    if isinstance(image, (str, Path)): return list(_file_box_cues(str(image), tuple(float(v) for v in box), tools))
+    return list(BoxInstruments(image, tools).measure(box))
 
-def fit_box_instruments(records: Iterable[dict]):
-    """The instruments alone, a control for an instrument verifier: a logistic regression over `box_cues`, fit on labelled
-    verifier records (valid when the soft label is over 0.5). Returns `score(records)`, its decision values: no words, no model."""
-    features = lambda rs: np.array([box_cues(r["image"], r["box"]) for r in rs])
+def fit_box_instruments(records: Iterable[dict], tools: str = "cues"):
+    """The instruments alone, a control for an instrument verifier: a logistic regression over `box_cues` (set `tools`),
+    fit on labelled verifier records (valid when the soft label is over 0.5). Returns `score(records)`, its decision
+    values: no words, no model."""
+    features = lambda rs: np.array([box_cues(r["image"], r["box"], tools) for r in rs])
     records = list(records)
     lr = LogisticRegression(max_iter=2000).fit(features(records), [r["soft_label"] > 0.5 for r in records])
     return lambda rs: lr.decision_function(features(list(rs)))
 
 def collate_items(processor, items: Sequence[VerifierItem], device=None, dtype=None, location: bool = True,
-                  cues: bool = False) -> dict:
+                  cues: bool | str | None = False) -> dict:
     """Tokenise a batch of items with `processor` (left padding) into model inputs on `device`, with each item's
-    `location` agreement (all 0 when `location` is off: the verifier without its location rule) and, with `cues`, the
-    instruments' readings inside its box (`box_cues`)."""
+    `location` agreement (all 0 when `location` is off: the verifier without its location rule) and, with `cues` (an
+    instrument set, `True` = `cues`), the instruments' readings inside its box (`box_cues`)."""
     msgs = [verifier_messages(i.image, i.box, i.text) for i in items]
     batch = processor.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
                                           processor_kwargs={"padding": True}, add_generation_prompt=False)
     batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
     batch["location"] = torch.tensor([location_agreement(i.text, i.box, *to_pil(i.image).size) if location else 0.0 for i in items])
-    if cues: batch["cues"] = torch.tensor([box_cues(i.image, i.box) for i in items], dtype=torch.float32)
+    if cues: batch["cues"] = torch.tensor([box_cues(i.image, i.box, instrument_set(cues)) for i in items], dtype=torch.float32)
     if device is not None: batch = {k: v.to(device) for k, v in batch.items()}
     if dtype is not None and "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(dtype)
     return batch
@@ -288,7 +326,7 @@ class VerifierTrainConfig:
     autocast: bool = True            # on CUDA: bf16 autocast over fp32 master weights (load the base in float32)
     freeze_vision: bool = False      # keep the vision tower fixed (e.g. one pretrained offline, see zoom.vision)
     grounding: bool = False          # the head also reads the crop's vision tokens and the text-box location agreement
-    instrument: bool = False         # the head also reads the instruments measured inside the box (`box_cues`)
+    instrument: bool | str = False   # the head also reads instruments inside the box (`box_cues`): True/'cues' or 'detectors'
 
 # %% ../../nbs/08j_zoom.verifier.ipynb #477ecae4
 def _lr_lambda(total: int, warmup: int):
@@ -406,7 +444,7 @@ def save_verifier(verifier: Verifier | EvidenceVerifier, path: str | Path, base_
     path = Path(path)
     state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     meta = {"base_path": portable_path(base_path, path), "lora": cfg.lora, "lora_r": cfg.lora_r,
-            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **({"instrument": list(INSTRUMENTS)} if cfg.instrument else {}), **(extra or {})}
+            "lora_alpha": cfg.lora_alpha, "grounding": cfg.grounding, **({"instrument": list(INSTRUMENT_SETS[instrument_set(cfg.instrument)])} if cfg.instrument else {}), **(extra or {})}
     with WriteAside(path) as tmp:
         save_file(state, str(tmp / "trainable.safetensors"))
         (tmp / "verifier.json").write_text(json.dumps(meta, indent=2))
@@ -418,11 +456,12 @@ def load_verifier(path: str | Path, device: str = "auto", dtype: str = "auto", b
     if not (path / "verifier.json").exists(): raise FileNotFoundError(f"{path} has no verifier.json: not a verifier folder")
     meta = json.loads((path / "verifier.json").read_text())
     read = meta.get("instrument", False)   # the instrument names its head was trained on (`true`: an earlier version's seven)
-    if read and read != list(INSTRUMENTS):
+    named = next((k for k, names in INSTRUMENT_SETS.items() if read == list(names)), None)
+    if read and named is None:
         raise ZoomInputError(f"the verifier at {path} was trained on other instruments ({read if isinstance(read, list) else 'an earlier set'}) "
-                             f"than this version measures ({', '.join(INSTRUMENTS)}): retrain it")
+                             f"than this version measures ({'; '.join(k + ': ' + ', '.join(v) for k, v in INSTRUMENT_SETS.items())}): retrain it")
     cfg = VerifierTrainConfig(lora=meta["lora"], lora_r=meta["lora_r"], lora_alpha=meta["lora_alpha"],
-                              grounding=meta.get("grounding", False), instrument=bool(read))
+                              grounding=meta.get("grounding", False), instrument=named or False)
     model, proc = new_verifier(base_path or resolve_portable(meta["base_path"], path), cfg, device=device, dtype=dtype)
     state = load_file(str(path / "trainable.safetensors"))
     missing = set(state) - {n for n, _ in model.named_parameters()}
