@@ -82,3 +82,21 @@ def test_detector_verifier_saves_and_loads(tmp_path, inpaint_fake):
     (tmp_path / "ver" / "verifier.json").write_text(meta)
     with pytest.raises(ZoomInputError, match="other instruments"): load_verifier(tmp_path / "ver", device="cpu")
     assert Box.from_list(box).as_list() == box
+
+
+@pytest.mark.parametrize("data,instrument", [("manipulations", "detectors"), ("artifacts", "cues")])
+def test_figure5_quick_on_both_designs(tmp_path, data, instrument):
+    "Figure 5 runs on the manipulation design (default) and on the paper's-task artifact design, one parameter away."
+    import json
+
+    import pandas as pd
+    from conftest import run_quick_study
+    out = run_quick_study("zoom_figure5", tmp_path, data=data)
+    auc = pd.read_csv(out / "figure5_auc.csv")
+    assert len(auc) == 6 and any("WITHOUT the location rule" in s for s in auc["scorer"])
+    assert {"accepted vs rejected: AUC", "valid vs wrong box: AUC"} <= set(auc.columns)
+    assert instrument_set(instrument) == instrument
+    meta = json.loads((out / "verifier" / "verifier.json").read_text())
+    names = {"detectors": DETECTOR_INSTRUMENTS, "cues": INSTRUMENTS}[instrument]
+    assert meta["instrument"] == list(names)
+    assert (pd.read_csv(out / "figure5_scores.csv")["data"] == data).all()
