@@ -131,6 +131,25 @@ def max_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def fa_on_d3_backbone(seed: int):
+    """Forensics Adapter's random stand-in on the CLIP that `d3` holds (its installed ViT-L-14.pt or its stand-in): the
+    published FA checkpoint keeps OpenAI's CLIP ViT-L/14 frozen, the tensors of D3's ViT-L-14.pt, so with the real files
+    the two detectors share one backbone (by tensor hash); the stand-ins must too, or the bench holds a CLIP (1.2 GB)
+    that the real pool does not."""
+    import forensicslab.detectors.paper.forensicsadapter as FA
+    from forensicslab.detectors.pool import get_detector
+    vit, orig = get_detector("d3").vit.state_dict(), FA.random_fa_state
+    def on_d3(s, seed):
+        sd = orig(s, seed)
+        for k in sd:
+            t = FA.alias_of(k) or k
+            if t.startswith("clip_model.visual.") and t[len("clip_model.visual."):] in vit: sd[k] = vit[t[len("clip_model.visual."):]]
+        return sd
+    FA.random_fa_state = on_d3
+    try: return FA.ForensicsAdapter(random_init=seed)
+    finally: FA.random_fa_state = orig
+
+
 def paper_pool_detectors(seed: int = 0, only: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """Register the paper pool for timing: every detector with installed weights uses them (all seven weight sources are
     loaded first, so each installed set is seen), else seeded random weights of the full published size where the adapter
@@ -153,9 +172,10 @@ def paper_pool_detectors(seed: int = 0, only: list[str] | None = None) -> tuple[
             get_detector(i); names.append(i)
             how[i] = f"installed weights ({'verified' if weights_record(i)['verified'] else 'unverified'})"; continue
         if isinstance(cls, type) and "random_init" in inspect.signature(cls.__init__).parameters:
-            det = cls(random_init=seed)
+            det = fa_on_d3_backbone(seed) if i == "forensicsadapter" and "d3" in names else cls(random_init=seed)
             register(i, replace=True)(lambda det=det: det)
             get_detector(i); names.append(i); how[i] = f"RANDOM weights (seed {seed}, full published size): no weights installed"
+            if i == "forensicsadapter" and "d3" in names: how[i] += "; its frozen CLIP is d3's, as with the published files"
         else: how[i] = "skipped: no weights installed and the adapter builds no random weights"
     return names, how
 

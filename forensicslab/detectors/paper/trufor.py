@@ -23,8 +23,8 @@ from ..weights import (FileSpec, WeightsError, WeightsSource, files_identity, in
 from ...imageio import LoadedImage
 
 # %% auto #0
-__all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'PROTOCOLS', 'PAGE', 'WEIGHTS_URL', 'WEIGHTS_MD5', 'CARD_DIR', 'LICENCE', 'SOURCE',
-           'workers', 'TruForNet', 'trufor_input', 'trufor_forward', 'load_trufor', 'TruFor']
+__all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'FFN_BAND_ELEMS', 'PROTOCOLS', 'PAGE', 'WEIGHTS_URL', 'WEIGHTS_MD5', 'CARD_DIR',
+           'LICENCE', 'SOURCE', 'workers', 'TruForNet', 'trufor_input', 'trufor_forward', 'load_trufor', 'TruFor']
 
 # %% ../../../nbs/04o_detectors.paper.trufor.ipynb #3128daed
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -50,11 +50,26 @@ class _DWConv(nn.Module):
         self.dwconv = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
     def forward(self, x, h, w): return _tokens(self.dwconv(_grid(x, h, w)))
 
+FFN_BAND_ELEMS = 1 << 24
+"A Mix-FFN whose hidden map would hold more numbers than this (64 MB) runs in bands of rows (the same numbers)."
+
 class _MixFFN(nn.Module):
     def __init__(self, dim, hidden):
         super().__init__()
         self.fc1, self.dwconv, self.fc2 = nn.Linear(dim, hidden), _DWConv(hidden), nn.Linear(hidden, dim)
-    def forward(self, x, h, w): return self.fc2(F.gelu(self.dwconv(self.fc1(x), h, w)))
+    def forward(self, x, h, w):
+        """fc2(gelu(dwconv(fc1(x)))). Above `FFN_BAND_ELEMS` a band of rows at a time, each read with one row of context
+        on both sides (the 3x3 depth-wise convolution's reach): at 12 MP stage 1's hidden maps (768 MB each, three
+        alive at once per stream) become a few MB."""
+        n, hid = x.shape[1], self.fc1.out_features
+        if x.shape[0] * n * hid <= FFN_BAND_ELEMS: return self.fc2(F.gelu(self.dwconv(self.fc1(x), h, w)))
+        rows = max(1, FFN_BAND_ELEMS // 4 // (x.shape[0] * w * hid))
+        out = x.new_empty(x.shape[0], n, self.fc2.out_features)
+        for r in range(0, h, rows):
+            lo, hi, top = max(0, r - 1), min(h, r + rows + 1), min(h, r + rows)
+            y = self.dwconv(self.fc1(x[:, lo * w:hi * w]), hi - lo, w)[:, (r - lo) * w:(top - lo) * w]
+            out[:, r * w:top * w] = self.fc2(F.gelu(y))
+        return out
 
 class _ReducedAttention(nn.Module):
     "Multi-head self-attention whose keys and values come from the grid reduced `sr` times."
