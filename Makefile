@@ -56,7 +56,7 @@ site: $(COURSE)
 # Every study's demo profile, the parameters of the committed outputs/<study>/ (`forensicslab reproduce --list` shows them).
 demo: install
 	$(BIN)/forensicslab bench build --publish outputs/bench
-	$(BIN)/forensicslab reproduce --profile demo
+	$(BIN)/forensicslab reproduce --profile demo --jobs 2
 	@echo "Tables, figures and executed notebooks are in $(CURDIR)/outputs/"
 	@echo "To type forensicslab commands in this shell: source $(VENV)/bin/activate"
 

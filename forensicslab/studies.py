@@ -8,6 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/studies.html.md"""
 from __future__ import annotations
 
 import ast
+import concurrent.futures as cf
 import contextlib
 import hashlib
 import itertools
@@ -38,8 +39,8 @@ __all__ = ['STUDY_ORDER', 'VARIANTS_FILE', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MAR
            'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path', 'study_parameters',
            'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'StudyVariant', 'study_variants',
            'study_variant', 'run_study', 'StudyProfile', 'study_profiles', 'profile_folder', 'finished_run',
-           'expected_seconds', 'profile_table', 'reproduce', 'load_grid', 'cell_name', 'grid_cells', 'cell_cost',
-           'numeric_columns', 'run_batch']
+           'expected_seconds', 'profile_table', 'wall_seconds', 'reproduce', 'load_grid', 'cell_name', 'grid_cells',
+           'cell_cost', 'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -525,22 +526,38 @@ def _clock(seconds: float) -> str:
     "The UTC wall-clock time `seconds` from now, `HH:MM UTC`."
     return time.strftime("%H:%M UTC", time.gmtime(time.time() + seconds))
 
+def _chains(todo: list[dict]) -> list[list[tuple[int, dict]]]:
+    """`todo`'s `(position, study)` pairs as one chain per system (`triage`, `zoom`, ...: the name's first word), each in
+    reproduction order (a study may read an earlier one's output folder), longest expected chain first."""
+    by: dict[str, list] = {}
+    for i, s in todo: by.setdefault(Path(s["name"]).stem.split("_")[0], []).append((i, s))
+    return sorted(by.values(), key=lambda ch: -sum(s["expected"] or 0.0 for _, s in ch))
+
+def wall_seconds(chains: list[list[tuple[int, dict]]], jobs: int) -> float:
+    "Expected wall time of `chains` run `jobs` at a time, each taken by the first free worker in the given order."
+    loads = [0.0] * max(1, jobs)
+    for ch in chains: loads[loads.index(min(loads))] += sum(s["expected"] or 0.0 for _, s in ch)
+    return max(loads)
+
 def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params: dict | None = None,
               out_root: str | Path | None = None, quick: bool = False, resume: Optional[bool] = None,
               runner: Callable[..., Path] | None = None, echo: Callable[[str], None] = print,
-              progress: Optional[bool] = None, check: Callable[[list[tuple[str, dict]]], Any] | None = None) -> dict:
+              progress: Optional[bool] = None, check: Callable[[list[tuple[str, dict]]], Any] | None = None,
+              jobs: int = 1) -> dict:
     """Run studies `names` (default: all, in reproduction order) with `profile` (`study_profiles`) and `params`
     (each to the studies that declare it; they override the profile's), each into `profile_folder`. `resume`
     (default: on for the full profile) skips a study whose folder holds a finished run with the same parameters
     (`finished_run`). Before each study a line gives its expected time (`expected_seconds`) and when the whole run
     should end; `progress` (default: on a terminal) also shows a bar over the expected seconds. A failed study
-    leaves its folder as it was and the others still run; Ctrl-C stops the run. Returns `{results, folders,
-    interrupted}`: `results` has one `(study, status, seconds, reason)` per study (`ok`, `failed`, `kept`, `skipped`).
-    `quick` runs the quick smoke configuration (no profile) into scratch folders, or under `out_root`. `check` is
-    called once with `(study, parameters)` of every study about to run, before the first starts (the CLI checks their
-    model backends there)."""
+    leaves its folder as it was and the others still run; Ctrl-C stops the run. `jobs` > 1 runs that many systems'
+    studies side by side (`_chains`: one system's studies stay in order, one at a time). Returns `{results, folders,
+    interrupted}`: `results` has one `(study, status, seconds, reason)` per study (`ok`, `failed`, `kept`, `skipped`),
+    in reproduction order. `quick` runs the quick smoke configuration (no profile) into scratch folders, or under
+    `out_root`. `check` is called once with `(study, parameters)` of every study about to run, before the first
+    starts (the CLI checks their model backends there)."""
     if profile not in PROFILES: raise StudyError(f"unknown profile {profile!r}; the profiles are {', '.join(PROFILES)}")
     if quick and profile != "demo": raise StudyError("--quick runs the smoke configuration, not a profile: give one of them")
+    if jobs < 1: raise StudyError(f"jobs must be at least 1, got {jobs}")
     runner, given = runner or run_study, dict(params or {})
     names = list(names or list_studies())
     for n in names: study_path(n)                     # an unknown name fails before anything runs
@@ -563,52 +580,68 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
                          expected=None if quick else expected_seconds(n, profile, root, profiles)))
     todo = [s for s in plan if s["done"] is None]
     if check is not None: check([(s["name"], s["params"]) for s in todo])
+    chains = _chains([(i, s) for i, s in enumerate(plan, 1) if s["done"] is None])
     left = sum(s["expected"] or 0.0 for s in todo)
+    wall = [wall_seconds(chains, jobs)]              # the expected wall time still ahead (a list: the workers update it)
     bar = tqdm(total=round(left), unit="s", desc=f"reproduce ({profile})", dynamic_ncols=True, leave=False,
                disable=(None if progress is None else not progress) if todo and left else True,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s expected [{elapsed}<{remaining}]")
+    lock = threading.Lock()
     def say(line: str):
         "Print a line above the bar (which is redrawn below it)."
-        if bar.disable: return echo(line)
-        with tqdm.external_write_mode(file=sys.stdout): echo(line)
+        with lock:
+            if bar.disable: return echo(line)
+            with tqdm.external_write_mode(file=sys.stdout): echo(line)
     if not quick:
         unknown = sum(s["expected"] is None for s in todo)
         say(f"{profile} profile: {len(todo)} of {len(plan)} studies to run, expected {_duration(left)}"
+            + (f" ({_duration(wall[0])} wall, {jobs} at a time)" if jobs > 1 and todo else "")
             + (f" and {unknown} never measured" if unknown else "") + (f"; {len(plan) - len(todo)} finished earlier" if len(todo) < len(plan) else ""))
-    results, folders, interrupted = [], [], False
+    results, folders, stop = {}, [], threading.Event()
     for i, s in enumerate(plan, 1):
-        n, label = s["name"], Path(s["name"]).stem
-        head = f"== [{i}/{len(plan)}] {label}"
         if s["done"] is not None:
-            say(f"{head}: finished earlier with these parameters ({_duration(s['done'].get('seconds'))}), kept in {shown_text(str(s['folder']))}")
-            results.append((label, "kept", 0.0, "finished earlier with the same parameters"))
-            continue
-        if interrupted:
-            results.append((label, "skipped", 0.0, "not run: the run was interrupted"))
-            continue
+            say(f"== [{i}/{len(plan)}] {Path(s['name']).stem}: finished earlier with these parameters ({_duration(s['done'].get('seconds'))}), "
+                f"kept in {shown_text(str(s['folder']))}")
+            results[i] = (Path(s["name"]).stem, "kept", 0.0, "finished earlier with the same parameters")
+    def run_one(i: int, s: dict):
+        n, label = s["name"], Path(s["name"]).stem
+        if stop.is_set():
+            results[i] = (label, "skipped", 0.0, "not run: the run was interrupted")
+            return
         eta = "" if quick else (f" (expected {_duration(s['expected'])}" if s["expected"] is not None else " (expected time unknown")
-        if not quick: eta += f"; all {_duration(left)} left, done by ~{_clock(left)})" if left else ")"
-        say(head + eta)
+        if not quick: eta += f"; all {_duration(wall[0])} left, done by ~{_clock(wall[0])})" if wall[0] else ")"
+        say(f"== [{i}/{len(plan)}] {label}" + eta)
         t0 = time.time()
         try:
             with _ticking(bar, round(s["expected"] or 0)):
                 nb = runner(n, s["params"], out_root=out_root if quick else None, out_dir=s["folder"], progress=False)
             folders.append(nb.parent)
             skipped = skipped_parts(nb.parent)
-            results.append((label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items())))
-            say(f"   ok in {_duration(time.time() - t0)} -> {shown_text(str(nb.parent))}")
+            results[i] = (label, "ok", time.time() - t0, "; ".join(f"skipped {k}: {v}" for k, v in skipped.items()))
+            say(f"   {label} ok in {_duration(time.time() - t0)} -> {shown_text(str(nb.parent))}")
             if skipped: say("   skipped (earlier files kept): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
         except KeyboardInterrupt:
-            interrupted = True
-            results.append((label, "failed", time.time() - t0, "interrupted; its output folder is unchanged"))
+            stop.set()
+            results[i] = (label, "failed", time.time() - t0, "interrupted; its output folder is unchanged")
         except Exception as e:
             reason = " ".join((e.reason if isinstance(e, StudyFailed) else _one_line(e)).split())[:600]
-            results.append((label, "failed", time.time() - t0, reason))
+            results[i] = (label, "failed", time.time() - t0, reason)
             kept = getattr(e, "kept", None)
-            say(f"   FAILED after {_duration(time.time() - t0)}: {reason}" + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""))
-        left -= s["expected"] or 0.0
+            say(f"   {label} FAILED after {_duration(time.time() - t0)}: {reason}" + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""))
+        with lock: wall[0] = max(0.0, wall[0] - (s["expected"] or 0.0) / (jobs if jobs > 1 else 1))
+    if jobs == 1 or len(chains) < 2:
+        for i, s in (pair for ch in sorted(chains, key=lambda ch: ch[0][0]) for pair in ch): run_one(i, s)
+    else:   # one environment for all workers: each kernel inherits the same arithmetic settings
+        with _environment(portable_arithmetic()), cf.ThreadPoolExecutor(max_workers=jobs) as ex:
+            futures = [ex.submit(lambda ch=ch: [run_one(i, s) for i, s in ch]) for ch in chains]
+            try:
+                for f in futures: f.result()
+            except KeyboardInterrupt:
+                stop.set()                            # the running notebooks' kernels got the same Ctrl-C; no new study starts
+                cf.wait(futures)
     bar.close()
-    return dict(results=results, folders=folders, interrupted=interrupted)
+    return dict(results=[results[i] for i in sorted(results)], folders=folders, interrupted=stop.is_set())
+
 
 # %% ../nbs/02b_studies.ipynb #379fd43a
 GRID_KEYS = ("study", "studies", "params", "grid", "out", "summary", "kernel")

@@ -260,3 +260,30 @@ def test_the_committed_outputs_are_the_demo_profiles():
         bad.append(f"{name}: status {rec.get('status')}; parameters that differ: "
                    + ", ".join(f"{k} (demo {want.get(k, '<absent>')!r}, run.json {got.get(k, '<absent>')!r})" for k in diff))
     assert not bad, "committed outputs not made by their demo profile:\n" + "\n".join(bad)
+
+
+def test_jobs_run_systems_side_by_side_and_each_systems_studies_in_order(project):
+    "`reproduce(jobs=2)`: the zoom study starts while the triage chain runs, but the triage studies never overlap and keep their order."
+    import threading, time
+    root, _ = project
+    spans, lock = {}, threading.Lock()
+    def runner(n, p, out_root=None, out_dir=None, progress=False):
+        t0 = time.perf_counter()
+        time.sleep(0.3)
+        with lock: spans[n] = (t0, time.perf_counter())
+        d = Path(out_root or root / "out") / n
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{n}.ipynb").write_text("{}")
+        return d / f"{n}.ipynb"
+    r = S.reproduce(quick=True, out_root=root / "out", runner=runner, progress=False, echo=lambda line: None, jobs=2)
+    triage = ["triage_table4", "triage_table4_ungated", "triage_figure2", "triage_figure2_ungated"]
+    assert [x[0] for x in r["results"]] == triage + ["zoom_table1"] and {x[1] for x in r["results"]} == {"ok"}
+    for a, b in zip(triage, triage[1:]): assert spans[a][1] <= spans[b][0]            # one after another, in order
+    assert spans["zoom_table1"][0] < spans["triage_table4"][1]                          # side by side with the triage chain
+    sequential = dict(spans)
+    spans.clear()
+    S.reproduce(quick=True, out_root=root / "out", runner=runner, progress=False, echo=lambda line: None)
+    order = sorted(spans, key=lambda n: spans[n][0])
+    assert order == triage + ["zoom_table1"] and all(spans[a][1] <= spans[b][0] for a, b in zip(order, order[1:]))
+    assert sequential.keys() == spans.keys()
+    with pytest.raises(S.StudyError, match="at least 1"): S.reproduce(quick=True, runner=runner, jobs=0)
