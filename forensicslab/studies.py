@@ -36,11 +36,11 @@ from .runs import (RUN_RECORD, FolderLock, arithmetic_differs, checkout_root, co
 
 # %% auto #0
 __all__ = ['STUDY_ORDER', 'VARIANTS_FILE', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'PROFILES_FILE', 'PROFILES', 'FULL_DIR',
-           'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path', 'study_parameters',
-           'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'StudyVariant', 'study_variants',
-           'study_variant', 'run_study', 'StudyProfile', 'study_profiles', 'profile_folder', 'finished_run',
-           'expected_seconds', 'profile_table', 'wall_seconds', 'reproduce', 'load_grid', 'cell_name', 'grid_cells',
-           'cell_cost', 'numeric_columns', 'run_batch']
+           'CHAINED', 'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path',
+           'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'StudyVariant',
+           'study_variants', 'study_variant', 'run_study', 'StudyProfile', 'study_profiles', 'profile_folder',
+           'finished_run', 'expected_seconds', 'profile_table', 'wall_seconds', 'reproduce', 'load_grid', 'cell_name',
+           'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -526,11 +526,16 @@ def _clock(seconds: float) -> str:
     "The UTC wall-clock time `seconds` from now, `HH:MM UTC`."
     return time.strftime("%H:%M UTC", time.gmtime(time.time() + seconds))
 
+CHAINED = {"detectors": "triage"}
+"Systems whose studies run in another system's chain: `detectors_training` writes the detector cards the triage studies read."
+
 def _chains(todo: list[dict]) -> list[list[tuple[int, dict]]]:
-    """`todo`'s `(position, study)` pairs as one chain per system (`triage`, `zoom`, ...: the name's first word), each in
-    reproduction order (a study may read an earlier one's output folder), longest expected chain first."""
+    """`todo`'s `(position, study)` pairs as one chain per system (`triage`, `zoom`, ...: the name's first word, `CHAINED`
+    joined), each in reproduction order (a study may read an earlier one's output folder), longest expected chain first."""
     by: dict[str, list] = {}
-    for i, s in todo: by.setdefault(Path(s["name"]).stem.split("_")[0], []).append((i, s))
+    for i, s in todo:
+        system = Path(s["name"]).stem.split("_")[0]
+        by.setdefault(CHAINED.get(system, system), []).append((i, s))
     return sorted(by.values(), key=lambda ch: -sum(s["expected"] or 0.0 for _, s in ch))
 
 def wall_seconds(chains: list[list[tuple[int, dict]]], jobs: int) -> float:
