@@ -28,7 +28,7 @@ from ..weights import WeightsError, golden_state, weights_dir
 # %% auto #0
 __all__ = ['PAPER_DIR', 'CLIP_MEAN', 'CLIP_STD', 'weights_file', 'read_checkpoint', 'unwrap', 'check_fit', 'shapes',
            'strict_load', 'ViTSpec', 'ClipViT', 'hf_vision_to_clip', 'state_digest', 'shared_backbone',
-           'shared_backbones', 'random_state', 'resize_short', 'center_crop', 'to_normalised']
+           'shared_backbones', 'trim_heap', 'random_state', 'resize_short', 'center_crop', 'to_normalised']
 
 # %% ../../../nbs/04q_detectors.paper.backbones.ipynb #5b29a387
 PAPER_DIR = Path(__file__).parent if "__file__" in globals() else Path("../forensicslab/detectors/paper")
@@ -267,6 +267,16 @@ def shared_backbone(sd: dict, spec: ViTSpec, det_id: str, layout: str, page: str
 def shared_backbones() -> dict[str, ClipViT]:
     "The backbones loaded in this process, by digest."
     with _SHARED_LOCK: return dict(_SHARED)
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's `malloc_trim(0)`; a no-op elsewhere). Building a detector
+    makes transient copies of its tensors (checkpoint, float copies, the module's own); a ViT's 4-16 MB weights sit below
+    glibc's mmap threshold, so once freed they stay resident (1.5 GB for the paper pool's stand-ins) unless trimmed.
+    The adapters call it at the end of `__init__`."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError): pass
 
 # %% ../../../nbs/04q_detectors.paper.backbones.ipynb #da30bcb9
 def random_state(manifest: list, seed: int) -> dict:

@@ -17,7 +17,7 @@ from PIL import Image
 
 from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, center_crop, check_fit,
-                                                    random_state, read_checkpoint, resize_short, shared_backbone, shapes,
+                                                    random_state, read_checkpoint, resize_short, shared_backbone, shapes, trim_heap,
                                                     strict_load, to_normalised, unwrap, weights_file)
 from ..weights import files_identity
 from ..pool import load_card, make_detection, register
@@ -87,6 +87,8 @@ class ClipSID:
             [backbone or weights_file("clipsid", WEIGHTS["backbone"]["file"], PAGE), head or weights_file("clipsid", WEIGHTS["head"]["file"], PAGE)]))
         self.vit = shared_backbone(vit_sd, ViTSpec.from_state(vit_sd, act="gelu"), "clipsid", WEIGHTS["backbone"]["layout"], PAGE)
         self.fc = strict_load(torch.nn.Linear(self.vit.spec.width, 1), head_sd, "clipsid", WEIGHTS["head"]["layout"], PAGE).eval()
+        del vit_sd, head_sd
+        trim_heap()
 
     def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
         "Resize(224, bicubic) on the short side, CenterCrop(224), /255, CLIP normalisation."

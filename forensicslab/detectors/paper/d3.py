@@ -20,7 +20,7 @@ from PIL import Image
 
 from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, check_fit, random_state,
-                                                    read_checkpoint, shared_backbone, shapes, strict_load, to_normalised,
+                                                    read_checkpoint, shared_backbone, shapes, strict_load, to_normalised, trim_heap,
                                                     unwrap, weights_file)
 from ..weights import files_identity
 from ..pool import load_card, make_detection, register
@@ -110,6 +110,8 @@ class D3:
             [backbone or weights_file("d3", WEIGHTS["backbone"]["file"], PAGE), head or weights_file("d3", WEIGHTS["head"]["file"], PAGE)]))
         self.vit = shared_backbone(vit_sd, ViTSpec.from_state(vit_sd, act="quick_gelu"), "d3", WEIGHTS["backbone"]["layout"], PAGE)
         self.head = strict_load(D3Head(self.vit.spec.width), head_sd, "d3", WEIGHTS["head"]["layout"], PAGE).eval()
+        del vit_sd, head_sd
+        trim_heap()
 
     def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
         "Resize((224, 224)) bilinear, /255, CLIP normalisation."

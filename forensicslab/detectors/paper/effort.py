@@ -18,7 +18,7 @@ from PIL import Image
 
 from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ViTSpec, check_fit, hf_vision_to_clip,
-                                                    random_state, read_checkpoint, shared_backbone, strict_load,
+                                                    random_state, read_checkpoint, shared_backbone, strict_load, trim_heap,
                                                     to_normalised, unwrap, weights_file)
 from ..weights import files_identity
 from ..pool import load_card, make_detection, register
@@ -123,6 +123,8 @@ class Effort:
                            files_identity([checkpoint or weights_file("effort", WEIGHTS["model"]["file"], PAGE)]))
         self.vit = shared_backbone(vit_sd, spec, "effort", WEIGHTS["model"]["layout"], PAGE)
         self.head = strict_load(nn.Linear(spec.width, 2), head_sd, "effort", WEIGHTS["model"]["layout"], PAGE).eval()
+        del sd, vit_sd, head_sd
+        trim_heap()
 
     def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
         "cv2.resize to 224 x 224 (bilinear), /255, CLIP normalisation, as the authors' demo."

@@ -22,7 +22,7 @@ from PIL import Image
 
 from ...core import Detection
 from .backbones import (PAPER_DIR, CheckpointError, ClipViT, ViTSpec, check_fit, random_state,
-                                                    read_checkpoint, shared_backbone, strict_load, to_normalised, unwrap,
+                                                    read_checkpoint, shared_backbone, strict_load, to_normalised, trim_heap, unwrap,
                                                     weights_file)
 from ..weights import files_identity
 from ..pool import load_card, make_detection, register
@@ -321,6 +321,8 @@ class ForensicsAdapter:
         self.vit = shared_backbone(vis, spec.clip, "forensicsadapter", _LAYOUT, PAGE)
         self.net = strict_load(FANet(spec), {k: v.float() if v.is_floating_point() else v for k, v in rest.items()},
                                "forensicsadapter", _LAYOUT, PAGE).eval()
+        del sd, vis, rest
+        trim_heap()
 
     def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
         "The authors' test loader: cv2.resize to 256 x 256 (bicubic), /255, CLIP mean and std."

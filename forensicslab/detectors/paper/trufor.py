@@ -438,6 +438,8 @@ class TruFor:
             self.weights_id = files_identity([checkpoint])
         self.protocol = protocol or ("imdlbenco" if self.layout == "imdlbenco" else "official")
         self.max_side, self.verified = max_side, verified
+        from forensicslab.detectors.paper.backbones import trim_heap   # the checkpoint's transient copies are freed by now
+        trim_heap()
         if random_init is not None:
             self.card = self.card.model_copy(update=dict(name=self.card.name + " with RANDOM weights", version=f"random-init-{random_init}"))
         elif not verified:
