@@ -87,9 +87,11 @@ def _diff(a, b): return max(float((u - v).abs().max()) for u, v in zip(a, b))
 @pytest.mark.parametrize("threads,band_rows,ffn_band", [(1, None, None), (2, None, None), (2, 24, 100_000)])
 def test_trufor_fast_path_equals_reference(monkeypatch, threads, band_rows, ffn_band):
     """Fast and plain forward within 1e-5 on a small image: whole image, two workers, and bands (Noiseprint++, decoders,
-    and the Mix-FFNs of stages 1 and 2 in bands of 3 rows, the last one shorter)."""
+    the Mix-FFNs of stages 1 and 2 in bands of 3 rows, the last one shorter, and the attention of stages 1-3 in bands of
+    queries: 10,000 numbers make bands of 78, 39 and 15 queries)."""
     monkeypatch.setenv("FORENSICSLAB_TRUFOR_THREADS", str(threads))
     if ffn_band: monkeypatch.setattr(T, "FFN_BAND_ELEMS", ffn_band)
+    if ffn_band: monkeypatch.setattr(T, "TOKEN_BAND_ELEMS", 10_000)
     net = _net()
     x = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (1, 3, 136, 200)).astype(np.float32)) / 256
     if band_rows: monkeypatch.setattr(net, "band_pixels", band_rows * 200)

@@ -23,8 +23,9 @@ from ..weights import (FileSpec, WeightsError, WeightsSource, files_identity, in
 from ...imageio import LoadedImage
 
 # %% auto #0
-__all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'FFN_BAND_ELEMS', 'PROTOCOLS', 'PAGE', 'WEIGHTS_URL', 'WEIGHTS_MD5', 'CARD_DIR',
-           'LICENCE', 'SOURCE', 'workers', 'TruForNet', 'trufor_input', 'trufor_forward', 'load_trufor', 'TruFor']
+__all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'FFN_BAND_ELEMS', 'TOKEN_BAND_ELEMS', 'PROTOCOLS', 'PAGE', 'WEIGHTS_URL',
+           'WEIGHTS_MD5', 'CARD_DIR', 'LICENCE', 'SOURCE', 'workers', 'TruForNet', 'trufor_input', 'trufor_forward',
+           'load_trufor', 'TruFor']
 
 # %% ../../../nbs/04o_detectors.paper.trufor.ipynb #3128daed
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -52,6 +53,8 @@ class _DWConv(nn.Module):
 
 FFN_BAND_ELEMS = 1 << 24
 "A Mix-FFN whose hidden map would hold more numbers than this (64 MB) runs in bands of rows (the same numbers)."
+TOKEN_BAND_ELEMS = 1 << 23
+"A block whose token map holds more numbers than this (32 MB) runs its attention a band of queries at a time (the same numbers)."
 
 class _MixFFN(nn.Module):
     def __init__(self, dim, hidden):
@@ -79,11 +82,17 @@ class _ReducedAttention(nn.Module):
         self.q, self.kv, self.proj = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
         if sr > 1: self.sr, self.norm = nn.Conv2d(dim, dim, sr, sr), nn.LayerNorm(dim)
     def forward(self, x, h, w):
+        "`self.keys(x, h, w)` read by all of `x`'s queries."
+        return self.read(x, *self.keys(x, h, w))
+    def keys(self, x, h, w):
+        "Keys and values (B, heads, keys, d) from the whole grid (reduced `sr` times)."
         b, n, c = x.shape
-        d = c // self.heads
-        q = self.q(x).view(b, n, self.heads, d).transpose(1, 2)
         src = self.norm(_tokens(self.sr(_grid(x, h, w)))) if self.sr_ratio > 1 else x
-        k, v = self.kv(src).view(b, -1, 2, self.heads, d).permute(2, 0, 3, 1, 4)
+        return self.kv(src).view(b, -1, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+    def read(self, x, k, v):
+        "The attention's output for the queries of tokens `x` (any subset of the grid's tokens)."
+        b, n, c = x.shape
+        q = self.q(x).view(b, n, self.heads, c // self.heads).transpose(1, 2)
         # softmax(q k^T / sqrt(d)) v, fused: the (n x keys) matrix is never held whole (35 GB at 12 MP in stage 1)
         return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
 
@@ -93,8 +102,19 @@ class _Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
         self.attn, self.mlp = _ReducedAttention(dim, heads, sr), _MixFFN(dim, dim * mlp_ratio)
     def forward(self, x, h, w):
-        x = x + self.attn(self.norm1(x), h, w)
-        return x + self.mlp(self.norm2(x), h, w)
+        """x + attn(norm1(x)), then + mlp(norm2(.)). Above `TOKEN_BAND_ELEMS` the attention reads the keys once and
+        runs a band of queries at a time into one output map (at 12 MP stage 1: two 192 MB maps alive per block
+        instead of about seven), and the sum with the Mix-FFN's output is made in place (IEEE addition commutes)."""
+        if x.numel() <= TOKEN_BAND_ELEMS:
+            x = x + self.attn(self.norm1(x), h, w)
+            return x + self.mlp(self.norm2(x), h, w)
+        y, out = self.norm1(x), torch.empty_like(x)
+        k, v = self.attn.keys(y, h, w)
+        step = max(1, TOKEN_BAND_ELEMS // 4 // (x.shape[0] * x.shape[2]))
+        for s in range(0, x.shape[1], step):
+            out[:, s:s + step] = x[:, s:s + step] + self.attn.read(y[:, s:s + step], k, v)
+        del y, k, v
+        return self.mlp(self.norm2(out), h, w).add_(out)
 
 class _PatchEmbed(nn.Module):
     "Overlapping patch embedding: a strided convolution, then LayerNorm over channels."
