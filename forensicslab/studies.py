@@ -463,15 +463,17 @@ def finished_run(name: str | Path, params: dict, folder: str | Path) -> Optional
 def expected_seconds(name: str | Path, profile: str = "demo", out_root: str | Path | None = None,
                      profiles: dict[str, StudyProfile] | None = None) -> Optional[float]:
     """The time `profile` of study `name` is expected to take: `seconds` of the `run.json` in its folder (a run with
-    these parameters, else, for a full profile, the declared `full_seconds`, else a run with other parameters); None
-    when nothing was ever measured."""
+    these parameters, else, for a full profile, the declared `full_seconds`, else a run with other parameters, else
+    the committed run in `outputs/` when `out_root` is another folder); None when nothing was ever measured."""
     prof = _profile(name, profiles)
     folder = profile_folder(name, profile, out_root, {str(name): prof})
     rec = _recorded_run(folder)
     root = (Path(out_root) if out_root else project_root() / "outputs").resolve()
     if rec.get("seconds") is not None and finished_run(name, prof.params(profile, root), folder): return float(rec["seconds"])
     if profile == "full" and prof.full_seconds: return float(prof.full_seconds)
-    return float(rec["seconds"]) if rec.get("seconds") is not None else None
+    if rec.get("seconds") is not None: return float(rec["seconds"])
+    committed = (project_root() / "outputs").resolve()
+    return None if root == committed else expected_seconds(name, profile, committed, profiles)
 
 def _duration(s: Optional[float]) -> str:
     "Seconds as a short duration: `45 s`, `12.5 min`, `2.3 h`; `?` when unknown."

@@ -287,3 +287,11 @@ def test_jobs_run_systems_side_by_side_and_each_systems_studies_in_order(project
     assert order == triage + ["zoom_table1"] and all(spans[a][1] <= spans[b][0] for a, b in zip(order, order[1:]))
     assert sequential.keys() == spans.keys()
     with pytest.raises(S.StudyError, match="at least 1"): S.reproduce(quick=True, runner=runner, jobs=0)
+
+
+def test_another_output_root_takes_its_expected_times_from_the_committed_runs(project):
+    root, _ = project
+    assert S.expected_seconds("zoom_table1", "demo", root / "elsewhere") is None     # nothing measured anywhere
+    S.run_study("zoom_table1", {}, progress=False, out_dir=S.profile_folder("zoom_table1", "demo"))
+    rec = json.loads((root / "outputs" / "zoom_table1" / "run.json").read_text())
+    assert S.expected_seconds("zoom_table1", "demo", root / "elsewhere") == pytest.approx(rec["seconds"])
