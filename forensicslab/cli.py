@@ -126,8 +126,8 @@ def reproduce_cmd(ctx: typer.Context,
                   list_: bool = typer.Option(False, "--list", help="Print each study's demo and full profile and expected time; run nothing."),
                   quick: bool = typer.Option(False, help="Quick smoke configuration (no profile), into scratch folders."),
                   out: Optional[Path] = typer.Option(None, help="Output root (default: outputs/)."),
-                  jobs: int = typer.Option(1, "--jobs", "-j", help="Run this many systems' studies side by side (triage, zoom, ...; "
-                                           "one system's studies stay in order, one at a time); make demo uses 2.")):
+                  jobs: int = typer.Option(1, "--jobs", "-j", help="Run this many studies side by side, each after the studies whose "
+                                           "folders it reads; make demo uses 2.")):
     """Re-run every study notebook (tables and figures) with its demo or full profile into outputs/, each with its
     expected time; a failed study leaves its folder as it was and the others still run; a summary table ends the run,
     and the exit status is 1 when any study failed."""

@@ -36,11 +36,11 @@ from .runs import (RUN_RECORD, FolderLock, arithmetic_differs, checkout_root, co
 
 # %% auto #0
 __all__ = ['STUDY_ORDER', 'VARIANTS_FILE', 'FAILED_DIR', 'RESUMABLE', 'STAGE_MARK', 'PROFILES_FILE', 'PROFILES', 'FULL_DIR',
-           'CHAINED', 'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path',
+           'SYSTEM_NEEDS', 'GRID_KEYS', 'StudyError', 'UnknownStudy', 'StudyFailed', 'list_studies', 'study_path',
            'study_parameters', 'study_defaults', 'parse_value', 'parse_param_args', 'check_parameters', 'StudyVariant',
            'study_variants', 'study_variant', 'run_study', 'StudyProfile', 'study_profiles', 'profile_folder',
-           'finished_run', 'expected_seconds', 'profile_table', 'wall_seconds', 'reproduce', 'load_grid', 'cell_name',
-           'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
+           'finished_run', 'expected_seconds', 'profile_table', 'study_needs', 'wall_seconds', 'reproduce', 'load_grid',
+           'cell_name', 'grid_cells', 'cell_cost', 'numeric_columns', 'run_batch']
 
 # %% ../nbs/02b_studies.ipynb #37130a91
 class StudyError(ForensicsLabError, ValueError):
@@ -528,23 +528,49 @@ def _clock(seconds: float) -> str:
     "The UTC wall-clock time `seconds` from now, `HH:MM UTC`."
     return time.strftime("%H:%M UTC", time.gmtime(time.time() + seconds))
 
-CHAINED = {"detectors": "triage"}
-"Systems whose studies run in another system's chain: `detectors_training` writes the detector cards the triage studies read."
+SYSTEM_NEEDS = {"triage": ("detectors_training",)}
+"Studies every study of a system waits for: `detectors_training` (with `retrain`) rewrites the cards the triage studies read."
 
-def _chains(todo: list[dict]) -> list[list[tuple[int, dict]]]:
-    """`todo`'s `(position, study)` pairs as one chain per system (`triage`, `zoom`, ...: the name's first word, `CHAINED`
-    joined), each in reproduction order (a study may read an earlier one's output folder), longest expected chain first."""
-    by: dict[str, list] = {}
-    for i, s in todo:
-        system = Path(s["name"]).stem.split("_")[0]
-        by.setdefault(CHAINED.get(system, system), []).append((i, s))
-    return sorted(by.values(), key=lambda ch: -sum(s["expected"] or 0.0 for _, s in ch))
+def study_needs(name: str | Path, studies: dict[str, Path] | None = None) -> list[str]:
+    """The studies whose output folders study `name` reads, which `reproduce` finishes before it starts `name`: those
+    its notebook's parameters cell names (the folders it reads by default), those its variant's fixed parameters name,
+    and its system's `SYSTEM_NEEDS`; in reproduction order."""
+    studies = studies or list_studies()
+    nb = studies.get(str(name)) or study_path(name)
+    cell = next((c.source for c in nbformat.read(nb, as_version=4).cells if "parameters" in c.metadata.get("tags", [])), "")
+    v = study_variant(name)
+    text = " ".join([cell, *(str(x) for x in (v.params.values() if v else ()))])
+    also = SYSTEM_NEEDS.get(Path(name).stem.split("_")[0], ())
+    return [n for n in studies if n != name and (n in also or re.search(rf"\b{re.escape(n)}\b", text))]
 
-def wall_seconds(chains: list[list[tuple[int, dict]]], jobs: int) -> float:
-    "Expected wall time of `chains` run `jobs` at a time, each taken by the first free worker in the given order."
-    loads = [0.0] * max(1, jobs)
-    for ch in chains: loads[loads.index(min(loads))] += sum(s["expected"] or 0.0 for _, s in ch)
-    return max(loads)
+def _schedule(todo: list[tuple[int, dict]], jobs: int) -> tuple[dict[int, set], Callable[[list[int]], int]]:
+    """For `todo`'s `(position, study)` pairs (each with `needs` and `expected`): what each waits for (positions among
+    `todo`) and how a free worker picks among the ready ones: alone, in reproduction order; side by side, the study
+    with the longest expected path through the studies that wait for it (so the longest chain starts first)."""
+    pos = {s["name"]: i for i, s in todo}
+    waits = {i: {pos[n] for n in s["needs"] if n in pos} for i, s in todo}
+    study, after, path = dict(todo), {i: [j for j in waits if i in waits[j]] for i in waits}, {}
+    def longest(i: int, seen: tuple = ()) -> float:
+        if i in seen: raise StudyError("studies that read each other's folders: " + " -> ".join(study[j]["name"] for j in (*seen, i)))
+        if i not in path: path[i] = (study[i]["expected"] or 0.0) + max((longest(j, (*seen, i)) for j in after[i]), default=0.0)
+        return path[i]
+    for i in waits: longest(i)
+    return waits, (min if jobs == 1 else lambda ready: max(ready, key=lambda i: (path[i], -i)))
+
+def wall_seconds(todo: list[tuple[int, dict]], jobs: int) -> float:
+    "Expected wall time of `todo` run `jobs` at a time: each free worker takes the ready study `_schedule` picks."
+    waits, pick = _schedule(todo, jobs)
+    pending, running, done, clock = dict(todo), [], set(), 0.0
+    while pending or running:
+        ready = [i for i in pending if waits[i] <= done]
+        while ready and len(running) < jobs:
+            i = pick(ready)
+            ready.remove(i)
+            running.append((clock + (pending.pop(i)["expected"] or 0.0), i))
+        clock, i = min(running)
+        running.remove((clock, i))
+        done.add(i)
+    return clock
 
 def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params: dict | None = None,
               out_root: str | Path | None = None, quick: bool = False, resume: Optional[bool] = None,
@@ -556,8 +582,8 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
     (default: on for the full profile) skips a study whose folder holds a finished run with the same parameters
     (`finished_run`). Before each study a line gives its expected time (`expected_seconds`) and when the whole run
     should end; `progress` (default: on a terminal) also shows a bar over the expected seconds. A failed study
-    leaves its folder as it was and the others still run; Ctrl-C stops the run. `jobs` > 1 runs that many systems'
-    studies side by side (`_chains`: one system's studies stay in order, one at a time). Returns `{results, folders,
+    leaves its folder as it was and the others still run; Ctrl-C stops the run. A study starts after the studies it
+    reads (`study_needs`); `jobs` > 1 runs that many studies side by side, the longest chain of waiting studies first. Returns `{results, folders,
     interrupted}`: `results` has one `(study, status, seconds, reason)` per study (`ok`, `failed`, `kept`, `skipped`),
     in reproduction order. `quick` runs the quick smoke configuration (no profile) into scratch folders, or under
     `out_root`. `check` is called once with `(study, parameters)` of every study about to run, before the first
@@ -583,13 +609,14 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
         if v is not None: v.apply(p)                  # a variant's fixed parameter is refused before anything runs
         folder = None if quick else profile_folder(n, profile, root, profiles)
         done = None if quick or not resume else finished_run(n, p, folder)
-        plan.append(dict(name=n, params=p, folder=folder, done=done,
+        plan.append(dict(name=n, params=p, folder=folder, done=done, needs=study_needs(n),
                          expected=None if quick else expected_seconds(n, profile, root, profiles)))
     todo = [s for s in plan if s["done"] is None]
     if check is not None: check([(s["name"], s["params"]) for s in todo])
-    chains = _chains([(i, s) for i, s in enumerate(plan, 1) if s["done"] is None])
+    pending = {i: s for i, s in enumerate(plan, 1) if s["done"] is None}
+    waits, pick = _schedule(list(pending.items()), jobs)
     left = sum(s["expected"] or 0.0 for s in todo)
-    wall = [wall_seconds(chains, jobs)]              # the expected wall time still ahead (a list: the workers update it)
+    wall = [wall_seconds(list(pending.items()), jobs)]   # the expected wall time still ahead (the workers update it)
     bar = tqdm(total=round(left), unit="s", desc=f"reproduce ({profile})", dynamic_ncols=True, leave=False,
                disable=(None if progress is None else not progress) if todo and left else True,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s expected [{elapsed}<{remaining}]")
@@ -635,12 +662,24 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
             results[i] = (label, "failed", time.time() - t0, reason)
             kept = getattr(e, "kept", None)
             say(f"   {label} FAILED after {_duration(time.time() - t0)}: {reason}" + (f" (output folder unchanged; the attempt is in {kept})" if kept else ""))
-        with lock: wall[0] = max(0.0, wall[0] - (s["expected"] or 0.0) / (jobs if jobs > 1 else 1))
-    if jobs == 1 or len(chains) < 2:
-        for i, s in (pair for ch in sorted(chains, key=lambda ch: ch[0][0]) for pair in ch): run_one(i, s)
+    done, turn = set(), threading.Condition(lock)
+    def worker():
+        "Run ready studies (all they wait for done, failed or not) until none is left."
+        while True:
+            with turn:
+                while pending and not (ready := [i for i in pending if waits[i] <= done]): turn.wait()
+                if not pending: return
+                i = pick(ready)
+                s = pending.pop(i)
+            run_one(i, s)
+            with turn:
+                done.add(i)
+                wall[0] = wall_seconds([(j, plan[j - 1]) for j in waits if j not in done], jobs)
+                turn.notify_all()
+    if jobs == 1 or len(pending) < 2: worker()
     else:   # one environment for all workers: each kernel inherits the same arithmetic settings
         with _environment(portable_arithmetic()), cf.ThreadPoolExecutor(max_workers=jobs) as ex:
-            futures = [ex.submit(lambda ch=ch: [run_one(i, s) for i, s in ch]) for ch in chains]
+            futures = [ex.submit(worker) for _ in range(jobs)]
             try:
                 for f in futures: f.result()
             except KeyboardInterrupt:

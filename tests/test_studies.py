@@ -262,10 +262,14 @@ def test_the_committed_outputs_are_the_demo_profiles():
     assert not bad, "committed outputs not made by their demo profile:\n" + "\n".join(bad)
 
 
-def test_jobs_run_systems_side_by_side_and_each_systems_studies_in_order(project):
-    "`reproduce(jobs=2)`: the zoom study starts while the triage chain runs, but the triage studies never overlap and keep their order."
+def test_a_study_starts_after_the_studies_it_reads_and_the_others_run_side_by_side(project):
+    """`study_needs` reads the parameters cell and a variant's fixed parameters; `reproduce(jobs=2)` starts each study
+    only after those and runs the rest side by side; alone, in reproduction order."""
     import threading, time
     root, _ = project
+    needs = {n: S.study_needs(n) for n in S.list_studies()}
+    assert needs == {"triage_table4": [], "triage_table4_ungated": [], "triage_figure2": ["triage_table4"],
+                     "triage_figure2_ungated": ["triage_table4", "triage_table4_ungated"], "zoom_table1": []}
     spans, lock = {}, threading.Lock()
     def runner(n, p, out_root=None, out_dir=None, progress=False):
         t0 = time.perf_counter()
@@ -276,17 +280,28 @@ def test_jobs_run_systems_side_by_side_and_each_systems_studies_in_order(project
         (d / f"{n}.ipynb").write_text("{}")
         return d / f"{n}.ipynb"
     r = S.reproduce(quick=True, out_root=root / "out", runner=runner, progress=False, echo=lambda line: None, jobs=2)
-    triage = ["triage_table4", "triage_table4_ungated", "triage_figure2", "triage_figure2_ungated"]
-    assert [x[0] for x in r["results"]] == triage + ["zoom_table1"] and {x[1] for x in r["results"]} == {"ok"}
-    for a, b in zip(triage, triage[1:]): assert spans[a][1] <= spans[b][0]            # one after another, in order
-    assert spans["zoom_table1"][0] < spans["triage_table4"][1]                          # side by side with the triage chain
-    sequential = dict(spans)
+    assert [x[0] for x in r["results"]] == list(needs) and {x[1] for x in r["results"]} == {"ok"}
+    for n, before in needs.items():
+        for b in before: assert spans[b][1] <= spans[n][0], (b, n)                     # never before what it reads
+    starts = sorted(t0 for t0, _ in spans.values())
+    assert starts[1] < min(t1 for _, t1 in spans.values())                              # two ran side by side
     spans.clear()
     S.reproduce(quick=True, out_root=root / "out", runner=runner, progress=False, echo=lambda line: None)
     order = sorted(spans, key=lambda n: spans[n][0])
-    assert order == triage + ["zoom_table1"] and all(spans[a][1] <= spans[b][0] for a, b in zip(order, order[1:]))
-    assert sequential.keys() == spans.keys()
+    assert order == list(needs) and all(spans[a][1] <= spans[b][0] for a, b in zip(order, order[1:]))
     with pytest.raises(S.StudyError, match="at least 1"): S.reproduce(quick=True, runner=runner, jobs=0)
+    _notebook(root / "nbs" / "studies" / "triage_table4.ipynb", 'quick = True\nout_dir = ""\npool = "default"\nseed = 0\n'
+              'variant = ""\nfigure = "triage_figure2"')                                # now each reads the other
+    with pytest.raises(S.StudyError, match="read each other's folders: triage_table4 -> triage_figure2 -> triage_table4"):
+        S.reproduce(["triage_table4", "triage_figure2"], quick=True, runner=runner, jobs=2)
+
+
+def test_the_expected_wall_time_follows_the_longest_chain_of_waiting_studies():
+    "Side by side, a free worker takes the ready study with the longest path ahead: a (10 s) then b (10 s, reads a) beside c (15 s)."
+    todo = [(1, dict(name="c", needs=[], expected=15.0)), (2, dict(name="a", needs=[], expected=10.0)),
+            (3, dict(name="b", needs=["a"], expected=10.0))]
+    assert S.wall_seconds(todo, 1) == 35 and S.wall_seconds(todo, 2) == 20
+    assert S.wall_seconds(todo + [(4, dict(name="d", needs=[], expected=5.0))], 2) == 20    # d follows c while b follows a
 
 
 def test_another_output_root_takes_its_expected_times_from_the_committed_runs(project):
