@@ -8,15 +8,16 @@ Docs: https://forensicslab.github.io/forensicslab/core.html.md"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional, Protocol, runtime_checkable
+from typing import Any, Iterable, Literal, Optional, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # %% auto #0
 __all__ = ['FAMILIES', 'FAMILY_PARENTS', 'ForensicsLabError', 'jsonable', 'UnknownName', 'NameTaken', 'Registry',
-           'register_family', 'family_lineage', 'Box', 'EvidenceItem', 'Sample', 'save_samples', 'load_samples',
-           'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure', 'ChatModel']
+           'register_family', 'family_lineage', 'scope_holds', 'as_answered', 'Box', 'EvidenceItem', 'Sample',
+           'save_samples', 'load_samples', 'ToolCard', 'Detection', 'Detector', 'ChatMessage', 'Reply', 'ChatFailure',
+           'ChatModel']
 
 # %% ../nbs/00_core.ipynb #9839d780
 class ForensicsLabError(Exception):
@@ -111,6 +112,17 @@ def family_lineage(family: str) -> list[str]:
     out = [family]
     while out[-1] in FAMILY_PARENTS and FAMILY_PARENTS[out[-1]] not in out: out.append(FAMILY_PARENTS[out[-1]])
     return out
+
+def scope_holds(scope: Iterable[str], families: Iterable[str | None]) -> bool:
+    "Whether `scope` holds one of `families` or a broader family one of them refines (a `gen_inpaint` scope holds `gan_inpaint`)."
+    s = set(scope)
+    return any(f in s for fam in families if fam for f in family_lineage(fam))
+
+def as_answered(truth: Iterable[str], answer: Iterable[str]) -> list[str]:
+    """The true families at the level `answer` names them: each replaced by the broader family of its lineage that the
+    answer names, else kept (a `gen_inpaint` answer names a `gan_inpaint` image's family; a `diffusion_inpaint` one does not)."""
+    a = set(answer)
+    return [next((f for f in family_lineage(t) if f in a), t) for t in truth]
 
 # %% ../nbs/00_core.ipynb #25d498f1
 class Box(BaseModel):
@@ -225,7 +237,7 @@ class ToolCard(BaseModel):
 
     def in_scope(self, family: str | None) -> bool:
         "Whether a case of `family` is in the declared scope: the family itself or a broader one it refines (`FAMILY_PARENTS`)."
-        return family is not None and any(f in self.scope for f in family_lineage(family))
+        return scope_holds(self.scope, [family])
 
 class Detection(BaseModel):
     "One detector's output on one image; `heatmap` (HxW float32 in [0, 1]) is excluded from JSON."

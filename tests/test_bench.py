@@ -35,6 +35,10 @@ def test_counts_and_labels(tiny):
         assert x.label == 0 or x.family == GROUPS[x.provenance["group"]]
     ood_fams = [x.family for x in s["ood"] if x.label]
     assert {f: ood_fams.count(f) for f in set(ood_fams)} == {f: SIZES.ood_per_family for f in FAMILIES}
+    # the learned fills are GAN-style (not diffusion) inpaintings, in the id regime and the ood one keyed gen_inpaint
+    assert "gan_inpaint" in FAMILIES and "gen_inpaint" not in FAMILIES
+    assert {x.family for x in s["ood"] if x.label and x.id.startswith("ood-gen_inpaint-")} == {"gan_inpaint"}
+    assert {x.family for x in s["id"] if x.label and x.provenance["group"] == "inpaint_net"} == {"gan_inpaint"}
     assert sum(1 - x.label for x in s["ood"]) == SIZES.ood_authentic + SIZES.ood_processed + SIZES.ood_hard
     hard = [x for x in s["ood"] if x.provenance["domain"].startswith("hard_")]
     assert {x.provenance["domain"] for x in hard} == {f"hard_{k}" for k in bench.HARD_AUTHENTIC} and len(hard) == SIZES.ood_hard
@@ -138,7 +142,7 @@ def test_full_build_counts(tmp_path):
     assert (len(idc), sum(s.label for s in idc)) == (240, 135)
     assert (len(ood), sum(s.label for s in ood)) == (330, 100)
     tr = load_bench("train", root)
-    assert sum(s.family == "synthesis" for s in tr) >= 60 and sum(s.family == "gen_inpaint" for s in tr) >= 60
+    assert sum(s.family == "synthesis" for s in tr) >= 60 and sum(s.family == "gan_inpaint" for s in tr) >= 60
 
 
 def test_one_source_of_shipped_photos():

@@ -227,3 +227,23 @@ def test_a_twin_of_a_given_runner_extends_that_runner_s_verdict():
     assert calls == [1] and res.config == "store-lr+composite" and res.verdict.arbitrated_tools == ["cfa", "noise"]
     plain = build_config(cfg, runners={"store-lr": (given, "fp")})   # the given runner, as the one runner type
     assert isinstance(plain, Runner) and plain(None, dets, CARDS).verdict.arbitrated_tools == ["cfa"] and calls == [1, 1]
+
+
+def test_a_parent_family_scope_and_answer_credit_a_finer_true_family():
+    """Issue 48 item 4: the benchmark's learned fills are `gan_inpaint`; a detector declaring `gen_inpaint` (the built-in
+    inpaint_net) or `gan_inpaint` (TruFor) is in scope for them and its answer is credited; one declaring only
+    `diffusion_inpaint` (RADAR) is not."""
+    from forensicslab.triage.configs import build_config, offline_configs
+    from forensicslab.triage.study import case_row, composite_table, fire_events
+    img = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    fusion = next(c for c in offline_configs() if c.name == "fusion")
+    s = Sample(id="fill", image="x.png", label=1, family="gan_inpaint")
+    got = {}
+    for scope in ("gen_inpaint", "gan_inpaint", "diffusion_inpaint"):
+        cards = {"det": make_card("det", [scope], False)}
+        d = {"det": Detection.from_score("det", 0.9)}
+        row = case_row(s, build_config(fusion)(img, d, cards), cards, d)
+        ct = composite_table({("fusion", "x"): [row]}, n_boot=0).set_index("part")
+        got[scope] = (row["in_scope"], fire_events([row]).event.tolist(), ct.loc["single edit", "set_arbitration"])
+    assert got == {"gen_inpaint": (True, ["in scope, manipulated"], 1.0), "gan_inpaint": (True, ["in scope, manipulated"], 1.0),
+                   "diffusion_inpaint": (False, ["out of scope, manipulated"], 0.0)}

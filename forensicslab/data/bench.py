@@ -30,7 +30,7 @@ from ..imageio import load_image
 from ..runs import project_root
 
 # %% auto #0
-__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS', 'HARD_AUTHENTIC', 'GENERATORS',
+__all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'OOD_REGIMES', 'PROCESSINGS', 'HARD_AUTHENTIC', 'GENERATORS',
            'GENERATOR_SHA256', 'BENCH_VERSION', 'DATASET', 'COMPOSITE', 'COMPOSITE_RECIPES', 'COMPOSITE_VERSION',
            'COLLECTIONS', 'BenchError', 'BenchMissing', 'lfw_faces', 'Crop', 'random_crop', 'blob_mask',
            'poisson_blend', 'Edit', 'classic_inpaint', 'copy_move', 'splice', 'face_edit', 'jpeg_roundtrip',
@@ -42,11 +42,15 @@ __all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'PROCESSINGS',
 # %% ../../nbs/03_data.bench.ipynb #3373238e
 ID_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "motorcycle_left", "motorcycle_right", "hubble")
 OOD_PHOTOS = ("china", "flower", "grace_hopper", "retina", "camera", "coins")
-GROUPS = {"spectral": "synthesis", "npr": "synthesis", "face_blend": "face", "inpaint_net": "gen_inpaint",
+GROUPS = {"spectral": "synthesis", "npr": "synthesis", "face_blend": "face", "inpaint_net": "gan_inpaint",
           "noise": "classic_inpaint", "adq": "splice", "copymove": "splice", "cfa": "splice"}
-"Built-in detector id -> the family of the images made in its regime (the `id` collection's groups)."
+"""Built-in detector id -> the family of the images made in its regime (the `id` collection's groups). The learned
+fills are `gan_inpaint` (a convolutional network, not a diffusion model: the paper's split of generative inpainting)."""
 IMAGE_FAMILIES = tuple(f for f in FAMILIES if f in set(GROUPS.values()))
 "The manipulation families this benchmark makes, in taxonomy order (other studies may register more families)."
+OOD_REGIMES = ("synthesis", "face", "gen_inpaint", "classic_inpaint", "splice")
+"""The `ood` collection's regimes, one per family it makes: each name keys its images' random streams and sample ids,
+so they stay as first built (the `gen_inpaint` regime's learned fills are labelled `gan_inpaint`, as in `GROUPS`)."""
 
 class BenchError(ForensicsLabError, ValueError):
     "A benchmark that is missing, incomplete, built with other settings, or asked for an unknown collection; or a generator file that is not the shipped one."
@@ -655,7 +659,7 @@ class _Maker:
             else:
                 from forensicslab.data.generators import fill_hole
                 mk = blob_mask(*host.shape[:2], rng, (0.05, 0.12))
-                m = _Made(fill_hole(self.models["fill_bilinear"], host, mk), mk, "PNG", None, "fill_bilinear", family,
+                m = _Made(fill_hole(self.models["fill_bilinear"], host, mk), mk, "PNG", None, "fill_bilinear", "gan_inpaint",
                           {"area": float(mk.mean())}, [asdict(c)], host)
         elif family == "classic_inpaint":
             c, host = self._crop(rng, P)
@@ -759,7 +763,7 @@ def train_generators(out: str | Path | None = None, steps: int = 300, seed: int 
     return sums
 
 # %% ../../nbs/03_data.bench.ipynb #3fa2002d
-BENCH_VERSION = "6"
+BENCH_VERSION = "7"   # 7: learned fills labelled gan_inpaint (were gen_inpaint); the images are those of version 6
 DATASET = "forensicslab-bench"
 
 def default_root() -> Path:
@@ -789,7 +793,7 @@ def _plain(o):
 def _plan(coll: str, sizes: BenchSizes) -> list[tuple[str, int, int]]:
     "(group or family, label, index) for every image of a collection."
     if coll == "ood":
-        fams = IMAGE_FAMILIES
+        fams = OOD_REGIMES
         out = [(f, 1, i) for f in fams for i in range(sizes.ood_per_family)]
         out += [(f, 0, i) for f, n in spread(sizes.ood_authentic, fams).items() for i in range(n)]
         proc = spread(sizes.ood_processed, PROCESSINGS)   # last, so the items above are unchanged
@@ -1027,10 +1031,10 @@ Generators: `forensicslab.data.generators`, trained once and shipped in the pack
 # %% ../../nbs/03_data.bench.ipynb #3b2fe0e2
 COMPOSITE = "composite"
 "The collection of composite manipulations (two families in disjoint regions of one image; masks per family)."
-COMPOSITE_RECIPES = {"face_swap+fill": ("face", "gen_inpaint"), "splice+telea": ("splice", "classic_inpaint"),
-                     "double_jpeg_splice+fill": ("splice", "gen_inpaint"), "generated_background+splice": ("synthesis", "splice")}
+COMPOSITE_RECIPES = {"face_swap+fill": ("face", "gan_inpaint"), "splice+telea": ("splice", "classic_inpaint"),
+                     "double_jpeg_splice+fill": ("splice", "gan_inpaint"), "generated_background+splice": ("synthesis", "splice")}
 "Composite recipe -> its families, in the order the edits are made."
-COMPOSITE_VERSION = "1"
+COMPOSITE_VERSION = "2"   # 2: learned fills labelled gan_inpaint; the images are those of version 1
 "Version of the composite recipes (a change rebuilds the `composite` collection only)."
 
 def _composite_rng(seed: int, recipe: str, i: int) -> np.random.Generator:
@@ -1068,7 +1072,7 @@ def _composite_item(mk: _Maker, rng: np.random.Generator, recipe: str) -> tuple[
         e1 = face_edit(host, c.face_box(), rng, "swap", lfw_faces()[:60])
         m2 = free_blob(e1.mask, rng)
         rgb, fmt, q = fill_hole(mk.models["fill_tconv"], e1.rgb, m2), "PNG", None
-        masks, params, src = {"face": e1.mask, "gen_inpaint": m2}, {"face": e1.params, "gen_inpaint": {"area": float(m2.mean())}}, [asdict(c)] + e1.sources
+        masks, params, src = {"face": e1.mask, "gan_inpaint": m2}, {"face": e1.params, "gan_inpaint": {"area": float(m2.mean())}}, [asdict(c)] + e1.sources
     elif recipe in ("splice+telea", "double_jpeg_splice+fill"):
         c, host = mk._crop(rng, P)
         pre, q = {}, None
@@ -1082,7 +1086,7 @@ def _composite_item(mk: _Maker, rng: np.random.Generator, recipe: str) -> tuple[
             rgb, fmt, fam2, p2, m2 = e2.rgb, "PNG", "classic_inpaint", e2.params, e2.mask
         else:
             m2 = free_blob(e1.mask, rng)
-            rgb, fmt, fam2, p2 = fill_hole(mk.models["fill_tconv"], e1.rgb, m2), "JPEG", "gen_inpaint", {"area": float(m2.mean())}
+            rgb, fmt, fam2, p2 = fill_hole(mk.models["fill_tconv"], e1.rgb, m2), "JPEG", "gan_inpaint", {"area": float(m2.mean())}
         masks, params, src = {"splice": e1.mask, fam2: m2}, {"splice": {**e1.params, **pre}, fam2: p2}, [asdict(c), asdict(cd)]
     elif recipe == "generated_background+splice":
         ca, a = mk._crop(rng, P)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..chat.prompts import prompt_hash
-from ..core import Sample, ToolCard
+from ..core import Sample, ToolCard, as_answered, scope_holds
 from ..data.datasets import describe_dataset, parse_dataset_spec, sample_families
 from ..metrics import binary_metrics, bootstrap_ci, fmt_ci, mcnemar, paper_numbers, set_arbitration, share_ci
 from ..runs import Case, Run, config_hash, shown_path
@@ -49,7 +49,7 @@ def case_row(sample: Sample, res: CaseResult, cards: dict[str, ToolCard], detect
     fams = sample_families(sample)
     return dict(sample=sample.id, config=res.config, label=sample.label, family=sample.family, families=fams,
                 group=sample.provenance.get("group"), pred=pred, decisive=dec, answer=arbitrated_families(v, cards),
-                in_scope=bool(sample.label == 1 and pred == 1 and dec is not None and set(fams) & set(cards[dec].scope)),
+                in_scope=bool(sample.label == 1 and pred == 1 and dec is not None and scope_holds(cards[dec].scope, fams)),
                 failure=res.failure,
                 fired=None if detections is None else {k: list(cards[k].scope) for k, d in sorted(detections.items())
                                                        if d.status == "ok" and d.fired},
@@ -244,8 +244,8 @@ def composite_table(results: dict[tuple[str, str], list[dict]], n_boot: int = 10
         twin = base != name and (base, coll) in results
         other = parts(results[(base, coll)]) if twin else {}
         for part, rs in sorted(parts(rows).items(), key=lambda kv: COMPOSITE_PARTS.index(kv[0])):
-            truth = [_families(r) for r in rs]
             said = [_answer(r, cards) for r in rs]
+            truth = [as_answered(_families(r), a) for r, a in zip(rs, said)]   # a parent family's answer names a child's
             scored = [a if r.get("pred") is not None else ["(no verdict)"] for r, a in zip(rs, said)]   # no verdict: Jaccard 0
             v, lo, hi = set_arbitration(truth, scored, n_boot, seed)
             t: dict[str, Any] = dict(a_only=np.nan, b_only=np.nan, p_value=np.nan)
@@ -381,7 +381,7 @@ def fire_events(rows: list[dict]) -> pd.DataFrame:
         for k, scope in sorted(r["fired"].items()):
             fams = _families(r)   # a composite is in scope for a detector whose scope holds either of its families
             cls = ("authentic" if r["label"] == 0 else "unknown family, manipulated" if not fams
-                   else "in scope, manipulated" if set(fams) & set(scope) else "out of scope, manipulated")
+                   else "in scope, manipulated" if scope_holds(scope, fams) else "out of scope, manipulated")
             out.append(dict(sample=r["sample"], label=r["label"], family=r.get("family"), detector=k, event=cls,
                             dropped=k in dropped, pred=r.get("pred")))
     return pd.DataFrame(out, columns=["sample", "label", "family", "detector", "event", "dropped", "pred"])

@@ -24,7 +24,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ..core import Detection, ForensicsLabError, Registry, Sample, ToolCard
+from ..core import Detection, ForensicsLabError, Registry, Sample, ToolCard, scope_holds
 from ..imageio import load_image
 from ..metrics import mask_scores, mcnemar
 from ..provenance.jpeg import estimate_quality
@@ -174,7 +174,7 @@ class TrustStore(BaseModel):
                 scopes.setdefault(d, list(r.scopes.get(d, [])))
                 if f is None: continue
                 kind = ("authentic" if r.label == 0 else "unknown_family" if cl == "unknown" else
-                        "in_scope" if r.family in scopes[d] else "out_of_scope")
+                        "in_scope" if scope_holds(scopes[d], [r.family]) else "out_of_scope")
                 for b in ("*", key):
                     c = counts.setdefault((d, kind, b), [0, 0])
                     c[0] += int(f); c[1] += 1

@@ -427,7 +427,8 @@ def _build_manipulations(root: Path, split: str, n: int, seed: int, design: str)
             Image.fromarray(m.mask.astype(np.uint8) * 255).save(root / mask_rel)
             key = "copy_move" if m.recipe == "copy_move" else fam
             items.append(EvidenceItem(text=_M_TEXT[key].format(w=where(box, W, H)), box=Box.from_list(box)))
-        out.append(Sample(id=sid, image=rel, label=label, family=m.family if label else None, mask=mask_rel, boxes=items,
+        # the design's own family names (MANIPULATION_FAMILIES' keys, as its texts): the learned fill stays gen_inpaint
+        out.append(Sample(id=sid, image=rel, label=label, family=fam if label else None, mask=mask_rel, boxes=items,
                           split=split, dataset=design, provenance=prov))
     return out
 
