@@ -247,3 +247,15 @@ def test_a_parent_family_scope_and_answer_credit_a_finer_true_family():
         got[scope] = (row["in_scope"], fire_events([row]).event.tolist(), ct.loc["single edit", "set_arbitration"])
     assert got == {"gen_inpaint": (True, ["in scope, manipulated"], 1.0), "gan_inpaint": (True, ["in scope, manipulated"], 1.0),
                    "diffusion_inpaint": (False, ["out of scope, manipulated"], 0.0)}
+
+
+def test_the_learned_judge_names_a_detector_whose_scope_holds_its_finer_class():
+    "A learned judge fitted on `gan_inpaint` cases makes the `gen_inpaint`-scoped detector decisive, not the highest-scoring other one."
+    from forensicslab.triage.judge import LearnedJudge
+    cards = {"fill": make_card("fill", ["gen_inpaint"], False), "cfa": make_card("cfa", ["splice"], False)}
+    case = lambda f, c: ({"fill": Detection.from_score("fill", f), "cfa": Detection.from_score("cfa", c)}, None)
+    cases = [(*case(0.9, 0.9), "gan_inpaint")] * 6 + [(*case(0.1, 0.9), "splice")] * 6 + [(*case(0.1, 0.1), "authentic")] * 6
+    j = LearnedJudge.fit(cases, ["fill", "cfa"])
+    dets, _ = case(0.85, 0.95)                    # both fire and cfa scores higher, but the class is the fill's
+    v = j.judge(None, dets, cards, {})
+    assert v.is_manipulated and v.arbitrated_tools[0] == "fill"

@@ -245,9 +245,9 @@ class LearnedJudge:
             return Verdict(reasoning=f"The learned judge gives authentic {p[AUTHENTIC]:.2f}.", is_manipulated=False,
                            locality="n/a", arbitrated_tools=[], decision_path=path + ["Authentic."])
         fam = max((c for c in self.classes if c != AUTHENTIC), key=lambda c: (p[c], c))
-        holders = sorted([k for k in dets if fam in cards[k].scope], key=lambda k: (-dets[k].fired, -dets[k].score, k))
+        holders = sorted([k for k in dets if cards[k].in_scope(fam)], key=lambda k: (-dets[k].fired, -dets[k].score, k))
         if not holders: holders = sorted(dets, key=lambda k: (-dets[k].fired, -dets[k].score, k))
-        tools = [holders[0]] + [k for k in holders[1:] if dets[k].fired and fam in cards[k].scope]
+        tools = [holders[0]] + [k for k in holders[1:] if dets[k].fired and cards[k].in_scope(fam)]
         return Verdict(reasoning=f"The learned judge gives authentic {p[AUTHENTIC]:.2f}; the most probable family is {fam} "
                                  f"({p[fam]:.2f}), so {tools[0]} is decisive.",
                        is_manipulated=True, locality=_locality(cards[tools[0]]), arbitrated_tools=tools,
