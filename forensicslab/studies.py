@@ -592,7 +592,8 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
     if quick and profile != "demo": raise StudyError("--quick runs the smoke configuration, not a profile: give one of them")
     if jobs < 1: raise StudyError(f"jobs must be at least 1, got {jobs}")
     runner, given = runner or run_study, dict(params or {})
-    names = list(names or list_studies())
+    studies = list_studies()
+    names = list(names or studies)
     for n in names: study_path(n)                     # an unknown name fails before anything runs
     if "out_dir" in given:                            # one folder for every study would have each replace the one before
         raise StudyError("reproduce writes each study to ROOT/<study>: give --out ROOT, not -p out_dir")
@@ -609,11 +610,11 @@ def reproduce(names: Iterable[str] | None = None, profile: str = "demo", params:
         if v is not None: v.apply(p)                  # a variant's fixed parameter is refused before anything runs
         folder = None if quick else profile_folder(n, profile, root, profiles)
         done = None if quick or not resume else finished_run(n, p, folder)
-        plan.append(dict(name=n, params=p, folder=folder, done=done, needs=study_needs(n),
+        plan.append(dict(name=n, params=p, folder=folder, done=done, needs=study_needs(n, studies),
                          expected=None if quick else expected_seconds(n, profile, root, profiles)))
-    todo = [s for s in plan if s["done"] is None]
-    if check is not None: check([(s["name"], s["params"]) for s in todo])
     pending = {i: s for i, s in enumerate(plan, 1) if s["done"] is None}
+    todo = list(pending.values())
+    if check is not None: check([(s["name"], s["params"]) for s in todo])
     waits, pick = _schedule(list(pending.items()), jobs)
     left = sum(s["expected"] or 0.0 for s in todo)
     wall = [wall_seconds(list(pending.items()), jobs)]   # the expected wall time still ahead (the workers update it)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import cv2
 import forensicslab
-from ..core import ForensicsLabError, Sample, family_lineage
+from ..core import ForensicsLabError, Sample, scope_holds
 from .builtin.face_blend import locate_faces, most_face_like
 from .signals import analysis_rgb
 from ..imageio import load_image
@@ -229,7 +229,7 @@ def _fit_segmenter(model: nn.Module, data: list, weights: np.ndarray, rng, steps
 def train_inpaint_net(samples: Sequence[Sample], steps: int = 600, batch: int = 16, crop: int = 96, lr: float = 2e-3,
                       seed: int = 0, log_every: int = 100, log=print) -> FillSegNet:
     "Train `FillSegNet` on generative-inpainting images with masks against authentic ones of the `train` collection."
-    pos = [s for s in samples if s.label == 1 and s.family and "gen_inpaint" in family_lineage(s.family) and s.mask]
+    pos = [s for s in samples if s.label == 1 and scope_holds(["gen_inpaint"], [s.family]) and s.mask]
     neg = [s for s in samples if s.label == 0]
     if not pos or not neg: raise ValueError(f"train_inpaint_net needs generative inpaintings (gen_inpaint or a finer family, with masks) and authentic samples, got {len(pos)} and {len(neg)}")
     data = []
