@@ -458,21 +458,33 @@ def note_run(folder: str | Path, **fields) -> dict:
 
 # %% ../nbs/02_runs.ipynb #7b3e91a0
 PORTABLE_ARITHMETIC = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2",
-                       "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+                       "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "COMPATIBLE",
+                       "OPENBLAS_CORETYPE": "Haswell"}
 """The float arithmetic a study kernel gets on x86-64, each variable only where the user has not set it: two threads,
 and torch's, oneDNN's and MKL's kernels capped at AVX2. It is what the committed outputs were made with: on their
 machine (2 cores, AVX2, no AVX-512) these settings change no bit (the same `arithmetic_fingerprint` with and without
 them, measured). On a machine with more cores or with AVX-512 they remove the two differences measured to change
-trained weights (the thread count and the instruction set); whether MKL's own code path still differs between CPU
-vendors is not measured here, and the fingerprint in `run.json` says so where it does. Set a variable yourself (e.g.
-`OMP_NUM_THREADS=16`) to run faster with your machine's own arithmetic."""
+trained weights (the thread count and the instruction set). Two more pin the vendor code paths, measured on an Intel
+machine with AVX-512 against scores committed from an AMD one (40 benchmark images, 6 built-in detectors): NumPy's
+and SciPy's OpenBLAS at its Haswell kernels (without it the noise, ADQ and face-blend scores differed by up to 1.7e-3)
+and MKL in its compatible mode (without it the inpaint net's differed by 1e-7); with both, 5 of the 6 detectors gave
+the committed scores bit for bit and the NPR net's differed by at most 7e-9 (oneDNN's convolutions, which no setting
+tried here aligned). They are set only where the CPU has AVX2 and FMA. The fingerprint in `run.json` says where a
+machine still differs. Set a variable yourself (e.g. `OMP_NUM_THREADS=16`) to run faster with your machine's own
+arithmetic."""
 
 def portable_arithmetic(environ: dict | None = None) -> dict:
     "`environ` (default: this process's) with `PORTABLE_ARITHMETIC` added where unset, on x86-64; elsewhere unchanged."
     env = dict(os.environ if environ is None else environ)
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if platform.machine().lower() in ("x86_64", "amd64") and _has_avx2():
         for k, v in PORTABLE_ARITHMETIC.items(): env.setdefault(k, v)
     return env
+
+def _has_avx2() -> bool:
+    "Whether this CPU runs AVX2 and FMA (what the pinned code paths need), as NumPy's CPU dispatch detects them."
+    try: from numpy._core._multiarray_umath import __cpu_features__ as f
+    except ImportError: from numpy.core._multiarray_umath import __cpu_features__ as f   # NumPy 1
+    return bool(f.get("AVX2") and f.get("FMA3"))
 
 _KERNEL_ARITHMETIC: dict = {}
 
@@ -480,7 +492,7 @@ def kernel_arithmetic(env: dict) -> dict:
     """`cpu_arithmetic` as a new Python process started with `env` computes it (a study kernel's arithmetic, which the
     runner's own process may not share): one short subprocess per setting, remembered. Empty when torch is missing
     or the subprocess fails."""
-    key = tuple(sorted((k, env.get(k)) for k in (*PORTABLE_ARITHMETIC, "MKL_CBWR", "PYTHONPATH")))
+    key = tuple(sorted((k, env.get(k)) for k in (*PORTABLE_ARITHMETIC, "PYTHONPATH")))
     if key not in _KERNEL_ARITHMETIC:
         code = "import json, torch; from forensicslab.runs import cpu_arithmetic; print(json.dumps(cpu_arithmetic()))"
         try:
