@@ -1,6 +1,8 @@
 """Zoom study: box conventions, the strict parser, the turn bound, reward hand cases, and the LLM policy,
 annotator and judge end to end over the OpenAI-compatible wire (local test server)."""
 import json
+import time
+from pathlib import Path
 import math
 
 import numpy as np
@@ -400,3 +402,37 @@ def test_union_iou_hand_cases():
     # the union of overlapping predictions counts their overlap once: [0, 3) x [0, 2) against the same area
     assert union_iou([[0, 0, 2, 2], [1, 0, 3, 2]], [[0, 0, 3, 2]]) == pytest.approx(1.0)
     assert union_iou([], [[0, 0, 1, 1]]) == 0.0 and union_iou([[0, 0, 1, 1]], []) == 0.0
+
+
+def _build_and_check(root, go, out):
+    "A study process: wait for `go`, ensure the design under `root` (each split built slowly); report the splits it built and whether every image exists."
+    import forensicslab.zoom.data as zd
+    built, build = [], zd._build_split
+    def slow_build(root_, split, *a, **k):
+        built.append(split); time.sleep(1.0)
+        return build(root_, split, *a, **k)
+    zd._build_split = slow_build
+    go.wait()
+    try:
+        r = zd.ensure_artifacts(root, n_train=4, n_test=4, n_ood=4)
+        out.put((len(built), all(Path(s.image).exists() for sp in zd.SPLITS for s in zd.load_artifacts(sp, r))))
+    except Exception as e: out.put(repr(e))
+
+
+def test_two_studies_asking_for_one_zoom_design_build_it_once(tmp_path):
+    """A study asks for a zoom design while another is building it: it waits and finds it built. Before, it deleted the
+    other's half-built splits and built them again (in `make demo`, a study then failed writing into a folder the other
+    had just deleted)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    root, out = tmp_path / "d", ctx.Queue()
+    first, second = ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=_build_and_check, args=(root, go, out)) for go in (first, second)]
+    for p in procs: p.start()
+    first.set()
+    deadline = time.monotonic() + 120
+    while not (root / "train").exists() and time.monotonic() < deadline: time.sleep(0.02)
+    second.set()                                   # the first is building its splits now (one second each)
+    got = sorted([out.get(timeout=300) for _ in procs])
+    for p in procs: p.join(60)
+    assert got == [(0, True), (3, True)], got

@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from skimage.transform import swirl
 
 from ..core import Box, EvidenceItem, Registry, Sample, load_samples, save_samples
-from ..runs import config_hash, project_root
+from ..runs import FolderLock, config_hash, project_root
 from ..data.datasets import DatasetError, DatasetSpec, Samples   # the one dataset reader
 from ..imageio import load_image
 from .records import ZoomInputError, ZoomAnswer, norm_to_box, where_phrase
@@ -361,15 +361,19 @@ def ensure_artifacts(root: str | Path | None = None, seed: int = 0, n_train: int
     cfg = dict(seed=seed, n=dict(zip(("train", "test", "ood"), sizes)), version=1, **({"design": design} if design != "artifacts" else {}))
     h = config_hash(cfg)
     man = root / "manifest.json"
-    if not force and man.exists() and json.loads(man.read_text()).get("config_hash") == h: return root
+    built = lambda: man.exists() and json.loads(man.read_text()).get("config_hash") == h
+    if not force and built(): return root
     for n in cfg["n"].values():
         if n < 2 or n % 2: raise ZoomInputError(f"split sizes must be even and >= 2 (balanced real/fake), got {cfg['n']}")
-    if root.exists():
+    # one builder at a time: a second study asking for the same design waits, then finds it built (the manifest comes last)
+    with FolderLock(root.parent, timeout=3600, name=f".{root.name}.lock", what=f"the {design} zoom design at {root}"):
+        if not force and built(): return root
+        man.unlink(missing_ok=True)
         for s in SPLITS: shutil.rmtree(root / s, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    for split, n in cfg["n"].items(): save_samples(_build_split(root, split, n, seed, design), root / f"{split}.jsonl")
-    man.write_text(json.dumps(dict(cfg, config_hash=h, splits=SPLITS, **({"design": asdict(d)} if design != "artifacts" else {})),
-                              indent=2, default=str))
+        root.mkdir(parents=True, exist_ok=True)
+        for split, n in cfg["n"].items(): save_samples(_build_split(root, split, n, seed, design), root / f"{split}.jsonl")
+        man.write_text(json.dumps(dict(cfg, config_hash=h, splits=SPLITS, **({"design": asdict(d)} if design != "artifacts" else {})),
+                                  indent=2, default=str))
     return root
 
 # %% ../../nbs/08c_zoom.data.ipynb #zmanip02
