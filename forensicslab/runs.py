@@ -458,19 +458,18 @@ def note_run(folder: str | Path, **fields) -> dict:
 
 # %% ../nbs/02_runs.ipynb #7b3e91a0
 PORTABLE_ARITHMETIC = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2",
-                       "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "COMPATIBLE",
-                       "OPENBLAS_CORETYPE": "Haswell"}
+                       "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
 """The float arithmetic a study kernel gets on x86-64, each variable only where the user has not set it: two threads,
 and torch's, oneDNN's and MKL's kernels capped at AVX2. It is what the committed outputs were made with: on their
 machine (2 cores, AVX2, no AVX-512) these settings change no bit (the same `arithmetic_fingerprint` with and without
 them, measured). On a machine with more cores or with AVX-512 they remove the two differences measured to change
-trained weights (the thread count and the instruction set). Two more pin the vendor code paths, measured on an Intel
-machine with AVX-512 against scores committed from an AMD one (40 benchmark images, 6 built-in detectors): NumPy's
-and SciPy's OpenBLAS at its Haswell kernels (without it the noise, ADQ and face-blend scores differed by up to 1.7e-3)
-and MKL in its compatible mode (without it the inpaint net's differed by 1e-7); with both, 5 of the 6 detectors gave
-the committed scores bit for bit and the NPR net's differed by at most 7e-9 (oneDNN's convolutions, which no setting
-tried here aligned). They are set only where the CPU has AVX2 and FMA. The fingerprint in `run.json` says where a
-machine still differs. Set a variable yourself (e.g. `OMP_NUM_THREADS=16`) to run faster with your machine's own
+trained weights (the thread count and the instruction set). NumPy's and SciPy's OpenBLAS run its Haswell kernels:
+measured on an Intel machine with AVX-512 against scores committed from an AMD one (40 benchmark images, 6 built-in
+detectors), without it the noise, ADQ and face-blend scores differed by up to 1.7e-3 and with it they match bit for
+bit. The torch nets still differ in the last bits across vendors (inpaint net 1e-7, NPR 7e-9): MKL's compatible mode
+(`MKL_CBWR=COMPATIBLE`) removes the inpaint net's difference but makes matrix products 3x slower on that machine, so
+it is not set, and no setting tried aligned oneDNN's convolutions (NPR). All of it only where the CPU has AVX2 and
+FMA. The fingerprint in `run.json` says where a machine still differs. Set a variable yourself (e.g. `OMP_NUM_THREADS=16`) to run faster with your machine's own
 arithmetic."""
 
 def portable_arithmetic(environ: dict | None = None) -> dict:
@@ -492,7 +491,7 @@ def kernel_arithmetic(env: dict) -> dict:
     """`cpu_arithmetic` as a new Python process started with `env` computes it (a study kernel's arithmetic, which the
     runner's own process may not share): one short subprocess per setting, remembered. Empty when torch is missing
     or the subprocess fails."""
-    key = tuple(sorted((k, env.get(k)) for k in (*PORTABLE_ARITHMETIC, "PYTHONPATH")))
+    key = tuple(sorted((k, env.get(k)) for k in (*PORTABLE_ARITHMETIC, "MKL_CBWR", "PYTHONPATH")))
     if key not in _KERNEL_ARITHMETIC:
         code = "import json, torch; from forensicslab.runs import cpu_arithmetic; print(json.dumps(cpu_arithmetic()))"
         try:
