@@ -248,14 +248,18 @@ class RulePolicy:
     note = RULE_POLICY_NOTE
     def __init__(self, thresholds: dict | None = None, view_side: int = 224, max_zooms: int = 3):
         self.thresholds = dict(DEFAULT_THRESHOLDS, **(thresholds or {}))
-        self.view_side, self.max_zooms = view_side, max_zooms
+        self.view_side, self.max_zooms, self._plans = view_side, max_zooms, {}
         th = json.dumps({k: round(float(v), 6) for k, v in sorted(self.thresholds.items())})
         self.policy_id = f"rules:v2:view{view_side}:z{max_zooms}:{zlib.crc32(th.encode()):08x}"   # v2: new text-cue wording; thresholds hashed in
 
     def _plan(self, ep: Episode) -> list[dict]:
-        if "plan" not in ep.scratch:
-            ep.scratch["plan"] = candidates(ep.image.rgb, self.thresholds, self.view_side)
-            ep.scratch["ratio"] = _detail_ratio(luma(ep.image.rgb))
+        if "plan" not in ep.scratch:   # a function of the pixels alone: measured once per image, whichever variant asks
+            key = ep.image.hash
+            if key not in self._plans:
+                if len(self._plans) >= 4096: self._plans.clear()
+                self._plans[key] = (candidates(ep.image.rgb, self.thresholds, self.view_side), _detail_ratio(luma(ep.image.rgb)))
+            plan, ep.scratch["ratio"] = self._plans[key]
+            ep.scratch["plan"] = [dict(c) for c in plan]
         return ep.scratch["plan"]
 
     def respond(self, ep: Episode) -> str:
