@@ -436,3 +436,20 @@ def test_two_studies_asking_for_one_zoom_design_build_it_once(tmp_path):
     got = sorted([out.get(timeout=300) for _ in procs])
     for p in procs: p.join(60)
     assert got == [(0, True), (3, True)], got
+
+
+def test_the_rule_policy_measures_each_image_once_across_variants(tmp_path, monkeypatch):
+    "Table 1 runs the rule policy in three variants over the same images: its candidate regions are measured once per image, and each variant answers as if measured afresh."
+    import forensicslab.zoom.rules as R
+    from forensicslab.zoom.all import run_policy, smoke_task
+    _, samples = smoke_task(str(tmp_path), n=2)
+    fresh = {v: run_policy(RulePolicy(), samples, v) for v in ("direct", "cot", "o3")}
+    calls, measure = [], R.candidates
+    monkeypatch.setattr(R, "candidates", lambda *a, **k: calls.append(1) or measure(*a, **k))
+    pol = RulePolicy()
+    again = {v: run_policy(pol, samples, v) for v in ("direct", "cot", "o3")}
+    assert len(calls) == len(samples)
+    def strip(x):   # timings aside
+        if isinstance(x, dict): return {k: strip(v) for k, v in x.items() if k != "seconds"}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+    assert all([strip(a.model_dump()) for a in again[v]] == [strip(f.model_dump()) for f in fresh[v]] for v in fresh)
