@@ -473,11 +473,11 @@ it is not set, and no setting tried aligned oneDNN's convolutions (NPR). All of 
 FMA. The fingerprint in `run.json` says where a machine still differs. One setting is about time, not numbers:
 OpenMP threads that wait sleep instead of spinning (`OMP_WAIT_POLICY=PASSIVE`), so two kernels side by side (`make demo`
 runs two) do not burn each other's cores: measured with a demo running beside it, a zoom checkpoint's evaluation took
-8.3 s per episode spinning and 0.47 s passive, the same answers. Set a variable yourself (e.g. `OMP_NUM_THREADS=16`) to run faster with your machine's own
-arithmetic."""
+8.3 s per episode spinning and 0.47 s passive, the same answers. Set a variable yourself (e.g. `OMP_NUM_THREADS=16`)
+to run faster with your machine's own arithmetic."""
 
 def portable_arithmetic(environ: dict | None = None) -> dict:
-    "`environ` (default: this process's) with `PORTABLE_ARITHMETIC` added where unset, on x86-64; elsewhere unchanged."
+    "`environ` (default: this process's) with `PORTABLE_ARITHMETIC` added where unset, on x86-64 with AVX2 and FMA; elsewhere unchanged."
     env = dict(os.environ if environ is None else environ)
     if platform.machine().lower() in ("x86_64", "amd64") and _has_avx2():
         for k, v in PORTABLE_ARITHMETIC.items(): env.setdefault(k, v)

@@ -259,7 +259,7 @@ class RulePolicy:
                 if len(self._plans) >= 4096: self._plans.clear()
                 self._plans[key] = (candidates(ep.image.rgb, self.thresholds, self.view_side), _detail_ratio(luma(ep.image.rgb)))
             plan, ep.scratch["ratio"] = self._plans[key]
-            ep.scratch["plan"] = [dict(c) for c in plan]
+            ep.scratch["plan"] = plan   # read only: a confirmed region is a new dict
         return ep.scratch["plan"]
 
     def respond(self, ep: Episode) -> str:
