@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -33,12 +34,12 @@ from .core import ForensicsLabError, Registry
 
 # %% auto #0
 __all__ = ['SET_ASIDE', 'PROGRESS_NOTES', 'RUN_RECORD', 'PORTABLE_ARITHMETIC', 'Case', 'StopRun', 'package_versions',
-           'git_commit', 'config_hash', 'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock', 'RunFolder', 'Run',
-           'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir', 'portable_path',
-           'resolve_portable', 'shown_path', 'shown_text', 'cpu_arithmetic', 'arithmetic_fingerprint', 'machine_info',
-           'read_run_record', 'note_run', 'portable_arithmetic', 'kernel_arithmetic', 'arithmetic_differs',
-           'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record', 'replace_dir',
-           'WriteAside']
+           'git_commit', 'code_digest', 'config_hash', 'RunBusy', 'RunConfigMismatch', 'RunError', 'FolderLock',
+           'RunFolder', 'Run', 'project_root', 'study_output_dir', 'checkout_root', 'user_cache_dir', 'cache_dir',
+           'portable_path', 'resolve_portable', 'shown_path', 'shown_text', 'cpu_arithmetic', 'arithmetic_fingerprint',
+           'machine_info', 'read_run_record', 'note_run', 'portable_arithmetic', 'kernel_arithmetic',
+           'arithmetic_differs', 'part_files', 'part_written', 'part_skipped', 'skipped_parts', 'write_run_record',
+           'replace_dir', 'WriteAside']
 
 # %% ../nbs/02_runs.ipynb #3a42377a
 @dataclass(frozen=True)
@@ -72,6 +73,15 @@ def git_commit(path: str | Path = ".", exclude: Iterable[str] = ()) -> Optional[
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError): return None
+
+@cache
+def code_digest() -> str:
+    """A short hash of the package's own source files (every `forensicslab/**/*.py`): results kept across runs under a
+    key that includes it are never served to a changed program, in a checkout or an installed wheel alike."""
+    import forensicslab
+    h, pkg = hashlib.sha256(), Path(forensicslab.__file__).resolve().parent
+    for p in sorted(pkg.rglob("*.py")): h.update(str(p.relative_to(pkg)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
 
 def config_hash(config: dict) -> str:
     "A short stable hash of a JSON-serialisable configuration."

@@ -1,5 +1,6 @@
 """The zoom study's manipulation design, the survey before the first zoom, its controls, and evaluation seeded per episode."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from forensicslab.zoom.rewards import union_iou  # noqa: E402
 from forensicslab.zoom.data import ensure_artifacts, load_artifacts, mask_box  # noqa: E402
 from forensicslab.zoom.pipeline import episode_views  # noqa: E402
 from forensicslab.zoom.records import ZoomConfigError  # noqa: E402
+from forensicslab.zoom.study import evaluation_store  # noqa: E402
 from forensicslab.zoom.rules import ForensicViews, SurveyRulePolicy, survey, survey_text, tool_views  # noqa: E402
 from forensicslab.zoom.train import HFZoomPolicy, ZoomTrainConfig, grpo_dataset, load_policy, sft_dataset  # noqa: E402
 
@@ -176,9 +178,46 @@ def test_one_checkpoint_gives_the_same_numbers_through_the_training_run_and_a_ta
     tables = []
     for seed in (2, 3):                                    # tables that ran something else first
         torch.manual_seed(seed); torch.rand(99)
-        tables.append(evaluate_policy(make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length),
-                                      samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1))
+        pol = make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length)
+        shutil.rmtree(evaluation_store(pol, cfg.variant, cfg.max_tool_calls + 1))   # generated afresh, not read back
+        tables.append(evaluate_policy(pol, samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1))
     results = [t.pop("results") for t in tables]
     assert any(r.reasked for r in results[0])             # a re-ask samples: what would follow the global RNG
     assert [[st.text for st in r.rejected + r.steps] for r in results[0]] == [[st.text for st in r.rejected + r.steps] for r in results[1]]
     assert run["per_sample"] and {k: run[k] for k in tables[0]} == tables[0] == tables[1]
+
+
+def test_a_checkpoint_is_evaluated_once_for_every_table_and_afresh_when_its_weights_change(manip, tmp_path, monkeypatch):
+    "The evaluation store: a second table (another way of loading the same checkpoint) reads the episodes; new weights do not."
+    from peft import get_peft_model
+    from forensicslab.zoom.pipeline import evaluate_checkpoint
+    from forensicslab.zoom.study import evaluate_policy, make_policy, per_sample
+    from forensicslab.zoom.tinyvlm import save_vlm
+    from forensicslab.zoom.train import lora_config, save_checkpoint
+    cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64), tools="detectors", survey="named",
+                                max_completion_length=16, data="manipulations")
+    model, proc = load_policy(cfg, texts=['<answer>{"verdict": "fake"} R1 crop bbox real</answer>'])
+    save_vlm(model, proc, tmp_path / "base")
+    save_checkpoint(get_peft_model(model, lora_config(cfg)), proc, tmp_path / "ckpt", tmp_path / "base", cfg)
+    calls = []
+    respond = HFZoomPolicy.respond
+    monkeypatch.setattr(HFZoomPolicy, "respond", lambda self, ep: calls.append(ep.sample_id) or respond(self, ep))
+    samples, turns = manip["test"][:3], cfg.max_tool_calls + 1
+    run = evaluate_checkpoint(tmp_path / "ckpt", samples, cfg, device="cpu")
+    generated = len(calls)
+    pol = make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length)
+    table = evaluate_policy(pol, samples[:2], variant=cfg.variant, max_turns=turns)      # a table on a subset
+    assert generated >= 3 and len(calls) == generated                                    # nothing generated again
+    assert [r.policy for r in table["results"]] == [pol.policy_id] * 2                   # named as this table's policy
+    assert per_sample(table["results"], samples[:2]) == [r for r in run["per_sample"] if r["id"] in {s.id for s in samples[:2]}]
+    assert evaluate_policy(pol, samples[:2], variant=cfg.variant, max_turns=turns + 1) and len(calls) > generated   # other settings
+    n = len(calls)
+    other = make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length + 1)   # another generation cap
+    assert evaluation_store(other, cfg.variant, turns) != evaluation_store(pol, cfg.variant, turns)
+    from safetensors.torch import load_file, save_file
+    weights = tmp_path / "ckpt" / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    save_file({k: v + 1e-3 for k, v in tensors.items()}, weights, metadata={"format": "pt"})   # the weights changed on disk
+    changed = make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length)
+    assert changed.eval_id != pol.eval_id and evaluation_store(changed, cfg.variant, turns) != evaluation_store(pol, cfg.variant, turns)
+    assert n == len(calls)

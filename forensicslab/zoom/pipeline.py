@@ -133,7 +133,8 @@ def _pipeline_verifier(cfg: ZoomTrainConfig, base_path: Path, data: dict, out: P
 # %% ../../nbs/08m_zoom.pipeline.ipynb #c184bc89
 def episode_views(samples: Sequence[Sample], views: Sequence[str], shuffle: bool = False, seed: int = 0) -> Callable | None:
     """`views_for(episode)` for `HFZoomPolicy`: each episode's forensic views (None for the crop-only tool set).
-    With `shuffle` (a control) every image is shown the views of another image of `samples` (a random derangement)."""
+    With `shuffle` (a control) every image is shown the views of another image of `samples` (a random derangement).
+    Its `key` says what it shows (the views, and the derangement's seed and samples), for the evaluation store."""
     if not views: return None
     by_id, ids = {s.id: s for s in samples}, [s.id for s in samples]
     other = dict(zip(ids, ids))
@@ -145,6 +146,7 @@ def episode_views(samples: Sequence[Sample], views: Sequence[str], shuffle: bool
         if ep.sample_id not in by_id: raise ZoomConfigError(f"episode {ep.sample_id!r} is not one of the evaluated samples")
         s, src = by_id[ep.sample_id], by_id[other[ep.sample_id]]
         return sample_views(ep.image, views, src if shuffle else s, views_image=src.image if shuffle else None)
+    views_for.key = dict(views=list(views), shuffle=[seed, config_hash(ids)] if shuffle else None)
     return views_for
 
 def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: ZoomTrainConfig, device: str = "auto",
@@ -152,7 +154,8 @@ def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: Zoom
     "Table 1 metrics of a checkpoint on `samples` through the zoom agent (greedy; one re-ask per bad turn), with `cfg.tools`' views (another image's with `shuffle_views`)."
     m, p = load_checkpoint(folder, device=device)
     pol = HFZoomPolicy(m, p, max_new_tokens=cfg.max_completion_length, max_zooms=cfg.max_zooms, name=Path(folder).name,
-                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed), survey=cfg.survey)
+                       views_for=episode_views(samples, tool_views(cfg.tools), shuffle_views, cfg.seed), survey=cfg.survey,
+                       checkpoint=folder)
     ev = evaluate_policy(pol, samples, variant=cfg.variant, max_turns=cfg.max_tool_calls + 1)
     res = ev.pop("results")
     ev["per_sample"] = per_sample(res, samples)   # for paired tests between checkpoints

@@ -7,6 +7,7 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.study.html.md"""
 # %% ../../nbs/08k_zoom.study.ipynb #46e56f6d
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import time
@@ -28,35 +29,59 @@ from ..chat.models import get_model
 from ..core import EvidenceItem, Sample
 from ..imageio import load_image
 from ..metrics import binary_metrics, roc_auc
-from ..runs import Case, Run
+from ..runs import Case, Run, arithmetic_fingerprint, cache_dir, code_digest, config_hash, resolve_portable
 from .records import ZoomInputError, ZoomResult
 from .agents import LLMZoomPolicy, run_zoom
 from .rules import TOOL_SETS, ForensicViews, RulePolicy, SurveyRulePolicy, fit_rule_thresholds, instrument_features, survey, tool_views
 from .data import ensure_artifacts, load_study_data
 from .rewards import bleu, rouge_l, union_iou
 from .checkpoint import checkpoint_info
-from ..runs import resolve_portable
 
 # %% auto #0
-__all__ = ['PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'run_policy', 'table1_metrics',
-           'class_metrics', 'per_sample', 'paired_iou', 'evaluate_policy', 'perturb_image', 'throughput',
-           'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls', 'training_table',
-           'targets_met', 'survey_of', 'survey_controls']
+__all__ = ['STORE_WAIT', 'PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'evaluation_store', 'run_policy',
+           'table1_metrics', 'class_metrics', 'per_sample', 'paired_iou', 'evaluate_policy', 'perturb_image',
+           'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls',
+           'training_table', 'targets_met', 'survey_of', 'survey_controls']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
+STORE_WAIT = 6 * 3600
+"Seconds a table waits for another process that is evaluating the same checkpoint the same way (then reads its episodes)."
+
+@lru_cache(maxsize=1)
+def _fingerprint() -> str: return arithmetic_fingerprint()
+
+def evaluation_store(policy, variant: str, max_turns: int, perturb: str = "original") -> Path | None:
+    """The folder that keeps a trained checkpoint's episodes under these settings, shared by every table and process
+    (`cache_dir("zoom_evals")`); None for a policy without an `eval_id` (rules, chat backends, an untrained base). Its
+    name hashes the policy's `eval_id` (weights and everything the policy reads), the episode settings, the package's
+    source (`code_digest`) and the machine's arithmetic, so a changed program or another CPU evaluates afresh."""
+    eid = getattr(policy, "eval_id", None)
+    if eid is None: return None
+    key = dict(policy=eid, variant=variant, max_turns=max_turns, perturb=perturb, code=code_digest(), arithmetic=_fingerprint())
+    return cache_dir("zoom_evals", config_hash(key))
+
+def _image_digest(path: str) -> str:
+    try: return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError as e: raise ZoomInputError(f"{path}: cannot read the image ({e.strerror or e})") from None
+
 def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns: int = 6, folder: str | Path | None = None,
                perturb: str = "original", workers: int = 1, progress: bool = False) -> list[ZoomResult]:
-    "Run `policy` on every sample (`variant`, optional robustness `perturb`); resumable under `folder`."
+    """Run `policy` on every sample (`variant`, optional robustness `perturb`); resumable under `folder`. A trained
+    checkpoint (a policy with an `eval_id`) runs in its `evaluation_store` instead, keyed by sample id and image bytes:
+    each episode is generated once, whichever table asks first, and every other table reads the same episodes."""
     def one(s: Sample) -> dict:
         img = load_image(s.image) if perturb == "original" else perturb_image(s.image, perturb)
         return {"label": s.label, **run_zoom(policy, img, variant, max_turns, sample_id=s.id).row()}
-    if folder is None:
+    store = evaluation_store(policy, variant, max_turns, perturb)
+    if folder is None and store is None:
         return [ZoomResult.model_validate(one(s)["result"]) for s in samples]
-    run = Run(folder, config=dict(policy=policy.policy_id, variant=variant, max_turns=max_turns, perturb=perturb))
-    rows = run.execute([Case(s.id, s) for s in samples], one, workers=workers, progress=progress)
+    config = dict(policy=getattr(policy, "eval_id", None) or policy.policy_id, variant=variant, max_turns=max_turns, perturb=perturb)
+    run = Run(store or folder, config=config, lock_timeout=STORE_WAIT if store else 0.0)
+    cases = [Case(f"{s.id}|{_image_digest(s.image)}" if store else s.id, s) for s in samples]
+    rows = run.execute(cases, one, workers=workers, progress=progress)
     bad = [r for r in rows if r.get("status") == "failed" and "result" not in r]
     if bad: raise RuntimeError(f"{len(bad)} cases crashed, e.g. {bad[0]['key']}: {bad[0].get('error')}")
-    return [ZoomResult.model_validate(r["result"]) for r in rows]
+    return [ZoomResult.model_validate({**r["result"], "policy": policy.policy_id}) for r in rows]
 
 # %% ../../nbs/08k_zoom.study.ipynb #80bcaa9b
 def _key(sample: Sample) -> list[EvidenceItem]: return [b for b in sample.boxes if b.box is not None]
@@ -179,9 +204,11 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
             except UnsafeWeightsError as e: raise UnsafeWeightsError(str(e).replace("hf:", "ckpt:", 1)) from None
         model, proc = load_checkpoint(folder)
         stamp = f"{folder.resolve()}|{(folder / 'zoom_train.json').stat().st_mtime_ns}"     # unique per checkpoint and save
+        views = tool_views(info["config"].get("tools", "crop"))
+        views_for = (lambda ep: sample_views(ep.image, views)) if views else None
+        if views_for: views_for.key = dict(views=list(views), shuffle=None)     # what it shows, as `episode_views` says it
         return HFZoomPolicy(model, proc, max_new_tokens=max_new_tokens, max_zooms=info["config"].get("max_zooms", max_zooms),
-                            survey=info["config"].get("survey", "none"),
-                            views_for=(lambda ep, v=tool_views(info["config"].get("tools", "crop")): sample_views(ep.image, v)),
+                            survey=info["config"].get("survey", "none"), views_for=views_for, checkpoint=folder,
                             name=f"{folder.name}@{zlib.crc32(stamp.encode()):08x}")
     return LLMZoomPolicy(get_model(spec, controls))
 

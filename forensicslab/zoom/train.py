@@ -8,6 +8,7 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.train.html.md"""
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import json
 import os
@@ -33,7 +34,8 @@ from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 from ..core import Sample
 from ..imageio import load_image
-from ..runs import portable_path, resolve_portable
+from ..runs import config_hash, portable_path, resolve_portable
+from .checkpoint import checkpoint_info
 from .records import ZoomInputError, BoxError, ZoomAnswer, ZoomConfigError, ZoomStep, zoom
 from .agents import (TOOL_NAME, Episode, named_box, parse_action, prompt_messages, render_turn, to_chat,
                                       tool_result)
@@ -49,8 +51,8 @@ __all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_vi
            'zoom_env_factory', 'crop_tool_schema', 'regions_for', 'fill_images', 'sft_dataset', 'snap_box',
            'name_trajectory', 'snap_trajectory', 'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves',
            'world_size', 'run_sft', 'turn_texts', 'HybridReward', 'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset',
-           'run_grpo', 'save_checkpoint', 'load_checkpoint', 'episode_seed', 'HFZoomPolicy', 'grpo_phase_means',
-           'train_zoom']
+           'run_grpo', 'save_checkpoint', 'load_checkpoint', 'episode_seed', 'checkpoint_digest', 'HFZoomPolicy',
+           'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
 _LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}}
@@ -692,17 +694,35 @@ def episode_seed(ep: Episode) -> int:
     checkpoint gives the same answers whatever ran before it (every table, any order)."""
     return zlib.crc32(f"{ep.sample_id}|{ep.turn}|{ep.feedback is not None}".encode())
 
+def checkpoint_digest(folder: str | Path) -> str:
+    """A short sha256 of what a checkpoint's answers depend on: its files (but `zoom_train.json`, which only names
+    paths) and its base folder's files (the base's name when it is not a folder)."""
+    folder = Path(folder)
+    base = resolve_portable(checkpoint_info(folder)["base_path"], folder)
+    h = hashlib.sha256(b"" if base.is_dir() else str(base).encode())
+    for root in (folder, base):
+        for p in sorted(q for q in root.rglob("*") if q.is_file() and q.name != "zoom_train.json"):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
 class HFZoomPolicy:
     "A `ZoomPolicy` backed by a local transformers model and its processor (greedy by default)."
     def __init__(self, model, processor, max_new_tokens: int = 256, max_zooms: int = 5, name: str = "hf",
-                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None, survey: str = "none"):
+                 do_sample: bool = False, temperature: float = 1.0, views_for: Optional[Callable] = None, survey: str = "none",
+                 checkpoint: str | Path | None = None):
         """`views_for(episode)` gives the episode's `ForensicViews` (None: the crop-only tool), as the training tool set did;
         with a `survey` mode other than `none`, the first turn carries their survey of the whole image (and under `named`
-        the episode's bbox may name its surveyed regions)."""
+        the episode's bbox may name its surveyed regions). Given the `checkpoint` folder the model was loaded from, and
+        views that say what they show (a `key`, as `episode_views` gives), the policy has an `eval_id`: its episodes
+        are then kept in the evaluation store and shared by every table (`run_policy`)."""
         self.model, self.processor, self.max_new_tokens, self.max_zooms = model, processor, max_new_tokens, max_zooms
         self.views_for, self.survey = views_for, survey
         self.do_sample, self.temperature, self.policy_id = do_sample, temperature, f"hf:{name}"
         self.tools = [crop_tool_schema(survey == "named")]
+        known_views = views_for is None or hasattr(views_for, "key")
+        self.eval_id = config_hash(dict(weights=checkpoint_digest(checkpoint), max_new_tokens=max_new_tokens, max_zooms=max_zooms,
+                                        survey=survey, do_sample=do_sample, temperature=temperature,
+                                        views=getattr(views_for, "key", None))) if checkpoint is not None and known_views else None
 
     def messages(self, ep: Episode) -> list[dict]:
         "The chat for the episode's next turn, in the training format."
