@@ -8,7 +8,6 @@ Docs: https://forensicslab.github.io/forensicslab/data.bench.html.md"""
 from __future__ import annotations
 
 import csv
-import fcntl
 import functools
 import hashlib
 import json
@@ -27,7 +26,7 @@ from PIL import Image
 from ..core import FAMILIES, ForensicsLabError, Sample, load_samples, save_samples
 from .photos import FACE_BOXES, shipped_photos
 from ..imageio import load_image
-from ..runs import project_root
+from ..runs import FolderLock, project_root
 
 # %% auto #0
 __all__ = ['ID_PHOTOS', 'OOD_PHOTOS', 'GROUPS', 'IMAGE_FAMILIES', 'OOD_REGIMES', 'PROCESSINGS', 'HARD_AUTHENTIC', 'GENERATORS',
@@ -1203,6 +1202,10 @@ def bench_info(root: str | Path | None = None) -> Optional[dict]:
     return json.loads(p.read_text()) if p.exists() else None
 
 # %% ../../nbs/03_data.bench.ipynb #d109ca30
+def _build_lock(root: Path) -> FolderLock:
+    "The one lock of a benchmark root (`.<root>.lock` beside it) that every builder takes; waits up to an hour."
+    return FolderLock(root.parent, timeout=3600, name=f".{root.name}.lock", what=f"the benchmark at {root}")
+
 def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[BenchSizes] = None, force: bool = False,
                  references: bool = False, log: Callable[[str], None] = print, authentic_dir: str | Path | None = None) -> Path:
     "Return the root of a built benchmark with this seed, these sizes (and these user photos), building it first if missing (cached)."
@@ -1223,11 +1226,8 @@ def ensure_bench(root: str | Path | None = None, seed: int = 0, sizes: Optional[
         return False
     if ok(): return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same root: wait for it
-        try:
-            if not ok() or force: build_bench(root, seed, sizes, references, log, authentic_dir)
-        finally: fcntl.flock(lock, fcntl.LOCK_UN)
+    with _build_lock(root):   # another process may be building the same root: wait for it
+        if not ok() or force: build_bench(root, seed, sizes, references, log, authentic_dir)
     return root
 
 def load_bench(collection: str, root: str | Path | None = None, seed: Optional[int] = None, build: bool = True) -> list[Sample]:
@@ -1271,22 +1271,19 @@ def ensure_composite(root: str | Path | None = None, per_recipe: Optional[int] =
         have = composite_info(root)
         return have is not None and {k: have.get(k) for k in want} == want
     if ok(): return root
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # the lock `ensure_bench` takes: never a composite beside a half-built benchmark
-        try:
-            if not ok():
-                models, sums = load_generators()
-                tmp = root / f".{COMPOSITE}.building-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                avoid = {s.provenance["hash"] for c in COLLECTIONS if (root / c / "samples.jsonl").exists()
-                         for s in load_samples(root / c / "samples.jsonl")}
-                try:
-                    _build_composite(tmp, info["seed"], n, info["sizes"]["image"], models, sums, log, avoid)
-                    shutil.rmtree(root / COMPOSITE, ignore_errors=True)
-                    (tmp / COMPOSITE).rename(root / COMPOSITE)
-                    (tmp / f"contact_{COMPOSITE}.png").replace(root / f"contact_{COMPOSITE}.png")
-                finally: shutil.rmtree(tmp, ignore_errors=True)
-        finally: fcntl.flock(lock, fcntl.LOCK_UN)
+    with _build_lock(root):   # the lock `ensure_bench` takes: never a composite beside a half-built benchmark
+        if not ok():
+            models, sums = load_generators()
+            tmp = root / f".{COMPOSITE}.building-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            avoid = {s.provenance["hash"] for c in COLLECTIONS if (root / c / "samples.jsonl").exists()
+                     for s in load_samples(root / c / "samples.jsonl")}
+            try:
+                _build_composite(tmp, info["seed"], n, info["sizes"]["image"], models, sums, log, avoid)
+                shutil.rmtree(root / COMPOSITE, ignore_errors=True)
+                (tmp / COMPOSITE).rename(root / COMPOSITE)
+                (tmp / f"contact_{COMPOSITE}.png").replace(root / f"contact_{COMPOSITE}.png")
+            finally: shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 

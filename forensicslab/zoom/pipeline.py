@@ -7,7 +7,6 @@ Docs: https://forensicslab.github.io/forensicslab/zoom.pipeline.html.md"""
 # %% ../../nbs/08m_zoom.pipeline.ipynb #ee68808b
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from ..core import Sample
-from ..runs import WriteAside, config_hash, project_root
+from ..runs import FolderLock, WriteAside, config_hash, project_root
 from .tinyvlm import load_vlm
 from .rules import tool_views
 from .train import (HFZoomPolicy, HybridReward, ZoomConfigError, ZoomTrainConfig, load_checkpoint, name_trajectory, regions_for, sample_views,
@@ -231,11 +230,8 @@ def run_key(cfg: ZoomTrainConfig) -> str:
 def shared_run(cfg: ZoomTrainConfig, root: str | Path | None = None, log: Callable = print) -> tuple[Path, dict]:
     "`(folder, evaluation)` of `cfg`'s run under `root` (default `data/zoom_runs`), trained and evaluated once (see above)."
     folder = Path(root or project_root() / "data" / "zoom_runs") / run_key(cfg)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # a second table asking for the same run waits, then reuses it
-        try: return folder, run_pipeline(cfg, folder, log=log)
-        finally: fcntl.flock(lock, fcntl.LOCK_UN)
+    with FolderLock(folder, timeout=6 * 3600, what=f"the zoom run {folder}"):   # a second table asking for the same run waits, then reuses it
+        return folder, run_pipeline(cfg, folder, log=log)
 
 def _files(folder: Path) -> dict[str, str]:
     paths = [p for d in PINNED for p in ([folder / d] if (folder / d).is_file() else sorted((folder / d).rglob("*")))]

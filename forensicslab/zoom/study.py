@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import time
 import zlib
 from functools import lru_cache
@@ -215,7 +216,15 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
 # %% ../../nbs/08k_zoom.study.ipynb #zins0ex1
 @lru_cache(maxsize=4096)
 def _instrument_row(image: str, views: tuple, boxes: tuple) -> tuple:
-    return tuple(sorted(instrument_features(image, views, [list(b) for b in boxes]).items()))
+    "An image's readouts, measured once per machine and program (`cache_dir('zoom_instruments')`): every training table's controls read them."
+    path = cache_dir("zoom_instruments", code_digest(), config_hash(dict(image=_image_digest(image), views=views, boxes=boxes)) + ".json")
+    if path.exists(): return tuple((k, v) for k, v in json.loads(path.read_text()))
+    row = tuple(sorted(instrument_features(image, views, [list(b) for b in boxes]).items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(row))
+    tmp.replace(path)          # whole or not at all: a process reading beside this one never sees half a row
+    return row
 
 def instrument_baseline(train: Sequence[Sample], test: Sequence[Sample], views: Sequence[str] = TOOL_SETS["forensic"],
                         shuffle: bool = False, seed: int = 0) -> dict:
