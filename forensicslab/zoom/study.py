@@ -41,8 +41,8 @@ from .checkpoint import checkpoint_info
 # %% auto #0
 __all__ = ['STORE_WAIT', 'PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'evaluation_store', 'run_policy',
            'table1_metrics', 'class_metrics', 'per_sample', 'paired_iou', 'evaluate_policy', 'perturb_image',
-           'throughput', 'fitted_thresholds', 'make_policy', 'instrument_baseline', 'instrument_controls',
-           'training_table', 'targets_met', 'survey_of', 'survey_controls']
+           'throughput', 'fitted_thresholds', 'make_policy', 'checkpoint_policy', 'instrument_baseline',
+           'instrument_controls', 'training_table', 'targets_met', 'survey_of', 'survey_controls']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 STORE_WAIT = 6 * 3600
@@ -212,6 +212,15 @@ def make_policy(spec: str, thresholds: dict | None = None, max_zooms: int = 5, m
                             survey=info["config"].get("survey", "none"), views_for=views_for, checkpoint=folder,
                             name=f"{folder.name}@{zlib.crc32(stamp.encode()):08x}")
     return LLMZoomPolicy(get_model(spec, controls))
+
+def checkpoint_policy(ck: dict, max_new_tokens: int = 0) -> tuple:
+    """`(policy, max_turns)` of a checkpoint entry (`study_checkpoints`, `paper_task_checkpoint`) under its training run's
+    evaluation settings: its generation budget (`max_completion_length`, unless `max_new_tokens` is given) and
+    `max_tool_calls + 1` turns. Every table evaluates a checkpoint this way, so its episodes come from one evaluation
+    (the evaluation store) and its rows agree with its training run's table."""
+    c = ck["info"]["config"]
+    return (make_policy(f"ckpt:{ck['folder']}", max_new_tokens=max_new_tokens or c["max_completion_length"]),
+            c.get("max_tool_calls", 5) + 1)
 
 # %% ../../nbs/08k_zoom.study.ipynb #zins0ex1
 @lru_cache(maxsize=4096)
