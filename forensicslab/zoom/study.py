@@ -220,7 +220,7 @@ def checkpoint_policy(ck: dict, max_new_tokens: int = 0) -> tuple:
     (the evaluation store) and its rows agree with its training run's table."""
     c = ck["info"]["config"]
     return (make_policy(f"ckpt:{ck['folder']}", max_new_tokens=max_new_tokens or c["max_completion_length"]),
-            c.get("max_tool_calls", 5) + 1)
+            c["max_tool_calls"] + 1)
 
 # %% ../../nbs/08k_zoom.study.ipynb #zins0ex1
 @lru_cache(maxsize=4096)
