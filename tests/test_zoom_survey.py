@@ -221,3 +221,34 @@ def test_a_checkpoint_is_evaluated_once_for_every_table_and_afresh_when_its_weig
     changed = make_policy(f"ckpt:{tmp_path / 'ckpt'}", max_new_tokens=cfg.max_completion_length)
     assert changed.eval_id != pol.eval_id and evaluation_store(changed, cfg.variant, turns) != evaluation_store(pol, cfg.variant, turns)
     assert n == len(calls)
+
+
+def test_a_table_that_set_its_own_thread_count_reads_the_same_evaluation(manip, tmp_path, monkeypatch):
+    "Several training notebooks set 1 torch thread: their evaluations still run on the kernel's count and share the store."
+    from peft import get_peft_model
+    from forensicslab.zoom.pipeline import evaluate_checkpoint
+    from forensicslab.zoom.study import _fingerprint
+    from forensicslab.zoom.tinyvlm import save_vlm
+    from forensicslab.zoom.train import lora_config, save_checkpoint
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")           # what the study runner gives a kernel
+    monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", str(tmp_path / "cache"))   # an empty evaluation store
+    cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64), tools="detectors", survey="named",
+                                max_completion_length=16, data="manipulations")
+    model, proc = load_policy(cfg, texts=['<answer>{"verdict": "fake"} R1 crop bbox real</answer>'])
+    save_vlm(model, proc, tmp_path / "base")
+    save_checkpoint(get_peft_model(model, lora_config(cfg)), proc, tmp_path / "ckpt", tmp_path / "base", cfg)
+    threads = []
+    respond = HFZoomPolicy.respond
+    monkeypatch.setattr(HFZoomPolicy, "respond", lambda self, ep: threads.append(torch.get_num_threads()) or respond(self, ep))
+    held = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = evaluate_checkpoint(tmp_path / "ckpt", manip["test"][:2], cfg, device="cpu")
+        n = len(threads)
+        torch.set_num_threads(1)                           # a notebook that trains at one thread, in another kernel:
+        _fingerprint.cache_clear()                         # that process measures its arithmetic afresh
+        again = evaluate_checkpoint(tmp_path / "ckpt", manip["test"][:2], cfg, device="cpu")
+        assert torch.get_num_threads() == 1                # the notebook's own setting is given back
+    finally: torch.set_num_threads(held)
+    assert n >= 2 and len(threads) == n and set(threads) == {2}   # read back, not generated at one thread
+    assert again["per_sample"] == first["per_sample"]

@@ -13,6 +13,7 @@ import json
 import os
 import time
 import zlib
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -39,26 +40,41 @@ from .rewards import bleu, rouge_l, union_iou
 from .checkpoint import checkpoint_info
 
 # %% auto #0
-__all__ = ['STORE_WAIT', 'PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'evaluation_store', 'run_policy',
-           'table1_metrics', 'class_metrics', 'per_sample', 'paired_iou', 'evaluate_policy', 'perturb_image',
-           'throughput', 'fitted_thresholds', 'make_policy', 'checkpoint_policy', 'instrument_baseline',
-           'instrument_controls', 'training_table', 'targets_met', 'survey_of', 'survey_controls']
+__all__ = ['STORE_WAIT', 'PERTURBATIONS', 'ZOOM_TARGETS', 'CHECKPOINT_LABELS', 'SURVEY_TARGETS', 'evaluation_threads',
+           'evaluation_store', 'run_policy', 'table1_metrics', 'class_metrics', 'per_sample', 'paired_iou',
+           'evaluate_policy', 'perturb_image', 'throughput', 'fitted_thresholds', 'make_policy', 'checkpoint_policy',
+           'instrument_baseline', 'instrument_controls', 'training_table', 'targets_met', 'survey_of',
+           'survey_controls']
 
 # %% ../../nbs/08k_zoom.study.ipynb #ed228911
 STORE_WAIT = 6 * 3600
 "Seconds a table waits for another process that is evaluating the same checkpoint the same way (then reads its episodes)."
 
-@lru_cache(maxsize=1)
-def _fingerprint() -> str: return arithmetic_fingerprint()
+@lru_cache(maxsize=None)
+def _fingerprint(threads: int) -> str: return arithmetic_fingerprint()   # measured under `threads` torch threads
+
+@contextmanager
+def evaluation_threads():
+    """Run a trained checkpoint's evaluation on the kernel's torch thread count, `OMP_NUM_THREADS` where it is set (a
+    study kernel gets 2: `runs.PORTABLE_ARITHMETIC`), whatever the notebook set for its training (several set 1): the
+    thread count changes the arithmetic, so without this a table that trains at 1 thread and one that does not kept
+    two stores of the same checkpoint's episodes (measured in a fresh demo: 960 episodes generated twice)."""
+    import torch
+    held, want = torch.get_num_threads(), int(os.environ.get("OMP_NUM_THREADS") or 0) or torch.get_num_threads()
+    torch.set_num_threads(want)
+    try: yield want
+    finally: torch.set_num_threads(held)
 
 def evaluation_store(policy, variant: str, max_turns: int, perturb: str = "original") -> Path | None:
     """The folder that keeps a trained checkpoint's episodes under these settings, shared by every table and process
     (`cache_dir("zoom_evals")`); None for a policy without an `eval_id` (rules, chat backends, an untrained base). Its
     name hashes the policy's `eval_id` (weights and everything the policy reads), the episode settings, the package's
-    source (`code_digest`) and the machine's arithmetic, so a changed program or another CPU evaluates afresh."""
+    source (`code_digest`) and the machine's arithmetic under `evaluation_threads`, so a changed program or another CPU
+    evaluates afresh."""
     eid = getattr(policy, "eval_id", None)
     if eid is None: return None
-    key = dict(policy=eid, variant=variant, max_turns=max_turns, perturb=perturb, code=code_digest(), arithmetic=_fingerprint())
+    key = dict(policy=eid, variant=variant, max_turns=max_turns, perturb=perturb, code=code_digest())
+    with evaluation_threads() as n: key["arithmetic"] = _fingerprint(n)
     return cache_dir("zoom_evals", config_hash(key))
 
 def _image_digest(path: str) -> str:
@@ -79,7 +95,8 @@ def run_policy(policy, samples: Sequence[Sample], variant: str = "o3", max_turns
     config = dict(policy=getattr(policy, "eval_id", None) or policy.policy_id, variant=variant, max_turns=max_turns, perturb=perturb)
     run = Run(store or folder, config=config, lock_timeout=STORE_WAIT if store else 0.0)
     cases = [Case(f"{s.id}|{_image_digest(s.image)}" if store else s.id, s) for s in samples]
-    rows = run.execute(cases, one, workers=workers, progress=progress)
+    with evaluation_threads() if store else nullcontext():   # the arithmetic the store's name says
+        rows = run.execute(cases, one, workers=workers, progress=progress)
     bad = [r for r in rows if r.get("status") == "failed" and "result" not in r]
     if bad: raise RuntimeError(f"{len(bad)} cases crashed, e.g. {bad[0]['key']}: {bad[0].get('error')}")
     return [ZoomResult.model_validate({**r["result"], "policy": policy.policy_id}) for r in rows]
