@@ -127,3 +127,19 @@ def test_specialist_training_is_seeded(tmp_path):
         assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
     with pytest.raises(ValueError, match="splice and authentic"):
         train_splice_net([x for x in s if x.provenance["group"] != "adq"], steps=1, log=None)
+
+
+def test_an_ungated_variant_that_only_rescores_is_read_from_its_builtins_cached_detection(png, tmp_path, monkeypatch):
+    "Table 4 with the ungated pool after the scorecard: copy-move, noise... are not computed a second time."
+    from forensicslab.detectors.pool import run_pool
+    same = [U.ungated_id(b) for b in U.SAME_AS_GATED]
+    direct = run_pool(png, same, cache=False)
+    run_pool(png, list(U.SAME_AS_GATED), cache=tmp_path)                   # the built-ins' detections, cached
+    for i in same: monkeypatch.setattr(type(get_detector(i)), "detect", lambda self, image: pytest.fail("computed again"))
+    read = run_pool(png, same, cache=tmp_path)
+    for i in same:
+        assert read[i].status == "ok" and read[i].detector == i and abs(read[i].score - direct[i].score) < 1e-9
+        assert read[i].raw["precondition"] == U.PRECONDITIONS[i.removesuffix("_ungated")]
+        assert (read[i].heatmap is None) == (direct[i].heatmap is None)
+        if read[i].heatmap is not None: assert np.allclose(read[i].heatmap, direct[i].heatmap, atol=1e-6)
+    assert get_detector("adq_ungated").rescores is None                   # computes another value: runs itself

@@ -491,6 +491,16 @@ def _failed(det_id: str, version: str, status: str, error: str, runtime: float, 
     return Detection(detector=det_id, version=version, status=status, error=error, runtime_s=round(runtime, 4),
                      threshold=threshold)
 
+def _rescored(cache: DetectionCache, key: str, det, max_side: Optional[int]) -> Optional[Detection]:
+    """The detection of a detector that re-scores another's (`det.rescores`, its id; `det.rescore(detection)`), from that
+    one's cached `ok` detection of the same image at the same view size; None when there is none."""
+    try: base = get_detector(det.rescores)
+    except Exception: return None
+    ms = _detector_max_side(det, max_side)
+    if _detector_max_side(base, max_side) != ms: return None
+    b = cache.get(key, det.rescores, cache_version(base), ms)
+    return det.rescore(b) if b is not None and b.status == "ok" else None
+
 def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout: float | dict = DEFAULT_TIMEOUT,
              cache: str | Path | bool | DetectionCache | None = None,
              max_side: Optional[int] = DEFAULT_MAX_SIDE, intra_threads: Optional[int] = 1) -> dict[str, Detection]:
@@ -509,6 +519,7 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
             continue
         ms = _detector_max_side(det, max_side)
         hit = cache.get(key, n, cache_version(det), ms) if cache else None
+        if hit is None and cache and getattr(det, "rescores", None): hit = _rescored(cache, key, det, max_side)
         if hit is not None: out[n] = hit
         else: todo.append((n, det, ms))
     if todo:

@@ -31,7 +31,7 @@ from ..pool import CARDS_DIR, card_from_dict, get_card, load_card, make_detectio
 from ...imageio import load_image
 
 # %% auto #0
-__all__ = ['BASES', 'PRECONDITIONS', 'SPECIALISTS', 'OWN_GROUPS', 'UNGATED_POOL', 'PRESET', 'MISSING_CARDS', 'SAME_AS_GATED',
+__all__ = ['BASES', 'SAME_AS_GATED', 'PRECONDITIONS', 'SPECIALISTS', 'OWN_GROUPS', 'UNGATED_POOL', 'PRESET', 'MISSING_CARDS',
            'ungated_id', 'CalibrationError', 'own_group', 'eer_threshold', 'calibrate', 'ungated_class',
            'native_measure', 'calibrated_card', 'ungated_card', 'write_card', 'calibration_record',
            'write_ungated_cards', 'rescore']
@@ -40,6 +40,9 @@ __all__ = ['BASES', 'PRECONDITIONS', 'SPECIALISTS', 'OWN_GROUPS', 'UNGATED_POOL'
 BASES = {"adq": ADQDetector, "cfa": CFADetector, "copymove": CopyMoveDetector, "face_blend": FaceBlendDetector,
          "inpaint_net": InpaintNetDetector, "noise": NoiseDetector, "npr": NPRDetector, "spectral": SpectralDetector}
 "The built-in detectors the ungated pool re-runs, by id."
+
+SAME_AS_GATED = tuple(b for b in BASES if b not in ("adq", "cfa", "face_blend"))
+"Built-ins whose ungated variant computes the same native value (only calibration and facts differ)."
 
 PRECONDITIONS = {
     "adq": "a JPEG file saved twice on the same 8x8 grid with testable double quantisation",
@@ -141,8 +144,10 @@ def ungated_class(base: str, card=None) -> type:
         return d.model_copy(update={"raw": raw})
 
     name = f"{cls.__name__}Ungated"
+    same = base in SAME_AS_GATED   # its detection is the built-in's re-scored: a pool reads it from the built-in's cached one
     return type(name, (cls,), dict(card=card, version=card.version, gated=False, base_id=base, cache_salt=_salt(base), preset=PRESET,
-                                   detect=detect, __module__=__name__, __qualname__=name,
+                                   detect=detect, rescores=base if same else None, rescore=(lambda self, d: rescore(d)) if same else None,
+                                   __module__=__name__, __qualname__=name,
                                    __doc__=f"{cls.__doc__} Ungated: scores every image, applicability as a fact, own-group calibration."))
 
 def native_measure(base: str) -> Callable[[Sample], float]:
@@ -216,9 +221,6 @@ for _b in BASES:
                       "write_ungated_cards writes it")
 
 # %% ../../../nbs/04l_detectors.builtin.ungated.ipynb #c0a10025
-SAME_AS_GATED = tuple(b for b in BASES if b not in ("adq", "cfa", "face_blend"))
-"Built-ins whose ungated variant computes the same native value (only calibration and facts differ)."
-
 def rescore(base_detection: Detection) -> Detection:
     "The ungated variant's detection from its built-in's `ok` detection of the same image (only for `SAME_AS_GATED`)."
     base = base_detection.detector
