@@ -264,8 +264,10 @@ def _notes() -> dict:
 class Run(RunFolder):
     "A resumable run folder: `manifest.json` plus `rows.jsonl` with one row per finished case; one writer at a time."
     def execute(self, cases: Iterable[Case], fn: Callable[[Any], dict], workers: int = 4,
-                executor: str = "thread", desc: str | None = None, progress: bool = True) -> list[dict]:
-        "Run the unfinished cases (`fn(payload) -> dict`), append a row for each, and return all rows in case order."
+                executor: str = "thread", desc: str | None = None, progress: bool = True, batch: int = 1) -> list[dict]:
+        """Run the unfinished cases (`fn(payload) -> dict`), append a row for each, and return all rows in case order.
+        With `batch` > 1, `fn` takes a list of up to `batch` payloads (the unfinished cases in order) and returns one dict
+        per payload: for a model that answers several cases in one pass."""
         cases = list(cases)
         keys = [c.key for c in cases]
         if len(set(keys)) != len(keys):
@@ -278,14 +280,14 @@ class Run(RunFolder):
             todo = [c for c in cases if c.key not in done]
             bar = tqdm(total=len(cases), initial=len(cases) - len(todo), desc=desc or self.folder.name,
                        disable=not progress, dynamic_ncols=True)
-            try: self._write_rows(todo, fn, workers, executor, bar)
+            try: self._write_rows(todo, fn, workers, executor, bar, batch)
             finally: bar.close()
         by_key = {r["key"]: r for r in self.rows()}
         return [by_key[k] for k in keys if k in by_key]
 
-    def _write_rows(self, todo, fn, workers, executor, bar):
+    def _write_rows(self, todo, fn, workers, executor, bar, batch=1):
         failures = 0
-        for case, result, err, dt in _dispatch(todo, fn, workers, executor):
+        for case, result, err, dt in (_batches(todo, fn, batch) if batch > 1 else _dispatch(todo, fn, workers, executor)):
             if isinstance(err, StopRun):
                 bar.write(f"run stopped: {err}")
                 raise err
@@ -305,6 +307,15 @@ def _timed(fn, payload):
     t0 = time.perf_counter()
     try: return fn(payload), None, time.perf_counter() - t0
     except Exception as e: return None, e, time.perf_counter() - t0
+
+def _batches(todo: list[Case], fn, size: int):
+    "`_dispatch` for a function of a list of payloads, `size` cases at a time in order: each case gets its own result, or the batch's error, and an equal share of its time."
+    for i in range(0, len(todo), size):
+        part = todo[i:i + size]
+        res, err, dt = _timed(fn, [c.payload for c in part])
+        if err is None and (not isinstance(res, (list, tuple)) or len(res) != len(part)):
+            err = TypeError(f"a batch function must return one result per case ({len(part)}), got {type(res).__name__}")
+        for j, c in enumerate(part): yield c, None if err else res[j], err, dt / len(part)
 
 def _dispatch(todo: list[Case], fn, workers: int, executor: str):
     if not todo: return

@@ -289,3 +289,20 @@ def test_a_study_kernel_runs_with_the_portable_arithmetic_and_run_json_records_t
     assert not any(k in os.environ for k in PORTABLE_ARITHMETIC)               # the runner's own environment is restored
     executed = nbformat.read(out / "probe_study.ipynb", as_version=4)   # papermill's random cell id is made fixed: reruns match
     assert [c.id for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])] == ["injected-parameters"]
+
+
+def test_a_batch_function_gets_the_unfinished_cases_in_order_and_a_failed_batch_fails_each_case(tmp_path):
+    seen = []
+    def squares(xs):
+        seen.append(list(xs))
+        if 7 in xs: raise ValueError("seven")
+        return [{"y": x * x} for x in xs]
+    run = Run(tmp_path)
+    run.execute([Case(str(i), i) for i in (1, 2)], squares, batch=3, progress=False)      # finished before
+    rows = run.execute([Case(str(i), i) for i in range(9)], squares, batch=3, progress=False)
+    assert seen == [[1, 2], [0, 3, 4], [5, 6, 7], [8]]
+    assert [r["key"] for r in rows] == [str(i) for i in range(9)]
+    assert [r.get("y") for r in rows] == [0, 1, 4, 9, 16, None, None, None, 64]
+    assert {rows[i]["status"] for i in (5, 6, 7)} == {"failed"} and "seven" in rows[6]["error"]
+    bad = Run(tmp_path / "bad").execute([Case("a", 1), Case("b", 2)], lambda xs: [{"y": 0}], batch=2, progress=False)
+    assert [r["status"] for r in bad] == ["failed"] * 2 and "one result per case" in bad[0]["error"]

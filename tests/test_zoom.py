@@ -10,6 +10,7 @@ import pytest
 
 from forensicslab.core import Box, EvidenceItem, Sample
 from forensicslab.zoom.rewards import RewardConfig, bleu, episode_reward, rouge_l, union_iou, zoom_reward
+from forensicslab.core import ChatFailure
 from forensicslab.zoom.agents import LLMZoomPolicy, parse_action, render_turn, run_zoom
 from forensicslab.zoom.rules import RulePolicy
 from forensicslab.zoom.records import ZoomAnswer, box_to_norm, crop, norm_to_box, pixel_box
@@ -453,3 +454,33 @@ def test_the_rule_policy_measures_each_image_once_across_variants(tmp_path, monk
         if isinstance(x, dict): return {k: strip(v) for k, v in x.items() if k != "seconds"}
         return [strip(v) for v in x] if isinstance(x, list) else x
     assert all([strip(a.model_dump()) for a in again[v]] == [strip(f.model_dump()) for f in fresh[v]] for v in fresh)
+
+
+class ScriptByImage:
+    "A scripted policy whose turns depend on the image (its width), answering in batches or one at a time; it can fail."
+    policy_id = "by-image"
+    def __init__(self, fail_on: int | None = None): self.calls, self.fail_on = [], fail_on
+    def respond(self, ep):
+        if ep.image.width == self.fail_on: raise ChatFailure("the server went away")
+        w = ep.image.width
+        if w % 3 == 0: return "no action here"                                   # invalid, re-asked, invalid again
+        if ep.turn == 0 and w % 2 == 0: return render_turn("z", bbox=[0, 0, 20, 20])
+        if w % 5 == 0 and ep.feedback is None: return "<answer>The image is fake.</answer>"   # fixed on the re-ask
+        return render_turn("d", answer=answer("real" if w % 2 else "fake"))
+    def respond_batch(self, eps):
+        self.calls.append(len(eps))
+        return [self.respond(ep) for ep in eps]
+
+
+def test_episodes_in_step_follow_the_same_protocol_as_one_at_a_time():
+    from forensicslab.zoom.agents import run_zoom_batch
+    images = [np.full((40, w, 3), 128, np.uint8) for w in (60, 61, 62, 63, 64, 65, 67, 70)]
+    one = [run_zoom(ScriptByImage(), im, "o3", max_turns=3, sample_id=str(i)) for i, im in enumerate(images)]
+    pol = ScriptByImage()
+    many = run_zoom_batch(pol, images, "o3", max_turns=3, sample_ids=[str(i) for i in range(len(images))])
+    strip = lambda r: r.model_dump(mode="json", exclude={"seconds": True, "steps": {"__all__": {"seconds"}}, "rejected": {"__all__": {"seconds"}}})
+    assert [strip(r) for r in many] == [strip(r) for r in one]
+    assert {r.status for r in one} >= {"ok", "invalid_format"} and any(r.reasked for r in one) and any(r.n_zooms for r in one)
+    assert pol.calls[0] == len(images) and max(pol.calls[1:]) < len(images)     # finished episodes leave the batch
+    failed = run_zoom_batch(ScriptByImage(fail_on=61), images[:2], "o3")          # a batch whose backend fails
+    assert [r.status for r in failed] == ["failed", "failed"] and "server went away" in failed[0].error

@@ -252,3 +252,29 @@ def test_a_table_that_set_its_own_thread_count_reads_the_same_evaluation(manip, 
     finally: torch.set_num_threads(held)
     assert n >= 2 and len(threads) == n and set(threads) == {2}   # read back, not generated at one thread
     assert again["per_sample"] == first["per_sample"]
+
+
+def test_a_checkpoints_turns_in_one_batch_are_the_turns_one_at_a_time(manip):
+    """The committed survey run's final checkpoint: greedy turns as one left-padded batch give the same texts and token
+    counts (each cut at its end token), and a re-ask among them is still sampled from its episode's seed."""
+    from forensicslab.runs import project_root
+    from forensicslab.zoom.pipeline import episode_views
+    from forensicslab.zoom.train import checkpoint_info, load_checkpoint
+    folder = project_root() / "outputs" / "zoom_grounding" / "grpo"
+    model, proc = load_checkpoint(folder, device="cpu")
+    samples = manip["test"][:6]
+    pol = HFZoomPolicy(model, proc, max_new_tokens=checkpoint_info(folder)["config"]["max_completion_length"],
+                       views_for=episode_views(samples, VIEWS), survey="named")
+    episodes = lambda: [Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=s.id) for s in samples]
+    one, many, side = episodes(), episodes(), proc.tokenizer.padding_side
+    many[2].feedback = one[2].feedback = {"text": "x", "error": "not valid JSON"}     # a re-ask among them
+    texts = [pol.respond(ep) for ep in one]
+    assert pol.respond_batch(many) == texts and len(set(texts)) > 1
+    assert [ep.usage for ep in many] == [ep.usage for ep in one] and proc.tokenizer.padding_side == side   # given back
+    from forensicslab.zoom.agents import run_zoom, run_zoom_batch
+    images, ids = [load_image(s.image) for s in samples], [s.id for s in samples]
+    alone = [run_zoom(pol, im, "o3", 2, sample_id=i) for im, i in zip(images, ids)]
+    together = run_zoom_batch(pol, images, "o3", 2, ids)
+    drop = {"seconds": True, "steps": {"__all__": {"seconds"}}, "rejected": {"__all__": {"seconds"}}}
+    assert [r.model_dump(exclude=drop) for r in together] == [r.model_dump(exclude=drop) for r in alone]
+    assert len({r.output_tokens for r in alone}) > 1                               # answers of different lengths, each cut at its end

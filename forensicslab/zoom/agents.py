@@ -11,7 +11,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Protocol, runtime_checkable
+from typing import Any, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 from PIL import Image, ImageDraw
 from pydantic import BaseModel
@@ -27,7 +27,8 @@ from .records import (ZoomConfigError, ZoomInputError, JudgeVerdict, Rating, Spl
 __all__ = ['VARIANTS', 'TOOL_NAME', 'CROP_TOOL_SCHEMA', 'Action', 'named_box', 'parse_action', 'render_tool_call',
            'render_answer', 'render_turn', 'system_prompt', 'user_prompt', 'observation_text', 'prompt_messages',
            'tool_result', 'region_name', 'to_chat', 'steps_from_plan', 'Episode', 'ZoomPolicy', 'run_zoom',
-           'turn_pattern', 'LLMZoomPolicy', 'evidence_text', 'marked', 'LLMEvidenceJudge', 'split_explanation']
+           'run_zoom_batch', 'turn_pattern', 'LLMZoomPolicy', 'evidence_text', 'marked', 'LLMEvidenceJudge',
+           'split_explanation']
 
 # %% ../../nbs/08a_zoom.agents.ipynb #a31cc390
 VARIANTS = ("direct", "cot", "o3")
@@ -250,31 +251,22 @@ class ZoomPolicy(Protocol):
     policy_id: str
     def respond(self, episode: Episode) -> str: ...
 
-def _ask_turn(policy, ep: Episode, size) -> tuple[str, Action, float]:
-    "One policy turn: `(text, parsed action, seconds)`; a backend failure propagates as `ChatFailure`."
-    t = time.perf_counter()
-    text = policy.respond(ep)
-    text = text if isinstance(text, str) else repr(text)
-    return text, parse_action(text, ep.variant, size, ep.regions), time.perf_counter() - t
-
-# %% ../../nbs/08a_zoom.agents.ipynb #f4fad5eb
-def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,
-             crop_kw: dict | None = None, reask: int = 1) -> ZoomResult:
-    "Run one episode of `policy` on `image`; an unusable turn is asked again `reask` times before `invalid_format`."
-    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
-    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
-    img = load_image(image)
-    ep = Episode(image=img, variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=sample_id)
-    t0 = time.perf_counter()
-    status, answer, error, rejected, repaired = "turn_limit", None, None, [], 0
+def _episode(ep: Episode, crop_kw: dict | None, reask: int):
+    """One episode's protocol as a generator: it yields `ep` whenever it needs the policy's next turn and is sent
+    `(text, seconds)` back (a backend failure is thrown in as `ChatFailure`); it returns the result's fields. One
+    driver asks a policy turn by turn (`run_zoom`), another asks many episodes' turns in one pass (`run_zoom_batch`)."""
+    img, status, answer, error, rejected, repaired = ep.image, "turn_limit", None, None, [], 0
     while ep.turn < ep.max_turns:
         try:
-            text, act, dt = _ask_turn(policy, ep, img.size)
+            text, dt = yield ep
+            act = parse_action(text, ep.variant, img.size, ep.regions)
             for _ in range(reask):
                 if act.kind != "invalid": break
                 rejected.append(ZoomStep(text=text, think=act.think, kind="invalid", error=act.error, seconds=dt))
                 ep.feedback = {"text": text, "error": act.error}
-                try: text, act, dt = _ask_turn(policy, ep, img.size)
+                try:
+                    text, dt = yield ep
+                    act = parse_action(text, ep.variant, img.size, ep.regions)
                 finally: ep.feedback = None
         except ChatFailure as e:
             status, error = "failed", f"backend gave no valid turn: {e}"
@@ -298,10 +290,56 @@ def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6,
         step.bbox, step.scale = c.box.as_list(), c.scale
         ep.steps.append(step)
         ep.crops.append(c)
-    return ZoomResult(sample_id=sample_id, variant=variant, policy=policy.policy_id, status=status, answer=answer,
-                      steps=ep.steps, width=img.width, height=img.height, error=error,
-                      seconds=time.perf_counter() - t0, repaired=repaired, reasked=len(rejected), rejected=rejected,
-                      **ep.usage)
+    return dict(sample_id=ep.sample_id, variant=ep.variant, status=status, answer=answer, steps=ep.steps, width=img.width,
+                height=img.height, error=error, repaired=repaired, reasked=len(rejected), rejected=rejected, **ep.usage)
+
+def _text(t) -> str: return t if isinstance(t, str) else repr(t)
+
+# %% ../../nbs/08a_zoom.agents.ipynb #f4fad5eb
+def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,
+             crop_kw: dict | None = None, reask: int = 1) -> ZoomResult:
+    "Run one episode of `policy` on `image`; an unusable turn is asked again `reask` times before `invalid_format`."
+    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
+    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
+    img = load_image(image)
+    ep = Episode(image=img, variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=sample_id)
+    t0, gen = time.perf_counter(), _episode(ep, crop_kw, reask)
+    try:
+        asked = next(gen)
+        while True:
+            t = time.perf_counter()
+            try: text = _text(policy.respond(asked))
+            except ChatFailure as e:
+                asked = gen.throw(e)
+                continue
+            asked = gen.send((text, time.perf_counter() - t))
+    except StopIteration as done: fields = done.value
+    return ZoomResult(policy=policy.policy_id, seconds=time.perf_counter() - t0, **fields)
+
+def run_zoom_batch(policy, images: Sequence, variant: str = "o3", max_turns: int = 6, sample_ids: Sequence[str | None] | None = None,
+                   crop_kw: dict | None = None, reask: int = 1) -> list[ZoomResult]:
+    """`run_zoom` on several images in step: every pending episode's next turn is asked in one `policy.respond_batch`
+    call (a local model generates them as one padded batch). The episodes follow the same protocol, turn by turn; each
+    result's `seconds` is its share of the batches it was in."""
+    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
+    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
+    ids = list(sample_ids) if sample_ids is not None else [None] * len(images)
+    gens = [_episode(Episode(image=load_image(im), variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=i),
+                     crop_kw, reask) for im, i in zip(images, ids)]
+    pending, fields, seconds = {k: next(g) for k, g in enumerate(gens)}, {}, [0.0] * len(gens)
+    while pending:
+        keys, t = list(pending), time.perf_counter()
+        try: answers, failure = [_text(x) for x in policy.respond_batch([pending[k] for k in keys])], None
+        except ChatFailure as e: answers, failure = [None] * len(keys), e
+        share = (time.perf_counter() - t) / len(keys)
+        for k, text in zip(keys, answers):
+            seconds[k] += share
+            try: pending[k] = gens[k].throw(failure) if failure else gens[k].send((text, share))
+            except StopIteration as done:
+                fields[k] = done.value
+                del pending[k]
+    return [ZoomResult(policy=policy.policy_id, seconds=seconds[k], **fields[k]) for k in range(len(gens))]
+
 
 # %% ../../nbs/08a_zoom.agents.ipynb #d42b92ab
 def turn_pattern(tool: bool = True, think: bool = True, think_chars: int = 1000, text_chars: int = 300, key_items: int = 3) -> str:
