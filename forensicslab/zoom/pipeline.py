@@ -215,8 +215,9 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
     return result
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #zshared02
-PINNED = ("base", "sft", "grpo", "verifier", "verifier_base", "sft_log.csv", "grpo_log.csv")
-"The trained folders of a run (a verifier study's base too) and its training logs, which a study pins (the evaluation is recomputed from them)."
+PINNED = ("base", "sft", "grpo", "verifier", "verifier_base", "steps", "sft_log.csv", "grpo_log.csv")
+"""The trained folders of a run (a verifier study's base too; Figure S1's weights of each scored step) and its training
+logs, which a study pins (the evaluation is recomputed from them)."""
 
 def run_key(cfg: ZoomTrainConfig) -> str:
     "The run's name: the design and a hash of the resolved config and the design's build manifest."

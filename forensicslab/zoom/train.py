@@ -32,6 +32,7 @@ from transformers import TrainerCallback
 from transformers.utils import get_json_schema
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from ..core import Sample
 from ..imageio import load_image
 from ..runs import config_hash, portable_path, resolve_portable
@@ -50,9 +51,9 @@ from .verifier import TEXT_LORA_TARGETS, VerifierTrainConfig
 __all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_views', 'ZoomEnv', 'NamedZoomEnv',
            'zoom_env_factory', 'crop_tool_schema', 'regions_for', 'fill_images', 'sft_dataset', 'snap_box',
            'name_trajectory', 'snap_trajectory', 'ToolVLMCollator', 'CSVLogger', 'read_curves', 'plot_curves',
-           'world_size', 'run_sft', 'turn_texts', 'HybridReward', 'drop_cut_crops', 'ZoomGRPOTrainer', 'grpo_dataset',
-           'run_grpo', 'save_checkpoint', 'load_checkpoint', 'episode_seed', 'checkpoint_digest', 'HFZoomPolicy',
-           'grpo_phase_means', 'train_zoom']
+           'world_size', 'run_sft', 'sft_collator', 'turn_texts', 'HybridReward', 'drop_cut_crops', 'ZoomGRPOTrainer',
+           'grpo_dataset', 'run_grpo', 'save_checkpoint', 'load_checkpoint', 'episode_seed', 'checkpoint_digest',
+           'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
 _LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}}
@@ -492,11 +493,18 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
     ds = sft_dataset(trajectories, cfg.variant, cfg.max_zooms, views=tool_views(cfg.tools), survey=cfg.survey)
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                          peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft", append=resume is not None), *callbacks])
-    trainer.data_collator = ToolVLMCollator(processor=processor, max_length=None, completion_only_loss=False,
-                                            assistant_only_loss=True, chat_template=trainer.chat_template,
-                                            tools=[crop_tool_schema(cfg.survey == "named")])
+    trainer.data_collator = sft_collator(cfg, processor)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
+
+def sft_collator(cfg: ZoomTrainConfig, processor) -> ToolVLMCollator:
+    """The SFT batches of `cfg`: tokenised, masked and labelled as `run_sft` trains on them (loss on assistant tokens
+    only, through TRL's training chat template where the processor's has no generation markers); a validation loss
+    computed outside a trainer (Figure S1's pinned arms) uses the same batches."""
+    template = None if has_generation_markers(processor.chat_template) else get_training_chat_template(processor)
+    return ToolVLMCollator(processor=processor, max_length=None, completion_only_loss=False, assistant_only_loss=True,
+                           chat_template=template, tools=[crop_tool_schema(cfg.survey == "named")])
+
 
 # %% ../../nbs/08l_zoom.train.ipynb #543d71f3
 def turn_texts(completion) -> list[str]:
