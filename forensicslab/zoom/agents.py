@@ -296,14 +296,15 @@ def _episode(ep: Episode, crop_kw: dict | None, reask: int):
 def _text(t) -> str: return t if isinstance(t, str) else repr(t)
 
 # %% ../../nbs/08a_zoom.agents.ipynb #f4fad5eb
+def _new_episode(image, variant: str, max_turns: int, sample_id: str | None) -> Episode:
+    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
+    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
+    return Episode(image=load_image(image), variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=sample_id)
+
 def run_zoom(policy: ZoomPolicy, image, variant: str = "o3", max_turns: int = 6, sample_id: str | None = None,
              crop_kw: dict | None = None, reask: int = 1) -> ZoomResult:
     "Run one episode of `policy` on `image`; an unusable turn is asked again `reask` times before `invalid_format`."
-    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
-    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
-    img = load_image(image)
-    ep = Episode(image=img, variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=sample_id)
-    t0, gen = time.perf_counter(), _episode(ep, crop_kw, reask)
+    t0, gen = time.perf_counter(), _episode(_new_episode(image, variant, max_turns, sample_id), crop_kw, reask)
     try:
         asked = next(gen)
         while True:
@@ -321,11 +322,8 @@ def run_zoom_batch(policy, images: Sequence, variant: str = "o3", max_turns: int
     """`run_zoom` on several images in step: every pending episode's next turn is asked in one `policy.respond_batch`
     call (a local model generates them as one padded batch). The episodes follow the same protocol, turn by turn; each
     result's `seconds` is its share of the batches it was in."""
-    if variant not in VARIANTS: raise ZoomInputError(f"unknown variant {variant!r}; use one of {VARIANTS}")
-    if max_turns < 1: raise ZoomInputError("max_turns must be at least 1")
     ids = list(sample_ids) if sample_ids is not None else [None] * len(images)
-    gens = [_episode(Episode(image=load_image(im), variant=variant, max_turns=max_turns if variant == "o3" else 1, sample_id=i),
-                     crop_kw, reask) for im, i in zip(images, ids)]
+    gens = [_episode(_new_episode(im, variant, max_turns, i), crop_kw, reask) for im, i in zip(images, ids)]
     pending, fields, seconds = {k: next(g) for k, g in enumerate(gens)}, {}, [0.0] * len(gens)
     while pending:
         keys, t = list(pending), time.perf_counter()
