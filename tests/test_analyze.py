@@ -340,8 +340,9 @@ def test_signal_mid_run_writes_the_finished_rows(tmp_path, sig, code):
     out = tmp_path / "out"
     env = dict(os.environ, FORENSICSLAB_CACHE_DIR=str(tmp_path / "cache"))
     p = subprocess.Popen([str(exe), "analyze", str(src), "--out", str(out), "--detectors", "noise,spectral,copymove", "--no-provenance",
-                          "--cache", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    rows = out / "runs"
+                          "--cache", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as from a terminal: a suite started
+    rows = out / "runs"                                                                         # in the background ignores SIGINT
     t0 = time.time()
     while time.time() - t0 < 240:
         done = sum(len(f.read_text().splitlines()) for f in rows.rglob("rows.jsonl")) if rows.is_dir() else 0
