@@ -187,11 +187,9 @@ def test_one_checkpoint_gives_the_same_numbers_through_the_training_run_and_a_ta
     assert run["per_sample"] and {k: run[k] for k in tables[0]} == tables[0] == tables[1]
 
 
-def test_a_checkpoint_is_evaluated_once_for_every_table_and_afresh_when_its_weights_change(manip, tmp_path, monkeypatch):
-    "The evaluation store: a second table (another way of loading the same checkpoint) reads the episodes; new weights do not."
+def _smoke_checkpoint(tmp_path) -> ZoomTrainConfig:
+    "A LoRA checkpoint of a tiny model built here (the survey tools, named regions) in tmp_path/ckpt, its base in tmp_path/base."
     from peft import get_peft_model
-    from forensicslab.zoom.pipeline import evaluate_checkpoint
-    from forensicslab.zoom.study import evaluate_policy, make_policy, per_sample
     from forensicslab.zoom.tinyvlm import save_vlm
     from forensicslab.zoom.train import lora_config, save_checkpoint
     cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64), tools="detectors", survey="named",
@@ -199,9 +197,23 @@ def test_a_checkpoint_is_evaluated_once_for_every_table_and_afresh_when_its_weig
     model, proc = load_policy(cfg, texts=['<answer>{"verdict": "fake"} R1 crop bbox real</answer>'])
     save_vlm(model, proc, tmp_path / "base")
     save_checkpoint(get_peft_model(model, lora_config(cfg)), proc, tmp_path / "ckpt", tmp_path / "base", cfg)
-    calls = []
-    respond = HFZoomPolicy.respond
-    monkeypatch.setattr(HFZoomPolicy, "respond", lambda self, ep: calls.append(ep.sample_id) or respond(self, ep))
+    return cfg
+
+
+def _record_turns(monkeypatch, what) -> list:
+    "`what(episode)` for every turn a checkpoint generates, one at a time or in a batch (a sampled turn in a batch twice)."
+    seen, respond, batch = [], HFZoomPolicy.respond, HFZoomPolicy.respond_batch
+    monkeypatch.setattr(HFZoomPolicy, "respond", lambda self, ep: seen.append(what(ep)) or respond(self, ep))
+    monkeypatch.setattr(HFZoomPolicy, "respond_batch", lambda self, eps: seen.extend(map(what, eps)) or batch(self, eps))
+    return seen
+
+
+def test_a_checkpoint_is_evaluated_once_for_every_table_and_afresh_when_its_weights_change(manip, tmp_path, monkeypatch):
+    "The evaluation store: a second table (another way of loading the same checkpoint) reads the episodes; new weights do not."
+    from forensicslab.zoom.pipeline import evaluate_checkpoint
+    from forensicslab.zoom.study import evaluate_policy, make_policy, per_sample
+    cfg = _smoke_checkpoint(tmp_path)
+    calls = _record_turns(monkeypatch, lambda ep: ep.sample_id)
     samples, turns = manip["test"][:3], cfg.max_tool_calls + 1
     run = evaluate_checkpoint(tmp_path / "ckpt", samples, cfg, device="cpu")
     generated = len(calls)
@@ -225,21 +237,12 @@ def test_a_checkpoint_is_evaluated_once_for_every_table_and_afresh_when_its_weig
 
 def test_a_table_that_set_its_own_thread_count_reads_the_same_evaluation(manip, tmp_path, monkeypatch):
     "Several training notebooks set 1 torch thread: their evaluations still run on the kernel's count and share the store."
-    from peft import get_peft_model
     from forensicslab.zoom.pipeline import evaluate_checkpoint
     from forensicslab.zoom.study import _fingerprint
-    from forensicslab.zoom.tinyvlm import save_vlm
-    from forensicslab.zoom.train import lora_config, save_checkpoint
     monkeypatch.setenv("OMP_NUM_THREADS", "2")           # what the study runner gives a kernel
     monkeypatch.setenv("FORENSICSLAB_CACHE_DIR", str(tmp_path / "cache"))   # an empty evaluation store
-    cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64), tools="detectors", survey="named",
-                                max_completion_length=16, data="manipulations")
-    model, proc = load_policy(cfg, texts=['<answer>{"verdict": "fake"} R1 crop bbox real</answer>'])
-    save_vlm(model, proc, tmp_path / "base")
-    save_checkpoint(get_peft_model(model, lora_config(cfg)), proc, tmp_path / "ckpt", tmp_path / "base", cfg)
-    threads = []
-    respond = HFZoomPolicy.respond
-    monkeypatch.setattr(HFZoomPolicy, "respond", lambda self, ep: threads.append(torch.get_num_threads()) or respond(self, ep))
+    cfg = _smoke_checkpoint(tmp_path)
+    threads = _record_turns(monkeypatch, lambda ep: torch.get_num_threads())
     held = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
