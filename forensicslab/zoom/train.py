@@ -748,13 +748,23 @@ class HFZoomPolicy:
             msgs += fill_images([{"role": "tool", "name": TOOL_NAME, "content": content}], images)
         return msgs
 
+    def _inputs(self, chats: list[list[dict]]) -> dict:
+        "The model's inputs for one or more chats, left-padded to one batch (one chat needs no padding)."
+        tok = self.processor.tokenizer
+        side, tok.padding_side = tok.padding_side, "left"
+        try:
+            batch = self.processor.apply_chat_template(chats, tools=self.tools, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                       return_tensors="pt", processor_kwargs={"padding": True}).to(self.model.device)
+        finally: tok.padding_side = side
+        if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        return batch
+
+    def _sampled(self, ep: Episode) -> bool: return self.do_sample or ep.feedback is not None   # a re-ask samples instead of repeating the greedy turn
+
     @torch.no_grad()
     def respond(self, ep: Episode) -> str:
-        batch = self.processor.apply_chat_template(self.messages(ep), tools=self.tools, add_generation_prompt=True,
-                                                   tokenize=True, return_dict=True, return_tensors="pt").to(self.model.device)
-        if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
-        sample = self.do_sample or ep.feedback is not None    # a re-ask samples instead of repeating the greedy turn
-        kw = dict(do_sample=True, temperature=self.temperature) if sample else dict(do_sample=False)
+        batch = self._inputs([self.messages(ep)])
+        kw = dict(do_sample=True, temperature=self.temperature) if self._sampled(ep) else dict(do_sample=False)
         with torch.random.fork_rng(devices=[]):   # a sampled turn draws from the episode's own seed, not the global RNG
             torch.manual_seed(episode_seed(ep))
             ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens,
@@ -770,18 +780,10 @@ class HFZoomPolicy:
         batch, each cut at its end token; a sampled turn (a re-ask) is generated on its own from its episode's seed.
         Padding changes the float sums in the last bits (logits within 1e-5 of one at a time, measured), so a near tie
         may break the other way: the evaluation store keeps its batch size in the name it is kept under."""
-        out: list = [None] * len(eps)
-        greedy = [i for i, ep in enumerate(eps) if not (self.do_sample or ep.feedback is not None)]
-        for i in sorted(set(range(len(eps))) - set(greedy)): out[i] = self.respond(eps[i])
+        out = [self.respond(ep) if self._sampled(ep) else None for ep in eps]
+        greedy = [i for i, ep in enumerate(eps) if not self._sampled(ep)]
         if not greedy: return out
-        tok = self.processor.tokenizer
-        side, tok.padding_side = tok.padding_side, "left"
-        try:
-            batch = self.processor.apply_chat_template([self.messages(eps[i]) for i in greedy], tools=self.tools, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=True, return_tensors="pt",
-                                                       processor_kwargs={"padding": True}).to(self.model.device)
-        finally: tok.padding_side = side
-        if "pixel_values" in batch: batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        batch, tok = self._inputs([self.messages(eps[i]) for i in greedy]), self.processor.tokenizer
         ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id, do_sample=False)
         eos = self.model.generation_config.eos_token_id
         stop = set(eos if isinstance(eos, (list, tuple)) else [eos])
