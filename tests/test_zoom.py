@@ -484,3 +484,28 @@ def test_episodes_in_step_follow_the_same_protocol_as_one_at_a_time():
     assert pol.calls[0] == len(images) and max(pol.calls[1:]) < len(images)     # finished episodes leave the batch
     failed = run_zoom_batch(ScriptByImage(fail_on=61), images[:2], "o3")          # a batch whose backend fails
     assert [r.status for r in failed] == ["failed", "failed"] and "server went away" in failed[0].error
+
+
+def test_the_rule_cues_fast_paths_equal_their_plain_definitions():
+    "The packed row sort is np.lexsort's order (ties by index, out-of-range keys fall back) and the matrix NMS keeps the greedy loop's boxes."
+    from forensicslab.zoom.rules import _row_order, _suppress
+    rng = np.random.default_rng(0)
+    for keys in (rng.integers(0, 4, (500, 16)).astype(np.float32),          # many ties: the stable order matters
+                 rng.integers(0, 86, (300, 16)).astype(np.float32),
+                 rng.integers(0, 3, (200, 11)).astype(np.float32),           # a column count that is not a multiple of 8
+                 rng.integers(-3, 300, (200, 16)).astype(np.float32),        # outside one byte: the plain lexsort
+                 rng.random((50, 16)).astype(np.float32) * 3):               # not integers
+        assert np.array_equal(_row_order(keys), np.lexsort(keys.T[::-1]))
+    def greedy(boxes, max_iou):
+        def iou(a, b):
+            ix, iy = max(0, min(a[2], b[2]) - max(a[0], b[0])), max(0, min(a[3], b[3]) - max(a[1], b[1]))
+            u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - ix * iy
+            return ix * iy / u if u else 0.0
+        kept = []
+        for i, b in enumerate(boxes):
+            if all(iou(b, boxes[k]) < max_iou for k in kept): kept.append(i)
+        return kept
+    xy = rng.integers(0, 200, (400, 2))
+    boxes = np.c_[xy, xy + rng.integers(0, 60, (400, 2))]                   # some of zero area: IoU 0, as the loop says
+    assert _suppress(boxes, 0.3) == greedy(boxes.tolist(), 0.3)
+    assert len(_suppress(boxes, 0.3)) < len(boxes)                          # it does suppress something

@@ -65,12 +65,14 @@ def cue_scores(region: np.ndarray, image_ratio: float | None = None) -> dict[str
 def _text_misalignment(g: np.ndarray) -> float:
     "How badly glyph-like components of a two-tone region fail to share a baseline and cap height (0 when no such region)."
     v = g.ravel()
+    if not len(v) or v.max() - v.min() < 59.99: return 0.0  # two classes cannot lie 60 grey levels apart: no two-tone region
     t = v.mean()
     for _ in range(8):                                    # iterative (Ridler-Calvard) two-class threshold
         lo, hi = v[v <= t], v[v > t]
         if not len(lo) or not len(hi): return 0.0
-        t = (lo.mean() + hi.mean()) / 2
-    lo, hi = v[v <= t], v[v > t]
+        t, last = (lo.mean() + hi.mean()) / 2, t
+        if t == last: break                               # converged: every later round would repeat this one
+    else: lo, hi = v[v <= t], v[v > t]
     between = len(lo) * len(hi) / len(v) ** 2 * (hi.mean() - lo.mean()) ** 2
     if between / (v.var() + 1e-6) < 0.8 or hi.mean() - lo.mean() < 60: return 0.0
     ink = g <= t if len(lo) < len(hi) else g > t
@@ -87,6 +89,17 @@ def _text_misalignment(g: np.ndarray) -> float:
     return float((tops.std() + bots.std()) / mh)
 
 # %% ../../nbs/08b_zoom.rules.ipynb #8849fdbc
+def _row_order(keys: np.ndarray) -> np.ndarray:
+    """The stable lexicographic order of the rows of `keys`, as `np.lexsort(keys.T[::-1])` gives it; keys that are
+    integers in 0..255 sort as bytes packed eight to a 64-bit word (two sort keys instead of sixteen, about 10x faster)."""
+    if not len(keys) or keys.min() < 0 or keys.max() > 255 or not np.array_equal(keys, np.round(keys)):
+        return np.lexsort(keys.T[::-1])
+    n, c = keys.shape
+    packed = np.zeros((n, -(-c // 8) * 8), np.uint8)
+    packed[:, :c] = keys
+    words = packed.view(">u8").astype(np.uint64)          # big-endian: the first column is each word's top byte
+    return np.lexsort(words.T[::-1])
+
 def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
                       max_dist: float = 1.5) -> tuple[float, Optional[list[int]]]:
     "Exact or mirrored repeats of textured blocks: `(number of blocks in the best agreeing group, box around both copies)`."
@@ -110,13 +123,14 @@ def duplicate_regions(rgb: np.ndarray, block: int = 12, min_std: float = 15.0,
         allf = np.concatenate([f, fb]) if mirror else f
         src = np.r_[np.zeros(len(f), int), np.ones(len(fb), int)] if mirror else np.zeros(len(f), int)
         idx = np.r_[np.arange(len(f)), np.arange(len(fb))] if mirror else np.arange(len(f))
-        order = np.lexsort(np.round(allf / 3).T[::-1])
+        order = _row_order(np.round(allf / 3))
+        sf = allf[order]                                  # the features in sorted order: neighbours k apart are slices
         I, J = [], []
         for k in range(1, 4):
             a_, b_ = order[:-k], order[k:]
             sel = (src[a_] != src[b_]) if mirror else np.ones(len(a_), bool)
             a_, b_ = a_[sel], b_[sel]
-            good = (np.abs(allf[a_] - allf[b_]).mean(1) < max_dist) & (idx[a_] != idx[b_])
+            good = (np.abs(sf[:-k][sel] - sf[k:][sel]).mean(1) < max_dist) & (idx[a_] != idx[b_])
             I.append(idx[a_][good])
             J.append(idx[b_][good])
         i, j = np.concatenate(I), np.concatenate(J)
@@ -201,18 +215,21 @@ def candidates(rgb: np.ndarray, thresholds: dict = DEFAULT_THRESHOLDS, view_side
         c["rel"] = c["score"] / thresholds[c["cue"]]
         c["box"] = [int(v / s) for v in c["box"]]
     out.sort(key=lambda c: -c["rel"])
-    picked = []                                  # greedy non-maximum suppression across cues
-    for c in out:
-        if all(_iou(c["box"], p["box"]) < 0.3 for p in picked): picked.append(c)
-    return picked
+    return [out[i] for i in _suppress(np.array([c["box"] for c in out], np.int64).reshape(-1, 4), 0.3)]   # greedy non-maximum suppression across cues
 
 # %% ../../nbs/08b_zoom.rules.ipynb #61d34dfe
-def _iou(a, b):
-    ix = max(0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0, min(a[3], b[3]) - max(a[1], b[1]))
-    i = ix * iy
-    u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - i
-    return i / u if u else 0.0
+def _suppress(boxes: np.ndarray, max_iou: float) -> list[int]:
+    "Greedy non-maximum suppression of integer `boxes` (n, 4), best first: the indices of those whose IoU with every box kept before is below `max_iou`."
+    ix = np.clip(np.minimum(boxes[:, None, 2], boxes[None, :, 2]) - np.maximum(boxes[:, None, 0], boxes[None, :, 0]), 0, None)
+    iy = np.clip(np.minimum(boxes[:, None, 3], boxes[None, :, 3]) - np.maximum(boxes[:, None, 1], boxes[None, :, 1]), 0, None)
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    inter = ix * iy
+    union = area[:, None] + area[None, :] - inter
+    overlaps = np.divide(inter, union, out=np.zeros(inter.shape), where=union != 0) >= max_iou
+    kept = []
+    for i in range(len(boxes)):
+        if not overlaps[i, kept].any(): kept.append(i)
+    return kept
 
 def region_cue(rgb: np.ndarray, box, cue: str, image_ratio: float) -> tuple[float, list[int]]:
     "Re-measure `cue` inside `box` at full resolution: `(score, refined box)`."
