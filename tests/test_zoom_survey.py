@@ -281,3 +281,22 @@ def test_a_checkpoints_turns_in_one_batch_are_the_turns_one_at_a_time(manip):
     drop = {"seconds": True, "steps": {"__all__": {"seconds"}}, "rejected": {"__all__": {"seconds"}}}
     assert [r.model_dump(exclude=drop) for r in together] == [r.model_dump(exclude=drop) for r in alone]
     assert len({r.output_tokens for r in alone}) > 1                               # answers of different lengths, each cut at its end
+
+
+def test_a_run_evaluated_on_another_sample_keeps_its_run_key_and_its_own_evaluation_file(tmp_path):
+    "n_eval and eval_split choose the evaluation, not the training: the run (and its pins) stay; each sample has its own eval file."
+    from dataclasses import replace
+    from forensicslab.zoom.pipeline import eval_name, pin_run, run_key, unpin_run
+    from forensicslab.zoom.train import ZoomTrainConfig
+    cfg = ZoomTrainConfig.smoke(data="folder:/nowhere")
+    sub = replace(cfg, n_eval=40)
+    assert run_key(sub) == run_key(cfg) == run_key(replace(cfg, eval_split="ood"))
+    assert run_key(replace(cfg, seed=cfg.seed + 1)) != run_key(cfg)                  # a training field still counts
+    assert eval_name(cfg) == "eval.json" and eval_name(sub) == "eval_test_40.json" != eval_name(replace(sub, eval_split="ood"))
+    run, study, fresh = tmp_path / "run", tmp_path / "study", tmp_path / "fresh" / "run"
+    (run / "sft").mkdir(parents=True)
+    (run / "sft" / "w.safetensors").write_bytes(b"sft adapter")
+    pin_run(run, study)
+    (fresh).mkdir(parents=True)
+    for name in (eval_name(cfg), eval_name(sub)): (fresh / name).write_text("{}")
+    assert unpin_run(study, fresh) and not list(fresh.glob("eval*.json"))           # the new files: every evaluation again

@@ -33,9 +33,9 @@ from .study import evaluate_policy, instrument_controls, per_sample, survey_cont
 from .verifier import Verifier, VerifierTrainConfig, items_from_records, load_verifier, new_verifier, save_verifier, train_verifier
 
 # %% auto #0
-__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'PINNED', 'groundfake_training', 'sft_trajectories',
-           'pipeline_data', 'episode_views', 'evaluate_checkpoint', 'run_pipeline', 'run_key', 'shared_run',
-           'pin_files', 'check_pins', 'pin_run', 'unpin_run']
+__all__ = ['GROUNDFAKE_TRAJECTORIES', 'GROUNDFAKE_VERIFICATION', 'EVAL_FIELDS', 'PINNED', 'groundfake_training',
+           'sft_trajectories', 'pipeline_data', 'episode_views', 'evaluate_checkpoint', 'eval_name', 'run_pipeline',
+           'run_key', 'shared_run', 'pin_files', 'check_pins', 'pin_run', 'unpin_run']
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #6d03267d
 GROUNDFAKE_TRAJECTORIES, GROUNDFAKE_VERIFICATION = "trajectories.jsonl", "verification.jsonl"
@@ -161,6 +161,13 @@ def evaluate_checkpoint(folder: str | Path, samples: Sequence[Sample], cfg: Zoom
     ev["first_try_valid"] = float(np.mean([r.valid and not r.reasked for r in res])) if res else float("nan")
     return ev
 
+EVAL_FIELDS = ("eval_split", "n_eval")
+"The config fields that choose what a run is evaluated on, not what it trains: they stay out of `run_key`."
+
+def eval_name(cfg: ZoomTrainConfig) -> str:
+    "The file a run folder keeps `cfg`'s evaluation in: `eval.json` for the whole test split, else one per split and size."
+    return "eval.json" if (cfg.eval_split, cfg.n_eval) == ("test", 0) else f"eval_{cfg.eval_split}_{cfg.n_eval}.json"
+
 def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = ("verifier", "sft", "grpo", "eval"),
                  resume: bool = True, log: Callable = print) -> dict:
     "Every stage of `cfg` under `out` (see above); finished stages are skipped when `resume`. Returns the evaluation."
@@ -199,8 +206,8 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
             if _is_main(): save_checkpoint(grpo.model, proc, work / "grpo", base_path, cfg, {"stage": "grpo"})
         log(f"grpo: {grpo.state.global_step} steps, reward calls {reward.calls}")
     result = {}
-    if "eval" in stages and resume and (out / "eval.json").exists():   # evaluated before: the same numbers, not a second pass
-        return json.loads((out / "eval.json").read_text())
+    if "eval" in stages and resume and (out / eval_name(cfg)).exists():   # evaluated before: the same numbers, not a second pass
+        return json.loads((out / eval_name(cfg)).read_text())
     if "eval" in stages and _is_main():
         for stage in ("sft", "grpo"):
             if (out / stage / "zoom_train.json").exists():
@@ -211,7 +218,7 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
         if result and all(len({s.label for s in ss}) == 2 for ss in (data["pool"], data["eval"])):   # the instrument-only rows
             result["controls"] = (survey_controls(data["pool"], data["eval"], tool_views(cfg.tools), cfg.variant, cfg.seed)
                                   if cfg.survey != "none" else instrument_controls(data["pool"], data["eval"], cfg.seed))
-        (out / "eval.json").write_text(json.dumps(result, indent=2))
+        (out / eval_name(cfg)).write_text(json.dumps(result, indent=2))
     return result
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #zshared02
@@ -220,13 +227,15 @@ PINNED = ("base", "sft", "grpo", "verifier", "verifier_base", "steps", "sft_log.
 logs, which a study pins (the evaluation is recomputed from them)."""
 
 def run_key(cfg: ZoomTrainConfig) -> str:
-    "The run's name: the design and a hash of the resolved config and the design's build manifest."
+    """The run's name: the design and a hash of the resolved config and the design's build manifest. The evaluation
+    fields (`EVAL_FIELDS`) are left out: the same training evaluated on another sample is the same run."""
     design = None
     if cfg.data in DESIGNS:
         man = artifacts_root(cfg.data) / "manifest.json"
         if not man.exists(): ensure_artifacts(design=cfg.data)
         design = json.loads(man.read_text()).get("config_hash")
-    return f"{cfg.data.split(':')[0]}-{config_hash({'config': cfg.as_dict(), 'design': design})}"
+    trained = {k: v for k, v in cfg.as_dict().items() if k not in EVAL_FIELDS}
+    return f"{cfg.data.split(':')[0]}-{config_hash({'config': trained, 'design': design})}"
 
 def shared_run(cfg: ZoomTrainConfig, root: str | Path | None = None, log: Callable = print) -> tuple[Path, dict]:
     "`(folder, evaluation)` of `cfg`'s run under `root` (default `data/zoom_runs`), trained and evaluated once (see above)."
@@ -284,5 +293,5 @@ def unpin_run(pinned: str | Path, run: str | Path) -> bool:
     if not check_pins(pinned, run.name): return False
     if _files(run) == json.loads((pinned / "pinned.json").read_text())["files"]: return True
     _copy_trained(pinned, run)
-    (run / "eval.json").unlink(missing_ok=True)
+    for f in run.glob("eval*.json"): f.unlink()   # every evaluation of the old files
     return True
