@@ -287,7 +287,6 @@ def test_a_run_evaluated_on_another_sample_keeps_its_run_key_and_its_own_evaluat
     "n_eval and eval_split choose the evaluation, not the training: the run (and its pins) stay; each sample has its own eval file."
     from dataclasses import replace
     from forensicslab.zoom.pipeline import eval_name, pin_run, run_key, unpin_run
-    from forensicslab.zoom.train import ZoomTrainConfig
     cfg = ZoomTrainConfig.smoke(data="folder:/nowhere")
     sub = replace(cfg, n_eval=40)
     assert run_key(sub) == run_key(cfg) == run_key(replace(cfg, eval_split="ood"))
@@ -297,6 +296,6 @@ def test_a_run_evaluated_on_another_sample_keeps_its_run_key_and_its_own_evaluat
     (run / "sft").mkdir(parents=True)
     (run / "sft" / "w.safetensors").write_bytes(b"sft adapter")
     pin_run(run, study)
-    (fresh).mkdir(parents=True)
+    fresh.mkdir(parents=True)
     for name in (eval_name(cfg), eval_name(sub)): (fresh / name).write_text("{}")
     assert unpin_run(study, fresh) and not list(fresh.glob("eval*.json"))           # the new files: every evaluation again

@@ -205,9 +205,9 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
             grpo = run_grpo(run_cfg, model, proc, data["train"], reward, work, trainer_root=out)
             if _is_main(): save_checkpoint(grpo.model, proc, work / "grpo", base_path, cfg, {"stage": "grpo"})
         log(f"grpo: {grpo.state.global_step} steps, reward calls {reward.calls}")
-    result = {}
-    if "eval" in stages and resume and (out / eval_name(cfg)).exists():   # evaluated before: the same numbers, not a second pass
-        return json.loads((out / eval_name(cfg)).read_text())
+    result, evaluated = {}, out / eval_name(cfg)
+    if "eval" in stages and resume and evaluated.exists():   # evaluated before: the same numbers, not a second pass
+        return json.loads(evaluated.read_text())
     if "eval" in stages and _is_main():
         for stage in ("sft", "grpo"):
             if (out / stage / "zoom_train.json").exists():
@@ -218,7 +218,7 @@ def run_pipeline(cfg: ZoomTrainConfig, out: str | Path, stages: Sequence[str] = 
         if result and all(len({s.label for s in ss}) == 2 for ss in (data["pool"], data["eval"])):   # the instrument-only rows
             result["controls"] = (survey_controls(data["pool"], data["eval"], tool_views(cfg.tools), cfg.variant, cfg.seed)
                                   if cfg.survey != "none" else instrument_controls(data["pool"], data["eval"], cfg.seed))
-        (out / eval_name(cfg)).write_text(json.dumps(result, indent=2))
+        evaluated.write_text(json.dumps(result, indent=2))
     return result
 
 # %% ../../nbs/08m_zoom.pipeline.ipynb #zshared02
