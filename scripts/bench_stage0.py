@@ -29,7 +29,9 @@ process holds (adapters whose backbone tensors hash the same share one, and one 
 With `--paper` every detector with installed weights uses them (`forensicslab weights list`), the others full-size
 seeded random stand-ins; each detector alone is reported with its wall and CPU seconds and the growth of the process's
 resident memory during the call (sampled every 5 ms), and the process's peak. `--big` then runs the pool once on a
-12 MP JPEG (4000x3000) and reports seconds and peak memory (issue 48: <= 8 GB). `--detector ID` limits either.
+12 MP JPEG (4000x3000) and reports seconds and peak memory (issue 48: <= 8 GB). `--detector ID` limits either. It also
+prints the pool's arithmetic floor: its FLOPs per 1024x768 image (torch's counter) over the machine's fp32 matrix-multiply
+rate on all cores, the least time any exact fp32 implementation could take here.
 
 Usage: python scripts/bench_stage0.py [--repeat 3] [--detector ID ...] [--json out.json] [--real-size-only]
        python scripts/bench_stage0.py --paper [--big] [--detector ID ...] [--repeat 1] [--json out.json]
@@ -180,6 +182,40 @@ def paper_pool_detectors(seed: int = 0, only: list[str] | None = None) -> tuple[
     return names, how
 
 
+def arithmetic_floor(p: Path, names: list[str]) -> dict:
+    """The paper pool's floating-point work on one image (torch's FLOP counter; each detector once, in this thread, the
+    shared backbones' forward passes counted once as in the pool) over this machine's fp32 matrix-multiply rate on all
+    its cores: an exact fp32 Stage 0 on this CPU cannot take less time than that, whatever the implementation."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from forensicslab.detectors.paper.backbones import shared_backbones
+    from forensicslab.detectors.pool import get_detector
+    from forensicslab.imageio import load_image
+    image, flops = load_image(p), {}
+    for v in shared_backbones().values(): v.clear()
+    held = os.environ.get("FORENSICSLAB_TRUFOR_THREADS")
+    os.environ["FORENSICSLAB_TRUFOR_THREADS"] = "1"   # TruFor's bands in this thread, where the counter sees them
+    try:
+        for n in names:
+            with FlopCounterMode(display=False) as fc: get_detector(n).detect(image)
+            flops[n] = fc.get_total_flops() / 1e9
+    finally:
+        if held is None: os.environ.pop("FORENSICSLAB_TRUFOR_THREADS")
+        else: os.environ["FORENSICSLAB_TRUFOR_THREADS"] = held
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    a, b, n = torch.randn(2048, 2048), torch.randn(2048, 2048), 20
+    for _ in range(3): a @ b
+    t = time.perf_counter()
+    for _ in range(n): a @ b
+    rate = 2 * 2048 ** 3 * n / (time.perf_counter() - t) / 1e9
+    torch.set_num_threads(threads)
+    total = sum(flops.values())
+    print(f"arithmetic floor: {total:.0f} GFLOP per image (" + ", ".join(f"{k} {v:.0f}" for k, v in flops.items())
+          + f"); fp32 matrix multiply on {cores} threads {rate:.0f} GFLOPS -> at least {total / rate:.1f} s per image")
+    return {"gflop": flops, "matmul_gflops": rate, "floor_s": total / rate}
+
+
 def paper_stage0(repeat: int, timeout: float, folder: Path, only: list[str] | None = None, big: bool = False) -> dict:
     """The paper pool's Stage 0 on the 1024x768 JPEG: each detector alone (wall, CPU and memory growth), their sum, the
     pool concurrently; with `big`, then the whole pool once on a 12 MP (4000x3000) JPEG."""
@@ -223,7 +259,8 @@ def paper_stage0(repeat: int, timeout: float, folder: Path, only: list[str] | No
     print(f"forward passes run by the backbones: {sum(v.forwards for v in vits.values())}")
     print(f"CLIP backbones held by the process: {len(vits)} for {sum(1 for n in names if n in ('clipsid', 'd3', 'effort', 'forensicsadapter'))} "
           f"CLIP-based detectors (shared when their tensors hash the same)")
-    out = {"how": how, "single_s": single, "single_cpu_s": cpu, "single_mem_growth_gb": mem, "sum_s": sum(single.values()),
+    floor = arithmetic_floor(p, names)
+    out = {"how": how, "single_s": single, "single_cpu_s": cpu, "single_mem_growth_gb": mem, "sum_s": sum(single.values()), **floor,
            "pool_s": pool, "pool_runs_s": pool_ts, "pool_cpu_s": pool_cs, "status": {n: res[n].status for n in names},
            "pool_mem_growth_gb": pool_mem, "clip_backbones": len(vits), "loadavg": os.getloadavg()[0], "peak_gb": max_rss_gb()}
     if big:

@@ -32,7 +32,9 @@ def _texts(trajs):
     return [s.text for t in trajs for s in t["steps"]]
 
 
-def test_sft_loss_finite_and_decreasing_on_repeated_batch(tmp_path):
+def test_sft_loss_finite_and_decreasing_on_repeated_batch(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))        # where the trainer's throwaway output_dir goes
     trajs, _ = smoke_task(tmp_path / "data", n=1)
     cfg = ZoomTrainConfig.smoke(sft_steps=8, sft_batch_size=1, sft_lr=1e-2, tiny=TINY,
                                 lora_modules_to_save=["lm_head", "embed_tokens"], trl_sft={"max_grad_norm": 0.5})
@@ -46,6 +48,7 @@ def test_sft_loss_finite_and_decreasing_on_repeated_batch(tmp_path):
     names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert any("lora_" in n for n in names) and not any("visual" in n for n in names)
     assert read_curves(tmp_path / "run" / "sft_log.csv")["loss"].notna().sum() == 8
+    assert not list(tmp_path.glob("forensicslab-sft-*"))          # removed after training (one was left per run before)
 
 
 def test_verifier_soft_bce_training(tmp_path):

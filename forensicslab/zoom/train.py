@@ -12,10 +12,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 import time
 import zlib
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -459,6 +460,13 @@ def _scratch(stage: str) -> str:
     "A throwaway trainer `output_dir` (nothing is saved there: checkpoints are written by `save_checkpoint`)."
     return tempfile.mkdtemp(prefix=f"forensicslab-{stage}-")
 
+@contextmanager
+def _scratch_removed(output_dir: str, save_kw: dict):
+    "Remove the trainer's throwaway `output_dir` (`_scratch`: no `save_kw`) when training ends, however it ends."
+    try: yield
+    finally:
+        if not save_kw: shutil.rmtree(output_dir, ignore_errors=True)
+
 def world_size() -> int:
     "Number of ranks (`WORLD_SIZE` under `accelerate launch` / torchrun, else 1)."
     return int(os.environ.get("WORLD_SIZE", 1))
@@ -494,7 +502,7 @@ def run_sft(cfg: ZoomTrainConfig, model, processor, trajectories: Sequence[dict]
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor,
                          peft_config=lora_config(cfg), callbacks=[CSVLogger(out_dir / "sft_log.csv", "sft", append=resume is not None), *callbacks])
     trainer.data_collator = sft_collator(cfg, processor)
-    trainer.train(resume_from_checkpoint=resume)
+    with _scratch_removed(output_dir, save_kw): trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 def sft_collator(cfg: ZoomTrainConfig, processor) -> ToolVLMCollator:
@@ -661,7 +669,7 @@ def run_grpo(cfg: ZoomTrainConfig, model, processor, samples: Sequence[Sample], 
                               peft_config=peft_config,
                               callbacks=[CSVLogger(out_dir / "grpo_log.csv", "grpo", append=resume is not None), *callbacks])
     reward.bind(trainer)
-    trainer.train(resume_from_checkpoint=resume)
+    with _scratch_removed(output_dir, save_kw): trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 # %% ../../nbs/08l_zoom.train.ipynb #67bd962e

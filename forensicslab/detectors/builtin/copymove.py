@@ -35,13 +35,13 @@ def self_matches(grey: np.ndarray, ratio: float = 0.6, min_dist: float = 10.0, n
     pts, des = np.float32([p.pt for p in kp]), root_sift(des)
     k = min(k, len(kp) - 1)
     cv2.setRNGSeed(0)                                                   # the randomised k-d trees: same answer every call
-    flann = cv2.FlannBasedMatcher(dict(algorithm=1, trees=4), dict(checks=32))
-    nn = np.full((len(kp), k + 1), -1, np.int64)
-    nd = np.full((len(kp), k + 1), np.inf, np.float32)
-    for i, row in enumerate(flann.knnMatch(des, des, k=k + 2)):
-        row = [m for m in row if m.trainIdx != i][:k + 1]               # the point itself is not a neighbour
-        nn[i, :len(row)] = [m.trainIdx for m in row]
-        nd[i, :len(row)] = [m.distance for m in row]
+    index = cv2.flann_Index(des, dict(algorithm=1, trees=4))            # the forest cv2.FlannBasedMatcher builds, searched
+    found, d2 = index.knnSearch(des, k + 2, params=dict(checks=32))     # as its knnMatch does (squared L2 distances)
+    other = (found >= 0) & (found != np.arange(len(kp))[:, None])       # the point itself is not a neighbour
+    first = np.argsort(~other, axis=1, kind="stable")[:, :k + 1]        # the k + 1 nearest others, in order
+    keep = np.take_along_axis(other, first, 1)
+    nn = np.where(keep, np.take_along_axis(found, first, 1), -1).astype(np.int64)
+    nd = np.where(keep, np.sqrt(np.take_along_axis(d2, first, 1)), np.inf).astype(np.float32)
     ok = np.cumprod(nd[:, :-1] < ratio * nd[:, 1:], axis=1).astype(bool)  # g2NN: d_j / d_(j+1) < ratio for j = 1, 2, ...
     i, c = np.nonzero(ok)
     j = nn[i, c]
