@@ -141,6 +141,11 @@ def test_cli_serve_detector_in_subprocess(tmp_path):
         p.terminate(); p.wait(5)
     bad = subprocess.run([str(exe), "serve-detector", "nosuch", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "no detector named 'nosuch'" in bad.stderr
+    # an opt-in detector (a paper adapter) is served by its name: without weights, the weights message, not "no detector"
+    env = {**os.environ, "FORENSICSLAB_WEIGHTS_DIR": str(tmp_path / "no-weights")}
+    opt_in = subprocess.run([str(exe), "serve-detector", "trufor", "--plugin", "forensicslab.detectors.paper.trufor", "--port", "0"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert opt_in.returncode != 0 and "trufor: weights not installed" in opt_in.stderr, opt_in.stderr[-500:]
 
 
 class _Liar(BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""NFA-ViT's card, weights source and the remote-protocol recipe: this build has no local adapter for it, and says exactly why.
+"""NFA-ViT's card and weights source, and an adapter that runs the authors' network from their code, served in its own environment through the remote protocol.
 
 Docs: https://forensicslab.github.io/forensicslab/detectors.paper.nfavit.html.md"""
 
@@ -7,15 +7,29 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.paper.nfavit.html.md
 # %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #46b2b7ec
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import tempfile
+import types
+import zlib
 from pathlib import Path
 
-from ...core import ToolCard
-from ..imdl import CheckpointError, read_state
-from ..pool import load_card
-from ..weights import FileSpec, WeightsSource, register_source
+import numpy as np
+
+from ...core import Detection, ForensicsLabError, ToolCard
+from ..imdl import CheckpointError, load_strict, read_state
+from ..pool import list_detectors, load_card, make_detection, register
+from ..weights import (FileSpec, WeightsError, WeightsSource, files_identity, installed, missing_message,
+                                            register_source)
+from ...imageio import LoadedImage
 
 # %% auto #0
-__all__ = ['PAGE', 'LICENCE', 'CARD_DIR', 'LAYOUT', 'SOURCE', 'nfavit_card', 'check_weights']
+__all__ = ['PAGE', 'LICENCE', 'CARD_DIR', 'LAYOUT', 'SOURCE', 'CODE_ENV', 'IMAGE_SIZE', 'IMAGENET_MEAN', 'IMAGENET_STD',
+           'nfavit_card', 'check_weights', 'authors_network', 'build_network', 'random_checkpoint', 'nfavit_input',
+           'top1pct_mean', 'NFAViT']
 
 # %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #7f21071b
 PAGE = "https://github.com/clpbc/BR-Gen/tree/main/model_zoo/nfa_vit (weights: https://pan.baidu.com/s/1mqmMeoTzJf0TuIy17N6PFQ, password cclp)"
@@ -43,4 +57,116 @@ def check_weights(path: str | Path) -> None:
 SOURCE = register_source(WeightsSource(
     "nfavit", "NFA-ViT (BR-Gen)", [FileSpec("nfavit.pth", url="https://pan.baidu.com/s/1mqmMeoTzJf0TuIy17N6PFQ")],
     layout=LAYOUT, page=PAGE, licence_code=LICENCE["code"], licence_weights=LICENCE["weights"], check=check_weights,
-    note="no local adapter in this build: serve it with the remote protocol (nbs/04p_detectors.paper.nfavit.ipynb)"))
+    note="runs the authors' code: a BR-Gen checkout in $FORENSICSLAB_NFAVIT_CODE, served from its own environment (nbs/04p_detectors.paper.nfavit.ipynb)"))
+
+# %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #50081deb
+CODE_ENV = "FORENSICSLAB_NFAVIT_CODE"
+"The environment variable naming a BR-Gen checkout (the folder that holds `model_zoo/nfa_vit`)."
+IMAGE_SIZE = 512
+"The side IMDL-BenCo's tester resizes every image to for NFA-ViT (`--if_resizing`, `--image_size 512`)."
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+def authors_network(code: str | Path | None = None) -> types.ModuleType:
+    """The authors' module `model_zoo/nfa_vit/nfa_vit.py` of the BR-Gen checkout `code` (default `$FORENSICSLAB_NFAVIT_CODE`),
+    imported without the package `__init__`; where IMDL-BenCo is not installed, its registry (the module's only use of
+    IMDL-BenCo, a class decorator) is stood in by one that returns the class unchanged."""
+    code = Path(os.path.expanduser(str(code or os.environ.get(CODE_ENV) or "")))
+    src = code / "model_zoo" / "nfa_vit"
+    if not (src / "nfa_vit.py").is_file():
+        raise ForensicsLabError(f"nfavit: no BR-Gen checkout at '{code}' (model_zoo/nfa_vit/nfa_vit.py missing); clone "
+                                f"https://github.com/clpbc/BR-Gen and set {CODE_ENV} to its folder")
+    if "IMDLBenCo.registry" not in sys.modules and importlib.util.find_spec("IMDLBenCo") is None:
+        registry = types.ModuleType("IMDLBenCo.registry")
+        registry.MODELS = types.SimpleNamespace(register_module=lambda *a, **k: (lambda cls: cls))
+        sys.modules["IMDLBenCo"] = types.ModuleType("IMDLBenCo")
+        sys.modules["IMDLBenCo.registry"] = sys.modules["IMDLBenCo"].registry = registry
+    name = f"forensicslab_brgen_nfa_vit_{zlib.crc32(str(src.resolve()).encode()):08x}"   # one package per checkout
+    if name not in sys.modules:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(src)]
+        sys.modules[name] = pkg
+    return importlib.import_module(f"{name}.nfa_vit")
+
+# %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #f2e1e5f3
+_INIT_PARTS = {"np": "noise_extractor.layers.", "b0": "noise_backbone.", "b2": "image_backbone."}
+
+def _construct(mod: types.ModuleType, parts: dict[str, dict]):
+    "The authors' `NFA_ViT_modify1`, its three init files written from `parts` (`{np|b0|b2: state dict}`)."
+    import torch
+    with tempfile.TemporaryDirectory(prefix="nfavit-init-") as d:
+        files = {k: str(Path(d) / f"{k}.pth") for k in _INIT_PARTS}
+        for k, f in files.items(): torch.save(parts.get(k, {}), f)
+        return mod.NFA_ViT_modify1(np_pretrain_weights=files["np"], seg_b0_pretrain_weights=files["b0"],
+                                   seg_b2_pretrain_weights=files["b2"])
+
+def build_network(state: dict, code: str | Path | None = None):
+    "NFA-ViT from the authors' code with `state` (a checkpoint's `model` entry) loaded strictly, in eval mode."
+    import torch
+    parts = {k: {n[len(p):]: t for n, t in state.items() if n.startswith(p)} for k, p in _INIT_PARTS.items()}
+    with torch.random.fork_rng():   # the constructor's own initialisation draws from the global generator
+        net = _construct(authors_network(code), parts)
+    return load_strict(net, state, "nfavit", LAYOUT, PAGE).eval()
+
+def random_checkpoint(path: str | Path, seed: int = 0, code: str | Path | None = None) -> Path:
+    """A checkpoint of NFA-ViT with seeded random weights (a random Noiseprint++ as its init file, the backbones and heads
+    as the constructor initialises them), written in IMDL-BenCo's layout; no forensic meaning."""
+    import torch
+    mod = authors_network(code)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        dncnn = mod.DnCNN(nplanes_in=3, nplanes_out=1, features=64, kernel=3, depth=17, activation="relu", lastact="linear",
+                          residual=True, bn=True)   # the constructor's own settings
+        net = _construct(mod, {"np": dncnn.layers.state_dict()})
+    path = Path(path)
+    torch.save({"model": net.state_dict(), "optimizer": {}, "epoch": 0, "scaler": {},
+                "args": argparse.Namespace(model="NFA_ViT_modify1", seed=seed)}, path)
+    return path
+
+# %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #74c28cde
+def nfavit_input(rgb: np.ndarray):
+    "The network's input for an RGB uint8 image: a (1, 3, 512, 512) float32 tensor, as IMDL-BenCo's resizing test dataset makes it."
+    import cv2
+    import torch
+    x = cv2.resize(np.ascontiguousarray(rgb), (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_LINEAR).astype(np.float32)
+    x -= np.array(IMAGENET_MEAN, np.float32) * 255.0
+    x *= np.reciprocal(np.array(IMAGENET_STD, np.float32) * 255.0, dtype=np.float32)
+    return torch.from_numpy(x.transpose(2, 0, 1).copy())[None]
+
+def top1pct_mean(mask: np.ndarray) -> float:
+    "The mean of the largest 1 % of a mask's values (at least one value)."
+    v = np.asarray(mask, np.float64).ravel()
+    k = max(1, int(np.ceil(0.01 * v.size)))
+    return float(np.partition(v, v.size - k)[v.size - k:].mean())
+
+# %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #786b780f
+class NFAViT:
+    "NFA-ViT on one image: the authors' network (a BR-Gen checkout) on the installed weights, IMDL-BenCo's test inference."
+    card = nfavit_card()
+    max_side = None   # the input is resized to 512 x 512 from the full image, as the tester does
+
+    def __init__(self, checkpoint: str | Path | None = None, code: str | Path | None = None):
+        "The installed weights (`forensicslab weights add nfavit FILE`), or `checkpoint`; the authors' code from `code` or `$FORENSICSLAB_NFAVIT_CODE`."
+        if checkpoint is None:
+            files = installed("nfavit")
+            if files is None: raise WeightsError(missing_message("nfavit"))
+            checkpoint = files["nfavit.pth"]
+        state, kind = read_state(checkpoint, "nfavit", LAYOUT, PAGE)
+        self.net, self.weights_id = build_network(state, code), files_identity([checkpoint])
+        # the authors publish no checksum: every installed file is unverified
+        self.card = self.card.model_copy(update=dict(name=self.card.name + " (UNVERIFIED weights: no published checksum)",
+                                                     version=f"{self.card.version}-unverified"))
+
+    def detect(self, image: LoadedImage) -> Detection:
+        "Top 1 % mean of the tampering mask, and the mask brought back to the image's size as the map."
+        import cv2
+        import torch
+        with torch.inference_mode():
+            out = self.net(nfavit_input(image.rgb), torch.zeros(1, 1, IMAGE_SIZE, IMAGE_SIZE), torch.zeros(1))
+        mask = out["pred_mask"][0, 0].float().numpy()
+        score = top1pct_mean(mask)
+        heat = cv2.resize(mask, (image.width, image.height), interpolation=cv2.INTER_LINEAR)
+        raw = dict(top1pct_mask_mean=score, pred_label=float(out["pred_label"]), working_size=[IMAGE_SIZE, IMAGE_SIZE])
+        return make_detection(self.card, score, raw=raw, heatmap=np.clip(heat, 0, 1))
+
+# with a BR-Gen checkout named, the adapter joins the opt-in detectors (a server's plug-in: see below)
+if os.environ.get(CODE_ENV) and "nfavit" not in list_detectors(include_opt_in=True): register("nfavit", opt_in=True)(NFAViT)
