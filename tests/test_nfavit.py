@@ -1,5 +1,5 @@
 """NFA-ViT served from its own environment through the remote protocol, held to the golden fixture that
-scripts/make_nfavit_fixture.py made with the authors' inference (IMDL-BenCo's test dataset and the model's forward).
+scripts/fixtures/nfavit.py made with the authors' inference (IMDL-BenCo's test dataset and the model's forward).
 
 The served test needs what the lab does not ship: a BR-Gen checkout (FORENSICSLAB_NFAVIT_CODE) and the python of an
 environment where the authors' network runs with the lab installed (FORENSICSLAB_NFAVIT_PYTHON); without them it is
