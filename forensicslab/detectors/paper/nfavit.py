@@ -75,17 +75,21 @@ def authors_network(code: str | Path | None = None) -> types.ModuleType:
     if not (src / "nfa_vit.py").is_file():
         raise ForensicsLabError(f"nfavit: no BR-Gen checkout at '{code}' (model_zoo/nfa_vit/nfa_vit.py missing); clone "
                                 f"https://github.com/clpbc/BR-Gen and set {CODE_ENV} to its folder")
-    if "IMDLBenCo.registry" not in sys.modules and importlib.util.find_spec("IMDLBenCo") is None:
-        registry = types.ModuleType("IMDLBenCo.registry")
-        registry.MODELS = types.SimpleNamespace(register_module=lambda *a, **k: (lambda cls: cls))
-        sys.modules["IMDLBenCo"] = types.ModuleType("IMDLBenCo")
-        sys.modules["IMDLBenCo.registry"] = sys.modules["IMDLBenCo"].registry = registry
     name = f"forensicslab_brgen_nfa_vit_{zlib.crc32(str(src.resolve()).encode()):08x}"   # one package per checkout
     if name not in sys.modules:
         pkg = types.ModuleType(name)
         pkg.__path__ = [str(src)]
         sys.modules[name] = pkg
-    return importlib.import_module(f"{name}.nfa_vit")
+    stand_in = "IMDLBenCo" not in sys.modules and importlib.util.find_spec("IMDLBenCo") is None
+    if stand_in:   # only while the module is imported: nothing else sees an IMDL-BenCo that is not there
+        registry = types.ModuleType("IMDLBenCo.registry")
+        registry.MODELS = types.SimpleNamespace(register_module=lambda *a, **k: (lambda cls: cls))
+        sys.modules["IMDLBenCo"] = types.ModuleType("IMDLBenCo")
+        sys.modules["IMDLBenCo.registry"] = sys.modules["IMDLBenCo"].registry = registry
+    try: return importlib.import_module(f"{name}.nfa_vit")
+    finally:
+        if stand_in:
+            for m in ("IMDLBenCo.registry", "IMDLBenCo"): sys.modules.pop(m, None)
 
 # %% ../../../nbs/04p_detectors.paper.nfavit.ipynb #f2e1e5f3
 _INIT_PARTS = {"np": "noise_extractor.layers.", "b0": "noise_backbone.", "b2": "image_backbone."}
@@ -150,7 +154,7 @@ class NFAViT:
             files = installed("nfavit")
             if files is None: raise WeightsError(missing_message("nfavit"))
             checkpoint = files["nfavit.pth"]
-        state, kind = read_state(checkpoint, "nfavit", LAYOUT, PAGE)
+        state, _ = read_state(checkpoint, "nfavit", LAYOUT, PAGE)
         self.net, self.weights_id = build_network(state, code), files_identity([checkpoint])
         # the authors publish no checksum: every installed file is unverified
         self.card = self.card.model_copy(update=dict(name=self.card.name + " (UNVERIFIED weights: no published checksum)",
