@@ -348,8 +348,9 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8765, plugins: list[st
           head_timeout: float = HEAD_TIMEOUT_S, max_per_client: int = MAX_PER_CLIENT) -> None:
     "Serve detector `name` in the foreground until interrupted; prints `serving <id> on <url>` once ready."
     for p in plugins: load_plugin(p)
-    if name not in list_detectors(include_opt_in=True):   # an opt-in detector (a paper adapter) is served by its name too
-        raise SystemExit(f"error: no detector named {name!r}; registered: {', '.join(list_detectors(include_opt_in=True)) or 'none'} "
+    known = list_detectors(include_opt_in=True)   # an opt-in detector (a paper adapter) is served by its name too
+    if name not in known:
+        raise SystemExit(f"error: no detector named {name!r}; registered: {', '.join(known) or 'none'} "
                          "(use --plugin to import the module that registers it)")
     if Image.MAX_IMAGE_PIXELS and max_pixels > Image.MAX_IMAGE_PIXELS:
         Image.MAX_IMAGE_PIXELS = max_pixels   # once, at start-up: Pillow's own guard must not refuse what --max-mpix allows
