@@ -247,6 +247,24 @@ def test_cache_hit(doubles, tmp_path):
     assert type(D.get_detector("t_map")).calls == calls + 2
 
 
+def test_two_runs_asking_for_one_uncached_image_compute_it_once(tmp_path):
+    "Two runs (threads here, two studies' processes in `make demo`) on the same uncached image: one computes, the other waits and reads it."
+    calls = []
+    class Slow:
+        card = write_card(tmp_path, "t_once")
+        def detect(self, image):
+            calls.append(1); time.sleep(0.5)
+            return D.make_detection(self.card, 0.4)
+    D.register("t_once")(Slow)
+    try:
+        img, res = photo(), []
+        runs = [threading.Thread(target=lambda: res.append(D.run_pool(img, ["t_once"], cache=tmp_path / "c"))) for _ in range(2)]
+        for t in runs: t.start()
+        for t in runs: t.join()
+        assert len(calls) == 1 and [r["t_once"].score for r in res] == [0.4, 0.4]
+    finally: D.unregister("t_once")
+
+
 def test_cache_entries_are_exact_shared_and_corruption_is_a_miss(tmp_path):
     "Issue 25: the diskcache-backed cache returns the exact heatmap, is shared by threads, and a corrupt entry is a miss."
     from concurrent.futures import ThreadPoolExecutor

@@ -106,6 +106,24 @@ def test_a_reasked_turn_samples_from_the_episode_not_the_global_rng(manip, tmp_p
     ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=manip["test"][2].id, feedback={"text": "x", "error": "y"})
 
 
+def test_the_shared_opening_is_computed_once_and_generates_what_the_whole_prompt_does(manip):
+    "Generation from the cached opening (system prompt and tools) writes the same turns as from the whole padded prompt."
+    cfg = ZoomTrainConfig.smoke(tiny=dict(vocab_size=3072, max_pixels=64 * 64))
+    model, proc = load_policy(cfg, texts=["<answer>{}</answer> crop bbox fake real survey adq noise"])
+    test = manip["test"][:3]
+    pol = HFZoomPolicy(model, proc, max_new_tokens=16, max_zooms=1, views_for=episode_views(test, VIEWS), survey="named")
+    eps = lambda: [Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=s.id) for s in test]
+    batch = pol._inputs([pol.messages(ep) for ep in eps()])           # three chats of different lengths, left-padded
+    with torch.no_grad():
+        whole = model.generate(**batch, max_new_tokens=16, do_sample=False, pad_token_id=proc.tokenizer.pad_token_id)
+    cached, start = pol._generate(batch, do_sample=False)
+    opening = pol._opening
+    assert len(opening[0]) > 0.5 * batch["input_ids"].shape[1]         # most of the prompt is shared
+    assert torch.equal(cached[:, start:], whole[:, batch["input_ids"].shape[1]:])
+    pol.respond_batch(eps())
+    assert pol._opening is opening                                     # computed once per policy
+
+
 def test_pinned_run_files_return_to_the_run_folder_and_a_changed_file_is_refused(tmp_path):
     from forensicslab.zoom.pipeline import check_pins, pin_files, pin_run, unpin_run
     run, study, fresh = tmp_path / "run", tmp_path / "study", tmp_path / "fresh" / "run"     # same run key, another machine

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 import forensicslab
 from ..core import FAMILIES, FAMILY_PARENTS, Detection, Detector, ForensicsLabError, Registry, ToolCard, UnknownName, jsonable, register_family
 from ..imageio import ImageSource, LoadedImage, fit_within, load_image
+from ..runs import FolderLock, RunBusy
 
 # %% auto #0
 __all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'OPT_IN', 'OPT_IN_PACKAGES', 'DEFAULT_MAX_SIDE',
@@ -385,6 +386,19 @@ class DetectionCache:
             return d
         except Exception: return None
 
+    @contextmanager
+    def computing(self, key: str, timeout: float = 600.0):
+        """Held while one run computes image `key`'s detections: a run beside it (another process or thread) about to
+        compute the same image waits, then reads the cache instead of computing them twice (`make demo` runs two
+        studies at once that survey the same images). 256 lock files, chosen by the key's first two hex digits. After
+        `timeout` s of waiting, or where no lock file can be made, the caller goes on without it."""
+        lock = FolderLock(self.root / "computing", name=f"{key[:2]}.lock", timeout=timeout, what=f"image {key[:12]}'s detections")
+        try: lock.__enter__()
+        except (RunBusy, OSError): lock = None
+        try: yield
+        finally:
+            if lock: lock.__exit__()
+
     def put(self, key, det: Detection, max_side=None, version: str | None = None) -> str:
         "Store an `ok` detection (under `version`, default the detection's); returns its entry name."
         arrays = {"detection": np.frombuffer(det.model_dump_json().encode(), np.uint8)}
@@ -511,55 +525,66 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
     if cache and not isinstance(cache, DetectionCache): cache = DetectionCache(cache)
     key = image_key(img) if cache else None
     out: dict[str, Detection] = {}
-    todo = []
-    for n in names:
-        try: det = get_detector(n)
-        except Exception as e:
-            out[n] = _failed(n, "?", "error", f"could not load detector: {type(e).__name__}: {e}", 0.0)
-            continue
-        ms = _detector_max_side(det, max_side)
-        hit = cache.get(key, n, cache_version(det), ms) if cache else None
-        if hit is None and cache and getattr(det, "rescores", None): hit = _rescored(cache, key, det, max_side)
-        if hit is not None: out[n] = hit
-        else: todo.append((n, det, ms))
-    if todo:
-        views: dict[Any, LoadedImage] = {}
-        slots: dict[str, dict] = {}
-        threads: dict[str, threading.Thread] = {}
-        tmo = {n: float(timeout.get(n, DEFAULT_TIMEOUT) if isinstance(timeout, dict) else timeout) for n, _, _ in todo}
-        for n, det, ms in todo:
-            if ms not in views: views[ms] = _view(img, ms)
-        with limit_threads(intra_threads):
-            t0 = time.perf_counter()
-            # longest expected first (last runtimes seen): the critical path starts first and keeps its priority
-            order = sorted(todo, key=lambda t: -_EXPECTED.get(t[0], 0.0))
-            critical = order[0][0] if len(order) > 1 and order[0][0] in _EXPECTED else None
-            for n, det, ms in order:
-                slots[n] = {}
-                threads[n] = threading.Thread(target=_job, args=(det, views[ms], n, slots[n], critical not in (None, n)),
-                                              name=f"stage0-{n}", daemon=True)
-                threads[n].start()
-            for n, _, _ in todo: threads[n].join(max(0.0, t0 + tmo[n] - time.perf_counter()))
-        for n, det, ms in todo:
-            slot, card = slots[n], det.card
-            if threads[n].is_alive() or "t" not in slot:
-                d = _failed(n, card.version, "timeout", f"no result within {tmo[n]:g} s", time.perf_counter() - t0, card.threshold)
-            elif "e" in slot:
-                e = slot["e"]
-                msg = "".join(traceback.format_exception_only(type(e), e)).strip()
-                d = _failed(n, card.version, "error", msg[:2000], slot["t"], card.threshold)
-            else:
-                d = slot["d"]
-                if d.runtime_s > tmo[n]:
-                    d = _failed(n, card.version, "timeout", f"took {d.runtime_s:.1f} s, over the {tmo[n]:g} s limit", d.runtime_s, card.threshold)
-            _EXPECTED[n] = 0.5 * _EXPECTED.get(n, d.runtime_s) + 0.5 * d.runtime_s
-            if d.status == "ok" and d.heatmap is not None:
-                d.heatmap = _resize_map(d.heatmap, img.height, img.width)
-            if cache and d.status == "ok":
-                try: cache.put(key, d, ms, cache_version(det))
-                except OSError as e: warnings.warn(f"could not cache {n}: {e}")
-            out[n] = d
+    def missing(names) -> list:
+        "The detectors of `names` still to run, as `(name, detector, view size)`; cached detections go to `out`."
+        todo = []
+        for n in names:
+            try: det = get_detector(n)
+            except Exception as e:
+                out[n] = _failed(n, "?", "error", f"could not load detector: {type(e).__name__}: {e}", 0.0)
+                continue
+            ms = _detector_max_side(det, max_side)
+            hit = cache.get(key, n, cache_version(det), ms) if cache else None
+            if hit is None and cache and getattr(det, "rescores", None): hit = _rescored(cache, key, det, max_side)
+            if hit is not None: out[n] = hit
+            else: todo.append((n, det, ms))
+        return todo
+    todo = missing(names)
+    if todo and cache:
+        with cache.computing(key):   # a run that waited for another computing this image reads what it stored
+            _compute(missing([n for n, _, _ in todo]), img, key, cache, timeout, out, intra_threads)
+    else: _compute(todo, img, key, cache, timeout, out, intra_threads)
     return {n: out[n] for n in names}
+
+def _compute(todo: list, img: LoadedImage, key, cache, timeout, out: dict, intra_threads: Optional[int]) -> None:
+    "Run `todo`'s detectors concurrently on `img` into `out`, storing each `ok` detection in `cache`."
+    if not todo: return
+    views: dict[Any, LoadedImage] = {}
+    slots: dict[str, dict] = {}
+    threads: dict[str, threading.Thread] = {}
+    tmo = {n: float(timeout.get(n, DEFAULT_TIMEOUT) if isinstance(timeout, dict) else timeout) for n, _, _ in todo}
+    for n, det, ms in todo:
+        if ms not in views: views[ms] = _view(img, ms)
+    with limit_threads(intra_threads):
+        t0 = time.perf_counter()
+        # longest expected first (last runtimes seen): the critical path starts first and keeps its priority
+        order = sorted(todo, key=lambda t: -_EXPECTED.get(t[0], 0.0))
+        critical = order[0][0] if len(order) > 1 and order[0][0] in _EXPECTED else None
+        for n, det, ms in order:
+            slots[n] = {}
+            threads[n] = threading.Thread(target=_job, args=(det, views[ms], n, slots[n], critical not in (None, n)),
+                                          name=f"stage0-{n}", daemon=True)
+            threads[n].start()
+        for n, _, _ in todo: threads[n].join(max(0.0, t0 + tmo[n] - time.perf_counter()))
+    for n, det, ms in todo:
+        slot, card = slots[n], det.card
+        if threads[n].is_alive() or "t" not in slot:
+            d = _failed(n, card.version, "timeout", f"no result within {tmo[n]:g} s", time.perf_counter() - t0, card.threshold)
+        elif "e" in slot:
+            e = slot["e"]
+            msg = "".join(traceback.format_exception_only(type(e), e)).strip()
+            d = _failed(n, card.version, "error", msg[:2000], slot["t"], card.threshold)
+        else:
+            d = slot["d"]
+            if d.runtime_s > tmo[n]:
+                d = _failed(n, card.version, "timeout", f"took {d.runtime_s:.1f} s, over the {tmo[n]:g} s limit", d.runtime_s, card.threshold)
+        _EXPECTED[n] = 0.5 * _EXPECTED.get(n, d.runtime_s) + 0.5 * d.runtime_s
+        if d.status == "ok" and d.heatmap is not None:
+            d.heatmap = _resize_map(d.heatmap, img.height, img.width)
+        if cache and d.status == "ok":
+            try: cache.put(key, d, ms, cache_version(det))
+            except OSError as e: warnings.warn(f"could not cache {n}: {e}")
+        out[n] = d
 
 # %% ../../nbs/04_detectors.pool.ipynb #c9dca676
 _JET: Optional[np.ndarray] = None
