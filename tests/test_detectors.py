@@ -417,3 +417,25 @@ def test_fire_rule_reads_the_card_threshold(tmp_path):
         D.unregister("t_low")
     assert (d.score, d.threshold, d.fired) == (0.3, 0.25, True)
     assert not D.make_detection(card, 0.25).fired and D.make_detection(card, 0.2500001).fired
+
+
+def test_a_face_search_runs_once_per_image_and_every_caller_gets_its_own_answer(monkeypatch):
+    "face_blend, its ungated variant and face_swap_net search the same image: the cascade runs once, answers unchanged."
+    from skimage import data
+    import forensicslab.detectors.builtin.face_blend as FB
+    rgb = np.ascontiguousarray(data.astronaut()[::2, ::2])
+    plain = FB.locate_faces.__wrapped__(rgb, 32), FB.most_face_like.__wrapped__(rgb, 32)
+    calls = []
+    real = FB.find_faces_haar
+    monkeypatch.setattr(FB, "find_faces_haar", lambda *a, **k: calls.append(1) or real(*a, **k))
+    FB._SEARCHES.clear()
+    first = FB.locate_faces(rgb, 32)
+    assert first == plain[0] and first[0], "the astronaut's face is found, as without the memo"
+    first[0].clear()                                   # a caller that edits its answer does not edit the next caller's
+    assert FB.locate_faces(rgb, 32) == plain[0] and len(calls) == 1
+    assert FB.locate_faces(rgb.copy(), 32) == plain[0] and len(calls) == 1, "keyed by content, not by the array object"
+    assert FB.locate_faces(rgb, 48) is not None and len(calls) == 2, "other arguments search again"
+    other = np.ascontiguousarray(rgb[:, ::-1])
+    mirrored = FB.locate_faces(other, 32)
+    assert len(calls) == 3 and mirrored == FB.locate_faces.__wrapped__(other, 32)
+    assert FB.most_face_like(rgb, 32) == plain[1]

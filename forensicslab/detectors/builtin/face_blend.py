@@ -7,7 +7,11 @@ Docs: https://forensicslab.github.io/forensicslab/detectors.builtin.face_blend.h
 # %% ../../../nbs/04h_detectors.builtin.face_blend.ipynb #5e0b967b
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import cv2
@@ -33,6 +37,27 @@ def _make_lbp():
     return Cascade(lbp_frontal_face_cascade_filename())
 
 def _cascade(): return _per_thread("lbp", _make_lbp)
+
+_SEARCHES, _SEARCHES_LOCK = OrderedDict(), threading.Lock()
+
+def _searched_once(fn):
+    """`fn(rgb, *args)` run once per image content and arguments (the last 64 kept): `face_blend`, its ungated variant
+    and `face_swap_net` search the same small image for faces, so an ungated pool runs the cascade twice, not four times.
+    The cascade is deterministic: the answer is the same; each caller gets its own copy."""
+    @functools.wraps(fn)
+    def searched(rgb: np.ndarray, *args):
+        a = np.ascontiguousarray(rgb)
+        key = (fn.__name__, a.shape, a.dtype.str, hashlib.blake2b(a.data, digest_size=16).digest(), args)
+        with _SEARCHES_LOCK:
+            if key in _SEARCHES: _SEARCHES.move_to_end(key)
+            found = _SEARCHES.get(key)
+        if found is None:
+            found = fn(rgb, *args)
+            with _SEARCHES_LOCK:
+                _SEARCHES[key] = found
+                while len(_SEARCHES) > 64: _SEARCHES.popitem(last=False)
+        return copy.deepcopy(found)
+    return searched
 
 def _merge(boxes, max_faces: int) -> list[tuple[int, int, int, int]]:
     "Largest first; drop a box whose centre lies inside an already kept one."
@@ -70,11 +95,13 @@ def find_faces_haar(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5, min
                                minNeighbors=min_neighbors, minSize=(min_size, min_size))
     return _merge([tuple(b) for b in hits], max_faces)
 
+@_searched_once
 def locate_faces(rgb: np.ndarray, min_size: int = 24, max_faces: int = 5) -> tuple[list[tuple[int, int, int, int]], str]:
     "Face boxes from OpenCV's Haar cascade, or from scikit-image's LBP cascade only when this OpenCV build ships no Haar cascade; and which one answered (`haar`, `lbp`)."
     if _haar() is not None: return find_faces_haar(rgb, min_size, max_faces), "haar"
     return find_faces(rgb, min_size, max_faces), "lbp"
 
+@_searched_once
 def most_face_like(rgb: np.ndarray, min_size: int = 24) -> tuple[tuple[int, int, int, int], str]:
     """The single most face-like window `(x, y, w, h)` when no face passes the cascade: the candidate that reached the
     Haar cascade's deepest stage with the highest stage weight (no neighbour vote), else a centred square of half the short
