@@ -434,6 +434,7 @@ def test_a_face_search_runs_once_per_image_and_every_caller_gets_its_own_answer(
     first[0].clear()                                   # a caller that edits its answer does not edit the next caller's
     assert FB.locate_faces(rgb, 32) == plain[0] and len(calls) == 1
     assert FB.locate_faces(rgb.copy(), 32) == plain[0] and len(calls) == 1, "keyed by content, not by the array object"
+    assert FB.locate_faces(rgb, min_size=32, max_faces=5) == plain[0] and len(calls) == 1, "keywords and defaults: one search"
     assert FB.locate_faces(rgb, 48) is not None and len(calls) == 2, "other arguments search again"
     other = np.ascontiguousarray(rgb[:, ::-1])
     mirrored = FB.locate_faces(other, 32)

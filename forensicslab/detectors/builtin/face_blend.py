@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import inspect
 import threading
 from collections import OrderedDict
 
@@ -43,16 +44,20 @@ _SEARCHES, _SEARCHES_LOCK = OrderedDict(), threading.Lock()
 def _searched_once(fn):
     """`fn(rgb, *args)` run once per image content and arguments (the last 64 kept): `face_blend`, its ungated variant
     and `face_swap_net` search the same small image for faces, so an ungated pool runs the cascade twice, not four times.
-    The cascade is deterministic: the answer is the same; each caller gets its own copy."""
+    The cascade is deterministic: the answer is the same; each caller gets its own copy. Arguments are keyed as `fn`
+    binds them, so `f(rgb)`, `f(rgb, 24)` and `f(rgb, min_size=24)` are one search."""
+    sig = inspect.signature(fn)
     @functools.wraps(fn)
-    def searched(rgb: np.ndarray, *args):
+    def searched(rgb: np.ndarray, *args, **kw):
+        bound = sig.bind(rgb, *args, **kw)
+        bound.apply_defaults()
         a = np.ascontiguousarray(rgb)
-        key = (fn.__name__, a.shape, a.dtype.str, hashlib.blake2b(a.data, digest_size=16).digest(), args)
+        key = (fn.__name__, a.shape, a.dtype.str, hashlib.blake2b(a.data, digest_size=16).digest(), tuple(bound.arguments.values())[1:])
         with _SEARCHES_LOCK:
-            if key in _SEARCHES: _SEARCHES.move_to_end(key)
             found = _SEARCHES.get(key)
+            if found is not None: _SEARCHES.move_to_end(key)
         if found is None:
-            found = fn(rgb, *args)
+            found = fn(rgb, *args, **kw)
             with _SEARCHES_LOCK:
                 _SEARCHES[key] = found
                 while len(_SEARCHES) > 64: _SEARCHES.popitem(last=False)
