@@ -566,6 +566,16 @@ def test_groundfake_trajectories_and_votes_reach_the_pipeline(tmp_path):
     with pytest.raises(ZoomInputError, match="verification.jsonl not found"): pipeline_data(cfg)
 
 
+def test_n_train_trains_on_a_balanced_subset_and_keeps_every_committed_run_key(tmp_path):
+    "`n_train` (a smoke run's few images) subsets the train split, both labels alike; at 0 the config hashes as before the field."
+    from forensicslab.zoom.pipeline import pipeline_data
+    root = _groundfake_fixture(tmp_path / "gf")
+    d = pipeline_data(ZoomTrainConfig.smoke(data=f"groundfake:{root}", n_train=4))
+    assert len(d["train"]) == 4 and sorted(s.label for s in d["train"]) == [0, 0, 1, 1]
+    assert sorted(t["sample_id"] for t in d["trajectories"]) == sorted(s.id for s in d["train"])   # trained on those only
+    assert "n_train" not in ZoomTrainConfig.quick().as_dict() and ZoomTrainConfig.quick(n_train=8).as_dict()["n_train"] == 8
+
+
 @pytest.mark.slow
 def test_groundfake_fixture_runs_the_whole_pipeline(tmp_path):
     import json

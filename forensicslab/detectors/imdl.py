@@ -17,13 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from ..core import ForensicsLabError, ToolCard
-from .pool import card_from_dict, make_detection, register
+from .pool import CheckpointError, card_from_dict, make_detection, register
 from ..imageio import LoadedImage
 
 # %% auto #0
 __all__ = ['CKPT_ENV', 'SIDE_ENV', 'SAFE_GLOBALS', 'TRUFOR_LAYOUT', 'TRUFOR_PAGE', 'IMDL_NAME', 'IMDLUnavailable', 'trufor_card',
-           'safe_torch_load', 'CheckpointError', 'read_state', 'load_strict', 'build_trufor', 'IMDLTruFor',
-           'register_imdl_trufor']
+           'safe_torch_load', 'read_state', 'load_strict', 'build_trufor', 'IMDLTruFor', 'register_imdl_trufor']
 
 # %% ../../nbs/04m_detectors.imdl.ipynb #5ba17703
 CKPT_ENV = "FORENSICSLAB_TRUFOR_CKPT"
@@ -75,9 +74,6 @@ TRUFOR_LAYOUT = ("the authors' trufor.pth.tar ({'state_dict': ...}), an IMDL-Ben
 "What `read_state` accepts, as its errors say it."
 TRUFOR_PAGE = "https://github.com/grip-unina/TruFor#test (weights: https://www.grip.unina.it/download/prog/TruFor/TruFor_weights.zip)"
 "Where the authors publish TruFor's code and weights."
-
-class CheckpointError(ForensicsLabError, ValueError):
-    "A weights file that cannot be read or does not fit the network; the message names the detector, layout and download page."
 
 def _strip(sd: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in sd.items()} if sd and all(k.startswith(prefix) for k in sd) else sd

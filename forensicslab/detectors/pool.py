@@ -38,16 +38,20 @@ from ..runs import FolderLock, RunBusy
 
 # %% auto #0
 __all__ = ['CARDS_DIR', 'NORMALISERS', 'ENTRY_POINT_GROUP', 'DISCOVERY_HOOKS', 'OPT_IN', 'OPT_IN_PACKAGES', 'DEFAULT_MAX_SIDE',
-           'DEFAULT_TIMEOUT', 'CardError', 'DetectorNotFound', 'available_cards', 'card_from_dict', 'load_card',
-           'card_max_side', 'identity', 'logistic', 'two_sided', 'linear', 'parse_normalisation', 'normalise',
-           'check_heatmap', 'make_detection', 'register', 'unregister', 'lab_detector_names', 'forget_instance',
-           'discover', 'discovery_errors', 'list_detectors', 'get_detector', 'get_card', 'pool_table', 'image_key',
-           'DetectionCache', 'weights_identity', 'cache_version', 'default_cache_dir', 'limit_threads', 'run_pool',
-           'jet', 'blend', 'heatmap_panel', 'composite_panels', 'write_panels']
+           'DEFAULT_TIMEOUT', 'CheckpointError', 'CardError', 'DetectorNotFound', 'available_cards', 'card_from_dict',
+           'load_card', 'card_max_side', 'identity', 'logistic', 'two_sided', 'linear', 'parse_normalisation',
+           'normalise', 'check_heatmap', 'make_detection', 'register', 'unregister', 'lab_detector_names',
+           'forget_instance', 'discover', 'discovery_errors', 'list_detectors', 'get_detector', 'get_card',
+           'pool_table', 'image_key', 'DetectionCache', 'weights_identity', 'cache_version', 'default_cache_dir',
+           'limit_threads', 'run_pool', 'jet', 'blend', 'heatmap_panel', 'composite_panels', 'write_panels']
 
 # %% ../../nbs/04_detectors.pool.ipynb #0a6ba169
 CARDS_DIR = Path(forensicslab.__file__).parent / "detectors" / "builtin"
 "Where the built-in tool cards live (`forensicslab/detectors/builtin/<id>.yaml`, beside the module that implements it)."
+
+# defined here, not beside the networks that raise it (`imdl`): the command line and `weights` name it without importing torch
+class CheckpointError(ForensicsLabError, ValueError):
+    "A weights file that cannot be read or does not fit the network; the message names the detector, layout and download page."
 
 class CardError(ForensicsLabError, ValueError):
     "A tool card that is missing or invalid; the message names the file and what to fix."

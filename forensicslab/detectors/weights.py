@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-import torch
 
 from ..core import ForensicsLabError, Registry
 from ..runs import cache_dir
-from .imdl import CheckpointError
-from .pool import forget_instance
+from .pool import CheckpointError, forget_instance
 
 # %% auto #0
 __all__ = ['WEIGHTS_ENV', 'RECORD', 'SOURCES', 'WeightsError', 'FileSpec', 'WeightsSource', 'register_source', 'get_source',
@@ -211,6 +209,7 @@ def golden_tensor(key: str, shape, dtype: str, seed: int) -> np.ndarray:
     if len(shape) <= 1: return (1.0 + 0.1 * n) if key.endswith("weight") else 0.05 * n
     return n * np.float32(1.0 / np.sqrt(np.prod(shape[1:])))
 
-def golden_state(manifest, seed: int) -> dict[str, torch.Tensor]:
-    "A state dict from a manifest `[(key, shape, dtype), ...]`, deterministic per (seed, key)."
+def golden_state(manifest, seed: int) -> dict:
+    "A state dict (name -> torch tensor) from a manifest `[(key, shape, dtype), ...]`, deterministic per (seed, key)."
+    import torch
     return {k: torch.from_numpy(np.array(golden_tensor(k, s, d, seed))) for k, s, d in manifest}

@@ -89,7 +89,7 @@ def pipeline_data(cfg: ZoomTrainConfig, seed: int | None = None) -> dict:
     `data: groundfake:<folder>` the trajectories and verifier labels are GroundFake's own (`groundfake_training`);
     otherwise they are constructed offline (rule proposer, simulated annotators)."""
     seed = cfg.seed if seed is None else seed
-    train = load_study_data(cfg.data, "train", seed=seed)
+    train = load_study_data(cfg.data, "train", n=cfg.n_train, seed=seed)
     if cfg.data.startswith("groundfake:"):
         trajs, items = groundfake_training(cfg.data.split(":", 1)[1], train, cfg.variant)
         trajs = [snap_trajectory(t, cfg.box_grid) for t in trajs]

@@ -57,7 +57,7 @@ __all__ = ['CURVES', 'ZoomTrainConfig', 'load_policy', 'lora_config', 'sample_vi
            'HFZoomPolicy', 'grpo_phase_means', 'train_zoom']
 
 # %% ../../nbs/08l_zoom.train.ipynb #2e7e4247
-_LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}}
+_LATER_FIELDS = {"tools": "crop", "reward_funcs": "hybrid", "trl_sft": {}, "trl_grpo": {}, "n_train": 0}
 
 @dataclass
 class ZoomTrainConfig:
@@ -109,6 +109,7 @@ class ZoomTrainConfig:
     vllm_gpu_memory_utilization: float = 0.3
     save_steps: int = 0                     # >0: trainer checkpoints every N steps under out/<stage>_trainer, resumed
     data: str = "artifacts"                 # zoom.data.load_study_data spec for training and evaluation
+    n_train: int = 0                        # training images (balanced subset of the train split; 0 = the whole split)
     eval_split: str = "test"
     n_eval: int = 0                         # evaluation images (balanced subset; 0 = the whole split)
     verifier: dict = field(default_factory=dict)   # VerifierTrainConfig fields (empty: the paper's SFT settings)

@@ -11,7 +11,6 @@ import importlib
 import sys
 from typing import Optional
 
-from .backbones import read_checkpoint, unwrap
 from ..pool import OPT_IN, _FACTORIES, DetectorNotFound, list_detectors
 from ..weights import SOURCES, FileSpec, WeightsError, WeightsSource, installed, register_source
 
@@ -63,7 +62,9 @@ def tensor_checkpoint_check(det_id: str, page: str, layout: str = "a PyTorch che
     """The `weights add` check of a detector whose network this build cannot construct (RADAR): the file must be a
     safely readable checkpoint (`backbones.read_checkpoint`) with a tensor state dict inside (`unwrap`); a text file,
     an archive or pickled code is refused in one line."""
-    def check(path) -> None: unwrap(read_checkpoint(path, det_id, layout, page), det_id, layout, page)
+    def check(path) -> None:
+        from forensicslab.detectors.paper.backbones import read_checkpoint, unwrap   # torch: only when a file is checked
+        unwrap(read_checkpoint(path, det_id, layout, page), det_id, layout, page)
     return check
 
 def paper_sources() -> dict[str, WeightsSource]:
