@@ -143,3 +143,26 @@ def test_an_ungated_variant_that_only_rescores_is_read_from_its_builtins_cached_
         assert (read[i].heatmap is None) == (direct[i].heatmap is None)
         if read[i].heatmap is not None: assert np.allclose(read[i].heatmap, direct[i].heatmap, atol=1e-6)
     assert get_detector("adq_ungated").rescores is None                   # computes another value: runs itself
+
+
+def test_an_ungated_variant_run_first_computes_its_builtin_for_the_cache(png, tmp_path, monkeypatch):
+    "The ungated Table 4 beside the gated one (make demo): whichever runs first, copy-move... is computed once per image."
+    from forensicslab.detectors import pool as P
+    same, gated = [U.ungated_id(b) for b in U.SAME_AS_GATED], list(U.SAME_AS_GATED)
+    fail = lambda self, image: pytest.fail("computed by the wrong detector")
+    with monkeypatch.context() as m:
+        m.setattr(P, "_rescorable", lambda det, max_side: False)          # before: every detector computes itself
+        P.run_pool(png, same + gated, cache=tmp_path / "before")
+        before = P.run_pool(png, same + gated, cache=tmp_path / "before")   # read back, as every later run reads them
+    with monkeypatch.context() as m:
+        for i in same: m.setattr(type(get_detector(i)), "detect", fail)
+        first = P.run_pool(png, same + ["adq_ungated"], cache=tmp_path / "shared")   # the ungated pool first, empty cache
+    with monkeypatch.context() as m:
+        for b in gated: m.setattr(type(get_detector(b)), "detect", fail)
+        then = P.run_pool(png, gated, cache=tmp_path / "shared")            # the gated pool reads what it stored
+    for i in same + gated:
+        got, want = (first | then)[i], before[i]
+        assert got.status == "ok" and got.detector == i and got.score == want.score and got.raw == want.raw
+        assert (got.heatmap is None) == (want.heatmap is None)
+        if got.heatmap is not None: assert np.array_equal(got.heatmap, want.heatmap)
+    assert first["adq_ungated"].status == "ok"                              # computes another value: ran itself

@@ -1,6 +1,8 @@
 """The zoom study's manipulation design, the survey before the first zoom, its controls, and evaluation seeded per episode."""
 import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -317,3 +319,22 @@ def test_a_run_evaluated_on_another_sample_keeps_its_run_key_and_its_own_evaluat
     fresh.mkdir(parents=True)
     for name in (eval_name(cfg), eval_name(sub)): (fresh / name).write_text("{}")
     assert unpin_run(study, fresh) and not list(fresh.glob("eval*.json"))           # the new files: every evaluation again
+
+
+def test_two_tables_measuring_one_images_instrument_readouts_at_once_measure_it_once(manip, monkeypatch):
+    "zoom_training and zoom_training_oracle run side by side in make demo: their controls read one measurement per image."
+    from forensicslab.zoom import study
+    calls, real = [], study.instrument_features
+    def slow(*a, **k):
+        calls.append(a[0])
+        time.sleep(0.3)                      # long enough for the other table to arrive while this one measures
+        return real(*a, **k)
+    monkeypatch.setattr(study, "instrument_features", slow)
+    s = next(x for x in manip["test"] if x.label == 0)
+    args = (str(s.image), tuple(tool_views("forensic")), ())
+    got = [None, None]
+    def table(i): got[i] = study._instrument_row.__wrapped__(*args)   # each "process" without the in-memory cache
+    threads = [threading.Thread(target=table, args=(i,)) for i in range(2)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert len(calls) == 1 and got[0] == got[1] and got[0] is not None

@@ -512,12 +512,16 @@ def _failed(det_id: str, version: str, status: str, error: str, runtime: float, 
 def _rescored(cache: DetectionCache, key: str, det, max_side: Optional[int]) -> Optional[Detection]:
     """The detection of a detector that re-scores another's (`det.rescores`, its id; `det.rescore(detection)`), from that
     one's cached `ok` detection of the same image at the same view size; None when there is none."""
-    try: base = get_detector(det.rescores)
-    except Exception: return None
-    ms = _detector_max_side(det, max_side)
-    if _detector_max_side(base, max_side) != ms: return None
-    b = cache.get(key, det.rescores, cache_version(base), ms)
+    if not _rescorable(det, max_side): return None
+    b = cache.get(key, det.rescores, cache_version(get_detector(det.rescores)), _detector_max_side(det, max_side))
     return det.rescore(b) if b is not None and b.status == "ok" else None
+
+def _rescorable(det, max_side: Optional[int]) -> bool:
+    "Whether `det` re-scores another detector (`det.rescores`) that loads and sees the same view size."
+    if not getattr(det, "rescores", None): return False
+    try: base = get_detector(det.rescores)
+    except Exception: return False
+    return _detector_max_side(base, max_side) == _detector_max_side(det, max_side)
 
 def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout: float | dict = DEFAULT_TIMEOUT,
              cache: str | Path | bool | DetectionCache | None = None,
@@ -539,14 +543,21 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
                 continue
             ms = _detector_max_side(det, max_side)
             hit = cache.get(key, n, cache_version(det), ms) if cache else None
-            if hit is None and cache and getattr(det, "rescores", None): hit = _rescored(cache, key, det, max_side)
+            if hit is None and cache: hit = _rescored(cache, key, det, max_side)
             if hit is not None: out[n] = hit
             else: todo.append((n, det, ms))
         return todo
     todo = missing(names)
     if todo and cache:
         with cache.computing(key):   # a run that waited for another computing this image reads what it stored
-            _compute(missing([n for n, _, _ in todo]), img, key, cache, timeout, out, intra_threads)
+            todo = missing([n for n, _, _ in todo])
+            # a detector that re-scores a built-in has the built-in computed instead, into the cache, where a run of the
+            # built-in beside this one (`make demo` runs the gated and the ungated Table 4 at once) finds it
+            swap = {n: det for n, det, ms in todo if _rescorable(det, max_side)}
+            bases = [b for b in dict.fromkeys(d.rescores for d in swap.values()) if b not in {n for n, _, _ in todo}]
+            _compute([t for t in todo if t[0] not in swap] + missing(bases), img, key, cache, timeout, out, intra_threads)
+            for n, det in swap.items():
+                out[n] = _rescored(cache, key, det, max_side) or det.rescore(out[det.rescores])   # a failed built-in: its failure
     else: _compute(todo, img, key, cache, timeout, out, intra_threads)
     return {n: out[n] for n in names}
 

@@ -31,7 +31,7 @@ from ..chat.models import get_model
 from ..core import EvidenceItem, Sample
 from ..imageio import load_image
 from ..metrics import binary_metrics, roc_auc
-from ..runs import Case, Run, arithmetic_fingerprint, cache_dir, code_digest, config_hash, resolve_portable
+from ..runs import Case, FolderLock, Run, arithmetic_fingerprint, cache_dir, code_digest, config_hash, resolve_portable
 from .records import ZoomInputError, ZoomResult
 from .agents import LLMZoomPolicy, run_zoom, run_zoom_batch
 from .rules import TOOL_SETS, ForensicViews, RulePolicy, SurveyRulePolicy, fit_rule_thresholds, instrument_features, survey, tool_views
@@ -254,13 +254,15 @@ def checkpoint_policy(ck: dict, max_new_tokens: int = 0) -> tuple:
 def _instrument_row(image: str, views: tuple, boxes: tuple) -> tuple:
     "An image's readouts, measured once per machine and program (`cache_dir('zoom_instruments')`): every training table's controls read them."
     path = cache_dir("zoom_instruments", code_digest(), config_hash(dict(image=_image_digest(image), views=views, boxes=boxes)) + ".json")
-    if path.exists(): return tuple((k, v) for k, v in json.loads(path.read_text()))
-    row = tuple(sorted(instrument_features(image, views, [list(b) for b in boxes]).items()))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(row))
-    tmp.replace(path)          # whole or not at all: a process reading beside this one never sees half a row
-    return row
+    read = lambda: tuple((k, v) for k, v in json.loads(path.read_text()))
+    if path.exists(): return read()
+    with FolderLock(path.parent, timeout=STORE_WAIT, name=f".{path.name[:2]}.lock", what="instrument readouts"):
+        if path.exists(): return read()   # measured by a table beside this one (make demo runs two) while this one waited
+        row = tuple(sorted(instrument_features(image, views, [list(b) for b in boxes]).items()))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(row))
+        tmp.replace(path)          # whole or not at all: a process reading beside this one never sees half a row
+        return row
 
 def instrument_baseline(train: Sequence[Sample], test: Sequence[Sample], views: Sequence[str] = TOOL_SETS["forensic"],
                         shuffle: bool = False, seed: int = 0) -> dict:
