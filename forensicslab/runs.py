@@ -480,7 +480,8 @@ def note_run(folder: str | Path, **fields) -> dict:
 # %% ../nbs/02_runs.ipynb #7b3e91a0
 PORTABLE_ARITHMETIC = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2",
                        "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell",
-                       "OMP_WAIT_POLICY": "PASSIVE"}
+                       "OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": "1073741824",
+                       "MALLOC_TRIM_THRESHOLD_": "4294967296", "MALLOC_TOP_PAD_": "268435456"}
 """The float arithmetic a study kernel gets on x86-64, each variable only where the user has not set it: two threads,
 and torch's, oneDNN's and MKL's kernels capped at AVX2. It is what the committed outputs were made with: on their
 machine (2 cores, AVX2, no AVX-512) these settings change no bit (the same `arithmetic_fingerprint` with and without
@@ -491,10 +492,14 @@ detectors), without it the noise, ADQ and face-blend scores differed by up to 1.
 bit. The torch nets still differ in the last bits across vendors (inpaint net 1e-7, NPR 7e-9): MKL's compatible mode
 (`MKL_CBWR=COMPATIBLE`) removes the inpaint net's difference but makes matrix products 3x slower on that machine, so
 it is not set, and no setting tried aligned oneDNN's convolutions (NPR). All of it only where the CPU has AVX2 and
-FMA. The fingerprint in `run.json` says where a machine still differs. One setting is about time, not numbers:
+FMA. The fingerprint in `run.json` says where a machine still differs. Two settings are about time, not numbers.
 OpenMP threads that wait sleep instead of spinning (`OMP_WAIT_POLICY=PASSIVE`), so two kernels side by side (`make demo`
 runs two) do not burn each other's cores: measured with a demo running beside it, a zoom checkpoint's evaluation took
-8.3 s per episode spinning and 0.47 s passive, the same answers. Set a variable yourself (e.g. `OMP_NUM_THREADS=16`)
+8.3 s per episode spinning and 0.47 s passive, the same answers. glibc's malloc keeps freed memory
+in the process instead of returning it to the system, from which the next array would fault it in again page by page
+(measured on a demo-like workload, 32 zoom episodes and 56 images' detections from an empty cache, three alternating
+pairs on 2 cores: page faults 2.9-5.4 M -> 0.39-0.43 M, system time 16-26 -> 7 s, wall 127-138 -> 123-127 s, the same
+answers). Set a variable yourself (e.g. `OMP_NUM_THREADS=16`)
 to run faster with your machine's own arithmetic."""
 
 def portable_arithmetic(environ: dict | None = None) -> dict:
