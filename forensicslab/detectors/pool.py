@@ -552,7 +552,7 @@ def run_pool(image: ImageSource, detectors: Iterable[str] | None = None, timeout
         with cache.computing(key):   # a run that waited for another computing this image reads what it stored
             todo = missing([n for n, _, _ in todo])
             # a detector that re-scores a built-in has the built-in computed instead, into the cache, where a run of the
-            # built-in beside this one (`make demo` runs the gated and the ungated Table 4 at once) finds it
+            # built-in beside this one finds it (the gated and the ungated Table 4 share every image, in either order)
             swap = {n: det for n, det, ms in todo if _rescorable(det, max_side)}
             bases = [b for b in dict.fromkeys(d.rescores for d in swap.values()) if b not in {n for n, _, _ in todo}]
             _compute([t for t in todo if t[0] not in swap] + missing(bases), img, key, cache, timeout, out, intra_threads)
