@@ -2,7 +2,7 @@
 
 `make demo` must regenerate every committed file in `outputs/` byte for byte but for timings. This script reads
 `git diff` of the clone's `outputs/` against its commit and sorts each changed file:
-- CSV: the columns that differ; timing columns (`TIMING_COLUMNS`, and any named `*_s` or `* seconds`) are allowed;
+- CSV: the columns that differ; timing columns (`timing_column`) are allowed;
 - JSON (meta files, the benchmark card's data): the paths whose values differ; timing keys (`timing_key`) are allowed;
 - Markdown, LaTeX and HTML (tables, captions, reports): the changed lines with every number next to a time unit, and
   every runtime cell, masked; what remains must be equal;
@@ -19,12 +19,14 @@ import sys
 
 import pandas as pd
 
-TIMING_COLUMNS = {"runtime_s", "median_runtime_s", "wall_s", "seconds", "samples/s", "s_per_image", "time_s"}
-"CSV columns that hold measured time."
 BY_DESIGN = re.compile(r"(^|/)(run\.json|timings\.json)$|\.(ipynb|pdf|png|jpg)$")
 "Files that record a run's time, commit and date (or embed them, as PDF metadata does): not compared."
 _UNIT = re.compile(r"\d[\d,.]*\s*(?:s|ms|min|h|seconds?|minutes?|x)\b|[\d.]+ at the start and [\d.]+ at the end")
 _CELL = re.compile(r"<td>[\d.]+</td>")
+
+def timing_column(name: str) -> bool:
+    "Whether a CSV column holds measured time (`runtime_s`, `seconds`, `SFT seconds`, `samples/s`, ...)."
+    return name.endswith(("_s", " seconds")) or name in {"seconds", "samples/s", "s_per_image"}
 
 def timing_key(key: str) -> bool:
     "Whether a JSON key holds a measured time, a load average or a CPU count of the run rather than a result."
@@ -57,7 +59,7 @@ def compare(path: str, rev: str) -> tuple[str, str]:
     old, new = git("show", f"{rev}:{path}"), open(path, encoding="utf-8").read()
     if path.endswith(".csv"):
         diff = csv_changes(old, new)
-        bad = [c for c in diff if c not in TIMING_COLUMNS and not c.endswith(("_s", " seconds"))]
+        bad = [c for c in diff if not timing_column(c)]
         return ("CHANGED", f"columns {bad}") if bad else ("timing only", f"columns {diff}")
     if path.endswith(".json"):
         diff = json_changes(json.loads(old), json.loads(new))
