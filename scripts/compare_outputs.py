@@ -47,14 +47,12 @@ def json_changes(a, b, path="") -> list[str]:
         return [p for i, (x, y) in enumerate(zip(a, b)) for p in json_changes(x, y, f"{path}[{i}]")]
     return [] if a == b else [path]
 
-CHANGED_CSV: dict[str, str] = {}
-"Each changed CSV's verdict, read by the Markdown and LaTeX tables written from it."
-
 def masked(text: str) -> list[str]:
     return [_CELL.sub("<td>#</td>", _UNIT.sub("#", line)) for line in text.splitlines()]
 
-def compare(path: str, rev: str) -> tuple[str, str]:
-    "(`ok` | `timing only` | `by design` | `CHANGED`, detail) for one changed file."
+def compare(path: str, rev: str, tables: dict[str, str] = {}) -> tuple[str, str]:
+    """(`ok` | `timing only` | `by design` | `CHANGED`, detail) for one changed file; `tables`: each changed CSV's
+    verdict, read by the Markdown and LaTeX tables written from it."""
     if BY_DESIGN.search(path): return "by design", ""
     old, new = git("show", f"{rev}:{path}"), open(path, encoding="utf-8").read()
     if path.endswith(".csv"):
@@ -66,10 +64,10 @@ def compare(path: str, rev: str) -> tuple[str, str]:
         bad = [p for p in diff if not timing_key(re.sub(r"(\[\d+\])+$", "", p).rsplit("/", 1)[-1])]
         return ("CHANGED", f"{len(bad)} values, e.g. {bad[:3]}") if bad else ("timing only", f"{len(diff)} values")
     sibling = re.sub(r"\.(md|tex)$", ".csv", path)
-    if sibling != path and sibling in CHANGED_CSV:   # a table written from its CSV: the rows are judged there
+    if sibling != path and sibling in tables:   # a table written from its CSV: the rows are judged there
         row = (lambda l: l.startswith("|")) if path.endswith(".md") else (lambda l: "&" in l)
         old, new = ("\n".join(l for l in t.splitlines() if not row(l)) for t in (old, new))
-        if CHANGED_CSV[sibling] == "CHANGED": return "CHANGED", f"its table, see {sibling}"
+        if tables[sibling] == "CHANGED": return "CHANGED", f"its table, see {sibling}"
     a, b = masked(old), masked(new)
     if a == b: return "timing only", ""
     first = next(i for i, (x, y) in enumerate(zip(a + [""], b + [""])) if x != y)
@@ -79,8 +77,8 @@ if __name__ == "__main__":
     rev = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
     files = [f for f in git("diff", "--name-only", rev, "--", "outputs").split() if f]
     new_files = [f for f in git("ls-files", "--others", "--exclude-standard", "--", "outputs").split() if f]
-    CHANGED_CSV = {f: compare(f, rev)[0] for f in files if f.endswith(".csv")}
-    results = [(f, *compare(f, rev)) for f in files]
+    csvs = {f: compare(f, rev) for f in files if f.endswith(".csv")}   # first: the tables written from them read these
+    results = [(f, *(csvs.get(f) or compare(f, rev, {c: r[0] for c, r in csvs.items()}))) for f in files]
     for f, status, detail in results: print(f"{status:12s} {f} {detail}".rstrip())
     for f in new_files: print(f"{'NEW':12s} {f}")
     bad = [f for f, s, _ in results if s == "CHANGED"]
