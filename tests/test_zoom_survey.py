@@ -92,6 +92,24 @@ def test_survey_teacher_zooms_on_the_region_nearest_the_truth_and_the_rule_answe
     if act.answer.verdict == "fake": assert act.answer.key_items[0].box.as_list() == top["box"]
 
 
+def test_survey_controls_bound_iou_with_the_best_line_at_the_rules_verdicts_and_on_every_fake(manip):
+    "ORACLE (d) keeps the rule's verdict on each fake (a 'real' scores 0), ORACLE (e) finds every fake; both take the best line."
+    from forensicslab.zoom.study import survey_controls
+    rows = {k.split(":")[0]: v for k, v in survey_controls(manip["train"], manip["test"]).items()}
+    best, kept = [], []
+    for s in (s for s in manip["test"] if s.label):
+        entries = survey(ForensicViews(s.image, VIEWS))
+        truth = [b.box.as_list() for b in s.boxes if b.box is not None]
+        ep = Episode(image=load_image(s.image), variant="o3", max_turns=2, sample_id=s.id)
+        act = parse_action(SurveyRulePolicy(lambda ep: entries).respond(ep), "o3", (ep.image.width, ep.image.height))
+        best.append(max(union_iou([e["box"]], truth) for e in entries))
+        kept.append(best[-1] if act.answer.verdict == "fake" else 0.0)
+    assert kept != best            # a fake with no detector above 0.5: the two bounds differ on it
+    assert rows["ORACLE (e)"]["iou"] == pytest.approx(np.mean(best))
+    assert rows["ORACLE (d)"]["iou"] == pytest.approx(np.mean(kept))
+    assert set(rows["ORACLE (d)"]) == {"iou", "n"} and rows["ORACLE (d)"]["n"] == len(manip["test"])
+
+
 def test_a_reasked_turn_samples_from_the_episode_not_the_global_rng(manip, tmp_path):
     "The same checkpoint gives the same re-asked turn whatever the global RNG did before (was: torch's global RNG)."
     s = manip["test"][0]
