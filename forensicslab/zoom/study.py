@@ -332,7 +332,7 @@ def survey_controls(train: Sequence[Sample], test: Sequence[Sample], views: Sequ
     by = {s.id: str(s.image) for s in test}
     rule = SurveyRulePolicy(lambda ep: survey_of(by[ep.sample_id], tuple(views)))
     ev = evaluate_policy(rule, test, variant=variant, max_turns=2)
-    ev.pop("results")
+    called = {r.sample_id: r.valid and r.answer.verdict == "fake" for r in ev.pop("results")}
     def feats(samples):
         rows = [{f"{e['tool']}_{k}": e[k] for e in survey_of(str(s.image), tuple(views)) for k in ("score", "contrast")} for s in samples]
         return np.array([[r[k] for k in sorted(rows[0])] for r in rows])
@@ -341,10 +341,8 @@ def survey_controls(train: Sequence[Sample], test: Sequence[Sample], views: Sequ
     p = clf.predict_proba(feats(test))[:, 1]
     m = binary_metrics(yte, (p > 0.5).astype(int))
     fakes = [s for s in test if s.label == 1 and _key(s)]
-    lines = [survey_of(str(s.image), tuple(views)) for s in fakes]
-    best = [max(union_iou([e["box"]], _key(s)) for e in E) for s, E in zip(fakes, lines)]
-    fires = [E[0]["score"] > rule.threshold for E in lines]
+    best = [max(union_iou([e["box"]], _key(s)) for e in survey_of(str(s.image), tuple(views))) for s in fakes]
     return {"instrument only (a): the survey's top region, fake above 0.5": {k: ev[k] for k in ("acc", "f1", "iou", "valid", "zooms", "n")},
             "instrument only (b): logistic regression over the survey": {"acc": m["accuracy"], "f1": m["f1"], "auc": roc_auc(p, yte), "n": len(yte)},
-            "ORACLE (d): the rule's verdicts, the best surveyed line's box": {"iou": float(np.mean([b * f for b, f in zip(best, fires)])), "n": len(yte)},
+            "ORACLE (d): the rule's verdicts, the best surveyed line's box": {"iou": float(np.mean([b * called[s.id] for b, s in zip(best, fakes)])), "n": len(yte)},
             "ORACLE (e): every fake found, the best surveyed line's box": {"iou": float(np.mean(best)), "n": len(yte)}}

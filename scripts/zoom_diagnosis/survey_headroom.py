@@ -78,8 +78,8 @@ for name, feats in (("survey", lambda r: r["survey"]), ("survey + crop readouts"
     print(f"way 2, quiet images only, LR over the {name}: AUC train {roc_auc_score(ytr, m.predict_proba(Xtr)[:, 1]):.3f},"
           f" test {roc_auc_score(yte, p):.3f} ({int(yte.sum())} fakes of {len(yte)})")
     oof = cross_val_predict(LogisticRegression(max_iter=5000), Xtr, ytr, cv=5, method="predict_proba")[:, 1]
-    f1_at = lambda t: scores(data["train"], [r["fires"] or (not r["fires"] and q > t) for r, q in
-                                             zip(data["train"], _spread(data["train"], quiet["train"], oof))])[1]
+    spread = _spread(data["train"], quiet["train"], oof)
+    f1_at = lambda t: scores(data["train"], [r["fires"] or q > t for r, q in zip(data["train"], spread)])[1]
     t = max(sorted(set(oof)) + [1.0], key=f1_at)
     called = [r["fires"] or q > t for r, q in zip(data["test"], _spread(data["test"], quiet["test"], p))]
     print(f"  test, rule (a) plus the quiet images above the threshold fitted on train ({t:.3f}, "
